@@ -1,0 +1,221 @@
+"""The run-result record: one JSON per run, written atomically by rank 0 only.
+
+`RunRecorder` collects per-epoch figures as a framework's `train()` goes, decides early stops
+(target accuracy held for `patience` epochs, divergence), prints one line per epoch (rank 0 only,
+in a fixed `key=value` format the benchmark runner parses) and builds the final record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from common.config import Config
+
+STATUSES = ("ok", "diverged", "failed")
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write `obj` as JSON to `path` via a temporary file and rename: never half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False, default=_json_default)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, tuple):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def versions(packages: tuple[str, ...] = ()) -> dict[str, str]:
+    """Versions of python, numpy and `packages`, read from package metadata (no imports)."""
+    out = {"python": platform.python_version()}
+    for name in ("numpy", *packages):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def host_info() -> dict[str, Any]:
+    """CPU model and count, and GPU names and driver where nvidia-smi answers."""
+    info: dict[str, Any] = {"hostname": platform.node(), "platform": platform.platform(),
+                            "cpu_count": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        info["cpu"] = platform.processor()
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
+            rows = [r.split(", ") for r in out.strip().splitlines() if r.strip()]
+            info["gpus"] = [r[0] for r in rows]
+            if rows:
+                info["driver"] = rows[0][1]
+                info["gpu_memory"] = rows[0][2] if len(rows[0]) > 2 else ""
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return info
+
+
+def reached_target(accuracies: list[float], target: float, patience: int) -> bool:
+    """True once the last `patience` test accuracies are all >= `target` (target 0 = never)."""
+    if target <= 0 or len(accuracies) < patience:
+        return False
+    return all(a >= target for a in accuracies[-patience:])
+
+
+class RunRecorder:
+    """Per-epoch bookkeeping shared by every framework's `train()`."""
+
+    def __init__(self, cfg: Config, *, devices: int, device_kind: str, params: int,
+                 is_main: bool, packages: tuple[str, ...] = (), bn_mode: str | None = None,
+                 n_test: int | None = None):
+        self.cfg = cfg
+        self.devices = devices
+        self.device_kind = device_kind
+        self.params = params
+        self.is_main = is_main
+        self.packages = packages
+        self.bn_mode = bn_mode or cfg.bn
+        self.n_test = n_test
+        self.epochs: list[dict[str, Any]] = []
+        self.status = "ok"
+        self.error = ""
+        self.time_to_target: float | None = None
+        self.epochs_to_target: int | None = None
+        self.wall_start = time.perf_counter()
+        self.elapsed_before = 0.0  # wall time of earlier (resumed-from) processes
+        self.phases: dict[str, float] = {}
+        self.extra: dict[str, Any] = {}
+
+    # -- per epoch ----------------------------------------------------------------------------
+    def end_epoch(self, epoch: int, sec: float, images: int, train_loss: float,
+                  test_correct: float, test_total: float, test_loss_sum: float) -> bool:
+        """Record one epoch; return True when training should stop (target held, diverged)."""
+        total = max(1.0, float(test_total))
+        row = {
+            "epoch": epoch + 1,
+            "sec": float(sec),
+            "images": int(images),
+            "images_per_sec": images / sec if sec > 0 else 0.0,
+            "train_loss": float(train_loss),
+            "test_accuracy": float(test_correct) / total,
+            "test_loss": float(test_loss_sum) / total,
+            "test_examples": int(round(float(test_total))),
+            "wall_sec": self.elapsed(),
+        }
+        self.epochs.append(row)
+        if self.is_main:
+            print(
+                f"epoch {row['epoch']}/{self.cfg.epochs} sec={row['sec']:.3f} "
+                f"images_per_sec={row['images_per_sec']:.1f} train_loss={row['train_loss']:.4f} "
+                f"test_accuracy={row['test_accuracy']:.4f} test_loss={row['test_loss']:.4f}",
+                flush=True,
+            )
+        if not math.isfinite(row["train_loss"]):
+            self.status = "diverged"
+            if self.is_main:
+                print(f"diverged: train loss {row['train_loss']} at epoch {row['epoch']}",
+                      flush=True)
+            return True
+        target = self.cfg.target_accuracy
+        if target > 0 and self.time_to_target is None and row["test_accuracy"] >= target:
+            self.time_to_target = row["wall_sec"]
+            self.epochs_to_target = row["epoch"]
+        return reached_target([e["test_accuracy"] for e in self.epochs], target,
+                              self.cfg.patience)
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.wall_start
+
+    def fail(self, error: str) -> None:
+        self.status = "failed"
+        self.error = error
+
+    # -- checkpoint support ---------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"epochs": self.epochs, "elapsed": self.elapsed(),
+                "time_to_target": self.time_to_target, "epochs_to_target": self.epochs_to_target}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.epochs = list(state["epochs"])
+        self.elapsed_before = float(state["elapsed"])
+        self.wall_start = time.perf_counter()
+        self.time_to_target = state.get("time_to_target")
+        self.epochs_to_target = state.get("epochs_to_target")
+
+    # -- the record -------------------------------------------------------------------------------
+    def result(self) -> dict[str, Any]:
+        timed = self.epochs[1:] or self.epochs  # the first epoch holds compile/warm-up
+        secs = [e["sec"] for e in timed]
+        images = sum(e["images"] for e in timed)
+        last = self.epochs[-1] if self.epochs else {}
+        return {
+            "framework": self.cfg.framework,
+            "model": self.cfg.model,
+            "dataset": self.cfg.dataset,
+            "devices": self.devices,
+            "device_kind": self.device_kind,
+            "bn_mode": self.bn_mode,
+            "global_batch_size": self.cfg.batch_size,
+            "epochs": self.epochs,
+            "first_epoch_sec": self.epochs[0]["sec"] if self.epochs else None,
+            "sec_per_epoch": statistics.median(secs) if secs else None,
+            "images_per_sec": images / sum(secs) if secs and sum(secs) > 0 else None,
+            "timed_epochs": len(timed) if len(self.epochs) > 1 else 0,
+            "test_accuracy": last.get("test_accuracy"),
+            "test_loss": last.get("test_loss"),
+            "test_examples": last.get("test_examples"),
+            "test_set_size": self.n_test,
+            "time_to_target_sec": self.time_to_target,
+            "epochs_to_target": self.epochs_to_target,
+            "wall_sec": self.elapsed(),
+            "params": self.params,
+            "phases_ms_per_step": self.phases,
+            "config": self.cfg.to_dict(),
+            "versions": versions(self.packages),
+            "host": host_info(),
+            "command": [sys.executable, *sys.argv],
+            "status": self.status,
+            "error": self.error,
+            **self.extra,
+        }
+
+    def finish(self) -> dict[str, Any]:
+        """Build the record and, on rank 0, write it to `cfg.output` (atomically)."""
+        record = self.result()
+        if self.is_main and self.cfg.output:
+            write_json_atomic(self.cfg.output, record)
+        return record

@@ -1,0 +1,61 @@
+"""Process-level helpers that need no framework: simulated devices, threads, ports, logging.
+
+Anything that must happen before a framework is imported (XLA's host-device count, OpenMP
+threads) is set here, by `main()`, never at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def simulate_host_devices(n: int) -> None:
+    """Make JAX's CPU backend expose `n` devices. Must run before `import jax` (each run is its
+    own process). Replaces any earlier count in XLA_FLAGS."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    flags.append(f"--xla_force_host_platform_device_count={n}")
+    os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
+def cpu_threads(workers: int = 1) -> int:
+    """Threads each of `workers` processes should use so that together they fill the cores."""
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
+def set_omp_threads(n: int) -> None:
+    """Set the OpenMP/MKL thread count explicitly (MXNet used one core when it was unset)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface for a rendezvous (never a hard-coded one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def printer(is_main: bool) -> Callable[..., None]:
+    """`print` on rank 0, a no-op elsewhere (only rank 0 prints)."""
+    def _print(*args: object) -> None:
+        if is_main:
+            print(*args, flush=True)
+    return _print
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` via a temporary file and rename (for checkpoints)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

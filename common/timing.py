@@ -1,0 +1,64 @@
+"""Timing shared by every framework. Each framework supplies `sync()`, the call that waits for
+its queued device work (`torch.cuda.synchronize`, `jax.block_until_ready`, `mx.nd.waitall`):
+asynchronous frameworks would otherwise be timed at enqueue, not at completion.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+class Timer:
+    """Wall time between `start()` and `stop()`, each preceded by the framework's sync."""
+
+    def __init__(self, sync: Callable[[], None] = lambda: None):
+        self.sync = sync
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self.sync()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        self.sync()
+        return time.perf_counter() - self._t0
+
+
+PHASES = ("data_wait", "h2d", "forward_backward", "allreduce", "optimizer")
+
+
+class PhaseTimer:
+    """Per-phase time (data wait, host-to-device, forward+backward, gradient all-reduce,
+    optimiser update), measured with a sync at every phase boundary.
+
+    The syncs serialise work that would otherwise overlap, so phase timing is opt-in
+    (`--phase-timing`) and never used for the headline sec/epoch. When disabled, `phase()` is a
+    no-op that adds no sync.
+    """
+
+    def __init__(self, sync: Callable[[], None], enabled: bool):
+        self.sync = sync
+        self.enabled = enabled
+        self.totals: dict[str, float] = {p: 0.0 for p in PHASES}
+        self.steps = 0
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        self.sync()
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
+
+    def add(self, name: str, seconds: float) -> None:
+        if self.enabled:
+            self.totals[name] = self.totals.get(name, 0.0) + seconds
+
+    def per_step_ms(self) -> dict[str, float]:
+        n = max(1, self.steps)
+        return {k: 1000.0 * v / n for k, v in self.totals.items()}
