@@ -59,3 +59,25 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+FAIL_ENV = "DPBENCH_FAIL"
+
+
+def injected_failure(framework: str, epoch: int | None = None) -> None:
+    """Fault injection, for the tests and the runner's failure handling.
+
+    `DPBENCH_FAIL=<framework>` makes that framework raise at start-up (epoch None);
+    `DPBENCH_FAIL=<framework>@<k>` kills the process abruptly (os._exit(17), like a SIGKILL:
+    nothing is flushed or written) at the end of epoch k (1-based), after its checkpoint.
+    Several entries may be given, comma-separated. Unset, this does nothing.
+    """
+    spec = os.environ.get(FAIL_ENV, "")
+    for entry in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, at = entry.partition("@")
+        if name != framework:
+            continue
+        if epoch is None and not at:
+            raise RuntimeError(f"failure injected by {FAIL_ENV}={spec}")
+        if epoch is not None and at and int(at) == epoch:
+            os._exit(17)
