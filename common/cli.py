@@ -9,11 +9,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from common.config import (
-    BN_MODES, DATASETS, LR_SCALINGS, LR_SCHEDULES, MODELS, OPTIMIZERS, PRECISIONS, PRESETS,
-    Config, ConfigError, preset,
+    BN_MODES,
+    DATASETS,
+    LR_SCALINGS,
+    LR_SCHEDULES,
+    MODELS,
+    OPTIMIZERS,
+    PRECISIONS,
+    PRESETS,
+    Config,
+    ConfigError,
+    preset,
 )
 
 HELP: dict[str, str] = {
@@ -56,11 +66,23 @@ HELP: dict[str, str] = {
     "compile": "CUDA: torch.compile the model (torch)",
 }
 CHOICES: dict[str, tuple[str, ...]] = {
-    "model": MODELS, "dataset": DATASETS, "lr_scaling": LR_SCALINGS,
-    "lr_schedule": LR_SCHEDULES, "optimizer": OPTIMIZERS, "bn": BN_MODES, "precision": PRECISIONS,
+    "model": MODELS,
+    "dataset": DATASETS,
+    "lr_scaling": LR_SCALINGS,
+    "lr_schedule": LR_SCHEDULES,
+    "optimizer": OPTIMIZERS,
+    "bn": BN_MODES,
+    "precision": PRECISIONS,
 }
-HIDDEN = {"preset", "framework", "synthetic_train", "synthetic_test", "synthetic_classes",
-          "synthetic_channels", "novograd_betas"}
+HIDDEN = {
+    "preset",
+    "framework",
+    "synthetic_train",
+    "synthetic_test",
+    "synthetic_classes",
+    "synthetic_channels",
+    "novograd_betas",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,7 +105,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         if f.name in HIDDEN:
             continue
         flag = "--" + f.name.replace("_", "-")
-        kwargs: dict[str, Any] = dict(default=None, help=HELP.get(f.name, f.name))
+        kwargs: dict[str, Any] = dict(default=argparse.SUPPRESS, help=HELP.get(f.name, f.name))
         if f.type in ("bool",):
             kwargs["action"] = argparse.BooleanOptionalAction
         elif f.name == "warmup_start_factor":
@@ -105,7 +127,7 @@ def parse_args(argv: Sequence[str] | None, framework: str, prog: str | None = No
     prog = prog or f"python -m frameworks.{framework.replace('-', '_')}"
     parser = build_parser(prog)
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    overrides = {k: v for k, v in vars(ns).items() if k != "preset" and v is not None}
+    overrides = {k: v for k, v in vars(ns).items() if k != "preset"}  # only flags given
     if "batch_size" in overrides:  # an explicit global batch wins over a per-device preset
         overrides.setdefault("batch_per_device", 0)
     try:

@@ -143,9 +143,13 @@ class _RestrictedUnpickler(pickle.Unpickler):
     """Admits only what CIFAR's pickles need: containers, bytes and numpy arrays."""
 
     ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"), ("numpy", "dtype"), ("copyreg", "_reconstructor"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("copyreg", "_reconstructor"),
         ("builtins", "object"),
+        ("_codecs", "encode"),  # protocol-2 bytes from Python 3
     }
 
     def find_class(self, module: str, name: str):  # type: ignore[no-untyped-def]
@@ -167,7 +171,9 @@ def _cifar_batch(blob: bytes, label_key: bytes, where: str) -> tuple[np.ndarray,
     except DatasetError:
         raise
     except Exception as exc:  # truncated or not a pickle at all
-        raise DatasetError(f"cannot read {where}: {exc}; the file is damaged, re-download it")
+        raise DatasetError(
+            f"cannot read {where}: {exc}; the file is damaged, re-download it"
+        ) from None
     if not isinstance(d, dict) or b"data" not in d or label_key not in d:
         raise DatasetError(f"{where} is not a CIFAR batch (keys b'data' and {label_key!r})")
     x = np.asarray(d[b"data"], dtype=np.uint8)
@@ -182,13 +188,17 @@ def load_cifar(name: str, data_dir: str, download: bool) -> Dataset:
     (archive,) = ensure_files(name, data_dir, download).values()
     if name == "cifar10":
         folder, train_members, test_members = (
-            "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"])
+            "cifar-10-batches-py",
+            [f"data_batch_{i}" for i in range(1, 6)],
+            ["test_batch"],
+        )
         label_key, classes = b"labels", 10
     else:
         folder, train_members, test_members = "cifar-100-python", ["train"], ["test"]
         label_key, classes = b"fine_labels", 100
     try:
         with tarfile.open(archive, "r:gz") as tar:
+
             def read(member: str) -> tuple[np.ndarray, np.ndarray]:
                 f = tar.extractfile(f"{folder}/{member}")
                 if f is None:
@@ -204,9 +214,15 @@ def load_cifar(name: str, data_dir: str, download: bool) -> Dataset:
         ) from None
     mean, std = STATS[name]
     return Dataset(
-        name, np.concatenate([b[0] for b in train]), np.concatenate([b[1] for b in train]),
-        np.concatenate([b[0] for b in test]), np.concatenate([b[1] for b in test]),
-        classes, mean, std, flip=True,
+        name,
+        np.concatenate([b[0] for b in train]),
+        np.concatenate([b[1] for b in train]),
+        np.concatenate([b[0] for b in test]),
+        np.concatenate([b[1] for b in test]),
+        classes,
+        mean,
+        std,
+        flip=True,
     )
 
 
@@ -215,7 +231,9 @@ def _read_idx(path: Path) -> np.ndarray:
         with gzip.open(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError) as exc:
-        raise DatasetError(f"cannot read {path}: {exc}; the file is truncated, re-download it")
+        raise DatasetError(
+            f"cannot read {path}: {exc}; the file is truncated, re-download it"
+        ) from None
     if len(raw) < 4:
         raise DatasetError(f"{path} is too short to be an idx file")
     zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
@@ -225,7 +243,8 @@ def _read_idx(path: Path) -> np.ndarray:
     body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
         raise DatasetError(
-            f"{path} is truncated: header says {dims}, found {body.size} bytes; re-download it")
+            f"{path} is truncated: header says {dims}, found {body.size} bytes; re-download it"
+        )
     return body.reshape(dims)
 
 
@@ -257,8 +276,9 @@ def load_digits() -> Dataset:
     return Dataset("digits", x[train], y[train], x[test], y[test], 10, (mean,), (std,), flip=False)
 
 
-def make_synthetic(n_train: int, n_test: int, size: int, channels: int, classes: int,
-                   seed: int) -> Dataset:
+def make_synthetic(
+    n_train: int, n_test: int, size: int, channels: int, classes: int, seed: int
+) -> Dataset:
     """Seeded random images and labels of any size (for throughput; nothing to learn)."""
     rng = np.random.default_rng([seed, 7])
     n = n_train + n_test
@@ -266,8 +286,9 @@ def make_synthetic(n_train: int, n_test: int, size: int, channels: int, classes:
     y = rng.integers(0, classes, size=n, dtype=np.int32)
     c = (0.5,) * channels
     s = (0.2887,) * channels  # std of U(0, 1)
-    return Dataset("synthetic", x[:n_train], y[:n_train], x[n_train:], y[n_train:], classes, c, s,
-                   flip=True)
+    return Dataset(
+        "synthetic", x[:n_train], y[:n_train], x[n_train:], y[n_train:], classes, c, s, flip=True
+    )
 
 
 def resize(images: np.ndarray, size: int) -> np.ndarray:
@@ -290,10 +311,19 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     return np.clip(np.round(out), 0, 255).astype(np.uint8)
 
 
-def load(name: str, data_dir: str = "data", download: bool = True, image_size: int = 0,
-         train_limit: int = 0, test_limit: int = 0, seed: int = 0, synthetic_train: int = 50_000,
-         synthetic_test: int = 10_000, synthetic_classes: int = 10,
-         synthetic_channels: int = 3) -> Dataset:
+def load(
+    name: str,
+    data_dir: str = "data",
+    download: bool = True,
+    image_size: int = 0,
+    train_limit: int = 0,
+    test_limit: int = 0,
+    seed: int = 0,
+    synthetic_train: int = 50_000,
+    synthetic_test: int = 10_000,
+    synthetic_classes: int = 10,
+    synthetic_channels: int = 3,
+) -> Dataset:
     """Load dataset `name`, optionally resized and truncated (the first N images)."""
     if name in ("cifar10", "cifar100"):
         ds = load_cifar(name, data_dir, download)
@@ -302,8 +332,14 @@ def load(name: str, data_dir: str = "data", download: bool = True, image_size: i
     elif name == "digits":
         ds = load_digits()
     elif name == "synthetic":
-        ds = make_synthetic(synthetic_train, synthetic_test, image_size or 32, synthetic_channels,
-                            synthetic_classes, seed)
+        ds = make_synthetic(
+            synthetic_train,
+            synthetic_test,
+            image_size or 32,
+            synthetic_channels,
+            synthetic_classes,
+            seed,
+        )
     else:
         raise DatasetError(f"unknown dataset {name!r}")
     tx, ty, vx, vy = ds.train_x, ds.train_y, ds.test_x, ds.test_y
@@ -318,9 +354,19 @@ def load(name: str, data_dir: str = "data", download: bool = True, image_size: i
 
 def load_for(cfg) -> Dataset:  # type: ignore[no-untyped-def]
     """`load` with the values of a Config."""
-    return load(cfg.dataset, cfg.data_dir, cfg.download, cfg.image_size, cfg.train_limit,
-                cfg.test_limit, cfg.seed, cfg.synthetic_train, cfg.synthetic_test,
-                cfg.synthetic_classes, cfg.synthetic_channels)
+    return load(
+        cfg.dataset,
+        cfg.data_dir,
+        cfg.download,
+        cfg.image_size,
+        cfg.train_limit,
+        cfg.test_limit,
+        cfg.seed,
+        cfg.synthetic_train,
+        cfg.synthetic_test,
+        cfg.synthetic_classes,
+        cfg.synthetic_channels,
+    )
 
 
 def check_available(cfg) -> None:  # type: ignore[no-untyped-def]
@@ -329,8 +375,9 @@ def check_available(cfg) -> None:  # type: ignore[no-untyped-def]
         root = Path(cfg.data_dir) / cfg.dataset
         missing = [f for f in SOURCES[cfg.dataset] if not (root / f).exists()]
         if missing and not cfg.download:
-            raise DatasetError(f"dataset {cfg.dataset!r} is not on disk: put "
-                               f"{', '.join(missing)} in {root}/")
+            raise DatasetError(
+                f"dataset {cfg.dataset!r} is not on disk: put {', '.join(missing)} in {root}/"
+            )
         if missing:
             ensure_files(cfg.dataset, cfg.data_dir, True)
     elif cfg.dataset == "digits":

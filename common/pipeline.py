@@ -35,7 +35,8 @@ def steps_per_epoch(n_train: int, global_batch: int, max_steps: int = 0) -> int:
     if steps < 1:
         raise ValueError(
             f"global batch {global_batch} is larger than the training set ({n_train} images); "
-            "use a smaller --batch-size")
+            "use a smaller --batch-size"
+        )
     return min(steps, max_steps) if max_steps else steps
 
 
@@ -45,8 +46,9 @@ def shard_slice(global_batch: int, rank: int, world: int) -> slice:
     return slice(rank * b, (rank + 1) * b)
 
 
-def augmentation_params(seed: int, epoch: int, n: int, pad: int, flip: bool
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def augmentation_params(
+    seed: int, epoch: int, n: int, pad: int, flip: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-image crop offsets (dy, dx in [0, 2*pad]) and flip flags for one epoch."""
     rng = np.random.default_rng([seed, epoch, 1])
     dy = rng.integers(0, 2 * pad + 1, size=n)
@@ -55,8 +57,9 @@ def augmentation_params(seed: int, epoch: int, n: int, pad: int, flip: bool
     return dy, dx, fl
 
 
-def crop_and_flip(images: np.ndarray, pad: int, dy: np.ndarray, dx: np.ndarray,
-                  fl: np.ndarray) -> np.ndarray:
+def crop_and_flip(
+    images: np.ndarray, pad: int, dy: np.ndarray, dx: np.ndarray, fl: np.ndarray
+) -> np.ndarray:
     """Zero-pad by `pad`, crop back to the original size at (dy, dx), flip where `fl`."""
     n, h, w, c = images.shape
     padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
@@ -74,7 +77,8 @@ class Normalizer:
             raise ValueError(f"layout must be NHWC or NCHW, got {layout!r}")
         self.scale = (1.0 / (255.0 * np.asarray(std, np.float32))).astype(np.float32)
         self.shift = (-np.asarray(mean, np.float32) / np.asarray(std, np.float32)).astype(
-            np.float32)
+            np.float32
+        )
         self.layout = layout
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
@@ -92,9 +96,18 @@ class TrainLoader:
     Yields (x float32 (B, H, W, C) or (B, C, H, W), y int32 (B,)).
     """
 
-    def __init__(self, ds: Dataset, global_batch: int, seed: int, rank: int = 0, world: int = 1,
-                 augment: bool = True, layout: str = "NHWC", max_steps: int = 0,
-                 prefetch: int = 2):
+    def __init__(
+        self,
+        ds: Dataset,
+        global_batch: int,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+        augment: bool = True,
+        layout: str = "NHWC",
+        max_steps: int = 0,
+        prefetch: int = 2,
+    ):
         self.ds = ds
         self.global_batch = global_batch
         self.seed = seed
@@ -139,8 +152,15 @@ class EvalLoader:
     Yields (x float32, y int32 (B,), weight float32 (B,)).
     """
 
-    def __init__(self, ds: Dataset, batch_size: int, rank: int = 0, world: int = 1,
-                 layout: str = "NHWC", pad_to: int = 0):
+    def __init__(
+        self,
+        ds: Dataset,
+        batch_size: int,
+        rank: int = 0,
+        world: int = 1,
+        layout: str = "NHWC",
+        pad_to: int = 0,
+    ):
         self.ds = ds
         self.part = np.array_split(np.arange(len(ds.test_x)), world)[rank]
         self.batch_size = max(1, batch_size)

@@ -64,8 +64,11 @@ def versions(packages: tuple[str, ...] = ()) -> dict[str, str]:
 
 def host_info() -> dict[str, Any]:
     """CPU model and count, and GPU names and driver where nvidia-smi answers."""
-    info: dict[str, Any] = {"hostname": platform.node(), "platform": platform.platform(),
-                            "cpu_count": os.cpu_count()}
+    info: dict[str, Any] = {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -77,8 +80,15 @@ def host_info() -> dict[str, Any]:
     if shutil.which("nvidia-smi"):
         try:
             out = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,driver_version,memory.total",
+                    "--format=csv,noheader",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout
             rows = [r.split(", ") for r in out.strip().splitlines() if r.strip()]
             info["gpus"] = [r[0] for r in rows]
             if rows:
@@ -99,9 +109,18 @@ def reached_target(accuracies: list[float], target: float, patience: int) -> boo
 class RunRecorder:
     """Per-epoch bookkeeping shared by every framework's `train()`."""
 
-    def __init__(self, cfg: Config, *, devices: int, device_kind: str, params: int,
-                 is_main: bool, packages: tuple[str, ...] = (), bn_mode: str | None = None,
-                 n_test: int | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        devices: int,
+        device_kind: str,
+        params: int,
+        is_main: bool,
+        packages: tuple[str, ...] = (),
+        bn_mode: str | None = None,
+        n_test: int | None = None,
+    ):
         self.cfg = cfg
         self.devices = devices
         self.device_kind = device_kind
@@ -121,8 +140,16 @@ class RunRecorder:
         self.extra: dict[str, Any] = {}
 
     # -- per epoch ----------------------------------------------------------------------------
-    def end_epoch(self, epoch: int, sec: float, images: int, train_loss: float,
-                  test_correct: float, test_total: float, test_loss_sum: float) -> bool:
+    def end_epoch(
+        self,
+        epoch: int,
+        sec: float,
+        images: int,
+        train_loss: float,
+        test_correct: float,
+        test_total: float,
+        test_loss_sum: float,
+    ) -> bool:
         """Record one epoch; return True when training should stop (target held, diverged)."""
         total = max(1.0, float(test_total))
         row = {
@@ -147,15 +174,15 @@ class RunRecorder:
         if not math.isfinite(row["train_loss"]):
             self.status = "diverged"
             if self.is_main:
-                print(f"diverged: train loss {row['train_loss']} at epoch {row['epoch']}",
-                      flush=True)
+                print(
+                    f"diverged: train loss {row['train_loss']} at epoch {row['epoch']}", flush=True
+                )
             return True
         target = self.cfg.target_accuracy
         if target > 0 and self.time_to_target is None and row["test_accuracy"] >= target:
             self.time_to_target = row["wall_sec"]
             self.epochs_to_target = row["epoch"]
-        return reached_target([e["test_accuracy"] for e in self.epochs], target,
-                              self.cfg.patience)
+        return reached_target([e["test_accuracy"] for e in self.epochs], target, self.cfg.patience)
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.wall_start
@@ -166,8 +193,12 @@ class RunRecorder:
 
     # -- checkpoint support ---------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"epochs": self.epochs, "elapsed": self.elapsed(),
-                "time_to_target": self.time_to_target, "epochs_to_target": self.epochs_to_target}
+        return {
+            "epochs": self.epochs,
+            "elapsed": self.elapsed(),
+            "time_to_target": self.time_to_target,
+            "epochs_to_target": self.epochs_to_target,
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.epochs = list(state["epochs"])

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,8 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def simulate_host_devices(n: int) -> None:
     """Make JAX's CPU backend expose `n` devices. Must run before `import jax` (each run is its
     own process). Replaces any earlier count in XLA_FLAGS."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
+    flags = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
     flags.append(f"--xla_force_host_platform_device_count={n}")
     os.environ["XLA_FLAGS"] = " ".join(flags)
 
@@ -43,9 +46,11 @@ def free_port() -> int:
 
 def printer(is_main: bool) -> Callable[..., None]:
     """`print` on rank 0, a no-op elsewhere (only rank 0 prints)."""
+
     def _print(*args: object) -> None:
         if is_main:
             print(*args, flush=True)
+
     return _print
 
 

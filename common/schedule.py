@@ -24,10 +24,19 @@ def scaled_lr(lr: float, global_batch: int, base_batch: int, rule: str) -> float
     raise ValueError(f"unknown LR scaling rule {rule!r}; choose none, linear or sqrt")
 
 
-def lr_table(lr: float, global_batch: int, base_batch: int, scaling: str, schedule: str,
-             epochs: int, steps_per_epoch: int, warmup_epochs: float = 0.0,
-             warmup_start_factor: float | None = 0.0, step_epochs: tuple[int, ...] = (),
-             step_factor: float = 0.1) -> np.ndarray:
+def lr_table(
+    lr: float,
+    global_batch: int,
+    base_batch: int,
+    scaling: str,
+    schedule: str,
+    epochs: int,
+    steps_per_epoch: int,
+    warmup_epochs: float = 0.0,
+    warmup_start_factor: float | None = 0.0,
+    step_epochs: tuple[int, ...] = (),
+    step_factor: float = 0.1,
+) -> np.ndarray:
     """LR of each of the `epochs * steps_per_epoch` steps, float32.
 
     Warm-up ramps linearly from `peak * warmup_start_factor` to `peak` over `warmup_epochs`
@@ -43,8 +52,9 @@ def lr_table(lr: float, global_batch: int, base_batch: int, scaling: str, schedu
         after = np.full(total, peak)
     elif schedule == "step":
         epoch_of = steps // steps_per_epoch
-        after = peak * step_factor ** np.searchsorted(np.asarray(sorted(step_epochs)), epoch_of,
-                                                      side="right")
+        after = peak * step_factor ** np.searchsorted(
+            np.asarray(sorted(step_epochs)), epoch_of, side="right"
+        )
     elif schedule == "cosine":
         span = max(1, total - warm)
         after = peak * 0.5 * (1 + np.cos(np.pi * np.clip(steps - warm, 0, span) / span))
@@ -58,6 +68,16 @@ def lr_table(lr: float, global_batch: int, base_batch: int, scaling: str, schedu
 
 def lr_table_for(cfg, steps_per_epoch: int) -> np.ndarray:  # type: ignore[no-untyped-def]
     """`lr_table` with the values of a Config."""
-    return lr_table(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling, cfg.lr_schedule,
-                    cfg.epochs, steps_per_epoch, cfg.warmup_epochs, cfg.warmup_start_factor,
-                    cfg.lr_step_epochs, cfg.lr_step_factor)
+    return lr_table(
+        cfg.lr,
+        cfg.batch_size,
+        cfg.lr_base_batch,
+        cfg.lr_scaling,
+        cfg.lr_schedule,
+        cfg.epochs,
+        steps_per_epoch,
+        cfg.warmup_epochs,
+        cfg.warmup_start_factor,
+        cfg.lr_step_epochs,
+        cfg.lr_step_factor,
+    )
