@@ -1,0 +1,209 @@
+"""PyTorch models shared by torch-dp and torch-ddp: CIFAR ResNet-18 and the NVIDIA course's
+WideResNet, with the submodule names every framework uses (`conv1`, `bn1`, `layer1.0`, `fc`).
+
+Every default that differs between frameworks is spelled out here rather than inherited:
+- BatchNorm: momentum 0.1 in torch's convention (running = 0.9 * running + 0.1 * batch; Flax and
+  Gluon call this 0.9), epsilon 1e-5, scale 1 and offset 0 at init. torch updates running_var
+  with the UNBIASED batch variance (n / (n - 1)); Flax uses the biased one.
+- Convolutions: no bias, padding 1 for 3x3 and 0 for 1x1, He-normal init (untruncated normal,
+  std = sqrt(2 / fan_out), fan_out = k * k * out_channels: torchvision's
+  kaiming_normal_(mode="fan_out", nonlinearity="relu")).
+- Linear: weight and bias uniform in +-1/sqrt(fan_in) (torch's nn.Linear default, written out).
+- Weight decay: conv and linear weights only, never BN scales/offsets or biases
+  (`decay_parameters`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+NormLayer = Callable[[int], nn.Module]
+
+
+def scaled(channels: int, width: float) -> int:
+    """`channels` x width multiplier, rounded, at least 1."""
+    return max(1, int(round(channels * width)))
+
+
+def batch_norm(momentum: float = 0.1, eps: float = 1e-5) -> NormLayer:
+    """BatchNorm2d factory with explicit momentum (torch convention) and epsilon."""
+    return lambda channels: nn.BatchNorm2d(channels, eps=eps, momentum=momentum)
+
+
+def conv3x3(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(in_ch, out_ch, 3, stride=stride, padding=1, bias=False)
+
+
+def conv1x1(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(in_ch, out_ch, 1, stride=stride, padding=0, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block (torchvision naming): conv-bn-relu-conv-bn + shortcut, relu."""
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int, norm: NormLayer):
+        super().__init__()
+        self.conv1 = conv3x3(in_ch, out_ch, stride)
+        self.bn1 = norm(out_ch)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = conv3x3(out_ch, out_ch)
+        self.bn2 = norm(out_ch)
+        # 1x1 projection only where the shape changes (None keeps torchvision's state-dict keys).
+        self.downsample = (
+            nn.Sequential(conv1x1(in_ch, out_ch, stride), norm(out_ch))
+            if stride != 1 or in_ch != out_ch
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class ResNet18(nn.Module):
+    """ResNet-18, CIFAR variant: 3x3 stride-1 stem, no max-pool, BasicBlocks 64/128/256/512 x 2.
+
+    11,173,962 parameters at width 1, 3 input channels, 10 classes.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        width: float = 1.0,
+        norm: NormLayer | None = None,
+    ):
+        super().__init__()
+        norm = norm or batch_norm()
+        widths = [scaled(c, width) for c in (64, 128, 256, 512)]
+        self.conv1 = conv3x3(in_channels, widths[0])
+        self.bn1 = norm(widths[0])
+        self.relu = nn.ReLU(inplace=True)
+        in_ch = widths[0]
+        for i, out_ch in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            layer = nn.Sequential(
+                BasicBlock(in_ch, out_ch, stride, norm), BasicBlock(out_ch, out_ch, 1, norm)
+            )
+            setattr(self, f"layer{i + 1}", layer)
+            in_ch = out_ch
+        self.fc = nn.Linear(in_ch, num_classes)
+        init_weights(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, C, H, W)
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        x = torch.flatten(x.mean(dim=(2, 3)), 1)  # global average pool -> (N, 512w)
+        return self.fc(x)
+
+
+class WideBlock(nn.Module):
+    """NVIDIA course residual block: conv-bn-relu, dropout, conv-bn-relu; + shortcut (no relu
+    after the add). The shortcut is a 1x1 conv (no BN) where the width changes."""
+
+    def __init__(self, in_ch: int, out_ch: int, dropout: float, norm: NormLayer):
+        super().__init__()
+        self.conv1 = conv3x3(in_ch, out_ch)
+        self.bn1 = norm(out_ch)
+        self.relu = nn.ReLU(inplace=True)
+        self.dropout = nn.Dropout(p=dropout)
+        self.conv2 = conv3x3(out_ch, out_ch)
+        self.bn2 = norm(out_ch)
+        self.shortcut = conv1x1(in_ch, out_ch) if in_ch != out_ch else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.dropout(self.relu(self.bn1(self.conv1(x))))
+        out = self.relu(self.bn2(self.conv2(out)))
+        return out + self.shortcut(x)
+
+
+class WideResNet(nn.Module):
+    """WideResNet of the NVIDIA data-parallel course: stem to 16, six blocks of widths
+    160,160,320,320,640,640, 2x2 max-pool after blocks 2 and 4, global average pool, linear.
+
+    The average pool covers every pixel (the course's fixed AvgPool2d(7) drops pixels at 32x32).
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        width: float = 1.0,
+        dropout: float = 0.01,
+        norm: NormLayer | None = None,
+    ):
+        super().__init__()
+        norm = norm or batch_norm()
+        stem = scaled(16, width)
+        widths = [scaled(c, width) for c in (160, 160, 320, 320, 640, 640)]
+        self.conv1 = conv3x3(in_channels, stem)
+        self.bn1 = norm(stem)
+        self.relu = nn.ReLU(inplace=True)
+        in_ch = stem
+        for i, out_ch in enumerate(widths):
+            setattr(self, f"layer{i + 1}", WideBlock(in_ch, out_ch, dropout, norm))
+            in_ch = out_ch
+        self.pool = nn.MaxPool2d(2, stride=2)
+        self.fc = nn.Linear(in_ch, num_classes)
+        init_weights(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, C, H, W)
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.pool(self.layer2(self.layer1(x)))  # (N, 160w, H/2, W/2)
+        x = self.pool(self.layer4(self.layer3(x)))  # (N, 320w, H/4, W/4)
+        x = self.layer6(self.layer5(x))
+        x = torch.flatten(x.mean(dim=(2, 3)), 1)  # every pixel: (N, 640w)
+        return self.fc(x)
+
+
+def init_weights(model: nn.Module) -> None:
+    """The initialisers every framework uses (see the module docstring)."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            bound = 1.0 / math.sqrt(m.in_features)
+            nn.init.uniform_(m.weight, -bound, bound)
+            nn.init.uniform_(m.bias, -bound, bound)
+
+
+def create_model(
+    name: str,
+    in_channels: int,
+    num_classes: int,
+    width: float = 1.0,
+    dropout: float = 0.01,
+    bn_momentum: float = 0.1,
+    bn_eps: float = 1e-5,
+    norm: NormLayer | None = None,
+) -> nn.Module:
+    """Model `name` ("resnet18" or "wideresnet"); `norm` overrides the BatchNorm factory."""
+    norm = norm or batch_norm(bn_momentum, bn_eps)
+    if name == "resnet18":
+        return ResNet18(in_channels, num_classes, width, norm)
+    if name == "wideresnet":
+        return WideResNet(in_channels, num_classes, width, dropout, norm)
+    raise ValueError(f"unknown model {name!r}; choose resnet18 or wideresnet")
+
+
+def decay_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(conv and linear weights, everything else): weight decay applies to the first list only."""
+    decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (decay if id(p) in decay_ids else no_decay).append(p)
+    return decay, no_decay
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
