@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
 from common.config import (
@@ -98,11 +98,13 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(t) for t in text.split(",") if t.strip())
 
 
-def build_parser(prog: str) -> argparse.ArgumentParser:
+def build_parser(prog: str, exclude: Collection[str] = ()) -> argparse.ArgumentParser:
+    """The shared flags; `exclude` leaves out fields a caller sets itself (the benchmark runner
+    owns --gpus and --output)."""
     parser = _Parser(prog=prog, description="Train an image classifier with data parallelism.")
     parser.add_argument("--preset", default="digits", help=f"named preset: {', '.join(PRESETS)}")
     for f in dataclasses.fields(Config):
-        if f.name in HIDDEN:
+        if f.name in HIDDEN or f.name in exclude:
             continue
         flag = "--" + f.name.replace("_", "-")
         kwargs: dict[str, Any] = dict(default=argparse.SUPPRESS, help=HELP.get(f.name, f.name))
