@@ -207,3 +207,44 @@ def decay_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Para
 def count_params(model: nn.Module) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+class NovoGrad(torch.optim.Optimizer):
+    """NovoGrad (Ginsburg et al. 2019; NVIDIA's OpenSeq2Seq/Apex form, as in the NVIDIA course).
+
+    Per parameter tensor ("layer") k: v = b2 * v + (1 - b2) * ||g||^2 (v = ||g||^2 at the first
+    step); m = b1 * m + (g / (sqrt(v) + eps) + weight_decay * w); w -= lr * m. The second moment
+    is one scalar per tensor, so the step is invariant to each layer's gradient scale.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 0.01,
+        betas: tuple[float, float] = (0.95, 0.98),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        loss = None if closure is None else torch.enable_grad()(closure)()
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                norm_sq = p.grad.pow(2).sum()  # stays on the device: no host sync
+                if not state:
+                    state["exp_avg_sq"] = norm_sq.clone()
+                    state["exp_avg"] = torch.zeros_like(p)
+                else:
+                    state["exp_avg_sq"].mul_(b2).add_(norm_sq, alpha=1 - b2)
+                update = p.grad / (state["exp_avg_sq"].sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                state["exp_avg"].mul_(b1).add_(update)
+                p.add_(state["exp_avg"], alpha=-group["lr"])
+        return loss
