@@ -156,7 +156,7 @@ def create_train_state(
         optimizer = NovoGrad(groups, lr=cfg.lr, betas=cfg.novograd_betas)
     # DDP broadcasts rank 0's parameters now and averages gradients bucket by bucket during
     # backward(), overlapping the all-reduce with the rest of the backward pass.
-    ddp = DDP(model, device_ids=[device.index] if cuda else None)
+    ddp = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
     forward = torch.compile(ddp) if cuda and cfg.compile else ddp
     scaler = torch.amp.GradScaler(device.type, enabled=cuda and cfg.precision == "fp16")
     return TrainState(
@@ -504,10 +504,8 @@ def train(cfg: Config) -> dict:
                 for k, v in metrics.items():
                     totals[k] = totals[k] + v if k in totals else v
                 if cfg.log_every and state.step % cfg.log_every == 0:  # host sync: log point
-                    log(
-                        f"step {state.step} train_loss="
-                        f"{float(totals['loss_sum'] / totals['count']):.4f} (rank 0's shard)"
-                    )
+                    running = float(totals["loss_sum"] / totals["count"])
+                    log(f"step {state.step} train_loss={running:.4f} (rank 0's shard)")
             sec = timer.stop()
             state.phases.add("data_wait", batches.wait_sec)
             if cfg.bn == "local":  # every rank evaluates rank 0's BN statistics

@@ -1,0 +1,272 @@
+"""torch-ddp on CPU (gloo): N-process steps equal the 1-process step, determinism, evaluation at
+any process count, learning on real digits, kill-and-resume, torchrun on two "nodes"."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common.config import preset
+from common.runtime import free_port
+from tests.conftest import MAIN_PYTHON, ROOT, read_json, run_module
+
+MODULE = "frameworks.torch_ddp"
+SMALL = ("--preset", "smoke", "--prefetch", "1")
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_module(MODULE, *SMALL, *args, python=MAIN_PYTHON, env=env, timeout=300)
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def weights(ckpt_dir) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt_dir / "torch-ddp.pt", weights_only=True)["model"]
+
+
+def test_two_process_step_equals_one_process_step(tmp_path):
+    """Sync BN makes the 2-process step mathematically the 1-process step on the same global
+    batch; with --phase-timing the gradients are averaged by our explicit all-reduce instead
+    of DDP's, which must not change anything either."""
+    step = ("--bn", "sync", "--epochs", "1", "--max-steps-per-epoch", "1")
+    runs = {
+        "one": ("--gpus", "1"),
+        "two": ("--gpus", "2"),
+        "two-phased": ("--gpus", "2", "--phase-timing"),
+    }
+    for name, extra in runs.items():
+        ok(
+            run(
+                *step,
+                *extra,
+                "--checkpoint-dir",
+                str(tmp_path / name),
+                "--output",
+                str(tmp_path / f"{name}.json"),
+            )
+        )
+    one = weights(tmp_path / "one")
+    torch.manual_seed(0)
+    from frameworks.torch_ddp import build_model
+
+    initial = build_model(preset("smoke", bn="sync"), 3, 10).state_dict()
+    assert (
+        max((one[k] - initial[k]).abs().max().item() for k in one if k.endswith("weight")) > 1e-3
+    )  # the step moved the weights
+    for name in ("two", "two-phased"):
+        other = weights(tmp_path / name)
+        for key in one:  # parameters and BN running statistics
+            torch.testing.assert_close(other[key], one[key], rtol=0, atol=1e-5, msg=key)
+        rec = read_json(tmp_path / f"{name}.json")
+        assert rec["devices"] == 2 and rec["device_kind"] == "cpu-simulated"
+        assert rec["bn_mode"] == "sync" and rec["test_examples"] == 10
+        assert rec["epochs"][0]["train_loss"] == pytest.approx(
+            read_json(tmp_path / "one.json")["epochs"][0]["train_loss"], abs=1e-6
+        )
+    phases = read_json(tmp_path / "two-phased.json")["phases_ms_per_step"]
+    assert set(phases) == {"data_wait", "h2d", "forward_backward", "allreduce", "optimizer"}
+    assert phases["forward_backward"] > 0 and phases["allreduce"] > 0
+
+
+def test_same_seed_same_loss_trajectory(tmp_path):
+    args = ("--gpus", "2", "--epochs", "2", "--max-steps-per-epoch", "2")
+    for name in ("a", "b"):
+        ok(run(*args, "--output", str(tmp_path / f"{name}.json")))
+    a, b = (read_json(tmp_path / f"{n}.json")["epochs"] for n in ("a", "b"))
+    for key in ("train_loss", "test_accuracy", "test_loss", "test_examples"):
+        assert [e[key] for e in a] == [e[key] for e in b], key
+    assert a[0]["train_loss"] != a[1]["train_loss"]
+
+
+def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
+    from common.datasets import load_for
+    from common.pipeline import EvalLoader
+    from frameworks import torch_ddp
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = eval_config()
+    ds = load_for(cfg)
+    torch.manual_seed(0)
+    model = torch_ddp.build_model(cfg, ds.channels, ds.num_classes)
+    state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 1)
+    sums = torch_ddp.evaluate(state, EvalLoader(ds, 7, rank, world, layout="NCHW"))
+    total = torch.stack([sums["correct"], sums["count"], sums["loss_sum"]]).double()
+    torch.distributed.all_reduce(total)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(total.tolist(), f)
+    torch.distributed.destroy_process_group()
+
+
+def eval_config():
+    # 359 test images (prime: no process count divides it), eval batches of 7 per rank
+    return preset("smoke", dataset="digits", image_size=16, test_limit=359)
+
+
+def test_evaluation_identical_at_1_2_3_processes(tmp_path):
+    from common.datasets import load_for
+    from common.pipeline import Normalizer
+    from frameworks.torch_ddp import build_model
+
+    cfg = eval_config()
+    ds = load_for(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, ds.channels, ds.num_classes).eval()
+    with torch.no_grad():  # the whole test set at once, no sharding: the reference
+        logits = model(torch.from_numpy(Normalizer(ds.mean, ds.std, "NCHW")(ds.test_x)))
+    ref_correct = int((logits.argmax(1).numpy() == ds.test_y).sum())
+    for world in (1, 2, 3):
+        out = tmp_path / f"{world}.json"
+        torch.multiprocessing.start_processes(
+            _eval_worker, args=(world, free_port(), str(out)), nprocs=world, start_method="spawn"
+        )
+        correct, count, loss_sum = read_json(out)
+        assert count == 359, world  # every test image exactly once
+        assert correct == ref_correct, world
+        assert loss_sum == pytest.approx(
+            torch.nn.functional.cross_entropy(
+                logits, torch.from_numpy(ds.test_y).long(), reduction="sum"
+            ).item(),
+            rel=1e-5,
+        )
+
+
+def test_learns_real_digits(tmp_path):
+    """The digits preset at 1/8 width (about 15 s on 2 cores): far above chance (0.10)."""
+    out = tmp_path / "digits.json"
+    proc = run_module(
+        MODULE,
+        "--preset",
+        "digits",
+        "--width",
+        "0.125",
+        "--gpus",
+        "2",
+        "--output",
+        str(out),
+        python=MAIN_PYTHON,
+        timeout=300,
+    )
+    ok(proc)
+    rec = read_json(out)
+    assert rec["status"] == "ok" and rec["devices"] == 2
+    assert rec["test_examples"] == rec["test_set_size"] == 360
+    assert rec["test_accuracy"] >= 0.90, rec["epochs"]
+    assert len(proc.stdout.strip().splitlines()) == 6  # rank 0 alone prints, once per epoch
+
+
+def test_kill_resume_ends_with_the_uninterrupted_weights(tmp_path):
+    """WideResNet (dropout 0.01: the RNG is reseeded per epoch) on 2 processes, killed right
+    after epoch 1's checkpoint, then resumed."""
+    args = ("--model", "wideresnet", "--gpus", "2", "--epochs", "2", "--max-steps-per-epoch", "2")
+    ok(
+        run(
+            *args,
+            "--checkpoint-dir",
+            str(tmp_path / "full"),
+            "--output",
+            str(tmp_path / "full.json"),
+        )
+    )
+    killed = run(
+        *args,
+        "--checkpoint-dir",
+        str(tmp_path / "cut"),
+        "--output",
+        str(tmp_path / "cut.json"),
+        env={"DPBENCH_FAIL": "torch-ddp@1"},
+    )
+    assert killed.returncode != 0
+    assert torch.load(tmp_path / "cut" / "torch-ddp.pt", weights_only=True)["epoch"] == 1
+    resumed = run(
+        *args,
+        "--checkpoint-dir",
+        str(tmp_path / "cut"),
+        "--resume",
+        "--output",
+        str(tmp_path / "cut.json"),
+    )
+    ok(resumed)
+    assert "resumed from" in resumed.stdout
+    full = torch.load(tmp_path / "full" / "torch-ddp.pt", weights_only=True)
+    cut = torch.load(tmp_path / "cut" / "torch-ddp.pt", weights_only=True)
+    assert full["epoch"] == cut["epoch"] == 2 and full["step"] == cut["step"] == 4
+    for key, value in full["model"].items():
+        assert torch.equal(cut["model"][key], value), key
+    for i, s in full["optimizer"]["state"].items():  # momentum buffers
+        assert torch.equal(cut["optimizer"]["state"][i]["momentum_buffer"], s["momentum_buffer"])
+    assert [e["train_loss"] for e in read_json(tmp_path / "cut.json")["epochs"]] == [
+        e["train_loss"] for e in read_json(tmp_path / "full.json")["epochs"]
+    ]
+
+    # Resuming with different settings is refused with one line naming the difference.
+    bad = run(*args, "--width", "0.25", "--checkpoint-dir", str(tmp_path / "cut"), "--resume")
+    assert bad.returncode == 2
+    assert len(bad.stderr.strip().splitlines()) == 1 and "--width" in bad.stderr
+
+
+def test_torchrun_two_nodes_one_process_each_on_loopback(tmp_path):
+    port = free_port()
+    out = tmp_path / "rec.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    procs = [
+        subprocess.Popen(
+            [
+                str(ROOT / ".venv" / "bin" / "torchrun"),
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                f"--node-rank={node}",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "-m",
+                MODULE,
+                *SMALL,
+                "--epochs",
+                "1",
+                "--max-steps-per-epoch",
+                "2",
+                "--output",
+                str(out),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (stdout, stderr) in zip(procs, results):
+        assert p.returncode == 0, stdout + stderr[-4000:]
+    rec = read_json(out)
+    assert rec["status"] == "ok" and rec["devices"] == 2
+    assert rec["config"]["gpus"] == 2  # the launcher's world size, not --gpus
+    assert rec["test_examples"] == 10
+    assert results[1][0].strip() == ""  # only rank 0 prints
+
+
+def test_failures_give_a_record_or_one_clear_line(tmp_path):
+    out = tmp_path / "failed.json"
+    proc = run("--output", str(out), env={"DPBENCH_FAIL": "torch-ddp"})
+    assert proc.returncode == 1
+    rec = read_json(out)
+    assert rec["status"] == "failed" and "DPBENCH_FAIL" in rec["error"]
+
+    bad = run("--nesterov", "--momentum", "0")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "python -m frameworks.torch_ddp: error: --nesterov needs --momentum > 0"
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
