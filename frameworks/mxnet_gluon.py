@@ -51,40 +51,205 @@ Run: `.venv-mxnet/bin/python -m frameworks.mxnet_gluon --preset digits --gpus 2`
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from common.cli import parse_args
-from common.config import Config, ConfigError, per_device
-from common.datasets import DatasetError, load_for
+from common import cli
+from common.config import Config, ConfigError
+from common.datasets import DatasetError, check_available, load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder, host_info, write_json_atomic
-from common.runtime import cpu_threads, injected_failure, set_omp_threads
+from common.runtime import cpu_threads, injected_failure, printer, set_omp_threads
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
 
+# mxnet (and frameworks.mxnet_models, which imports it) is imported inside the functions: MXNet
+# reads OMP_NUM_THREADS once, when it is loaded, and main() sets it first.
+
 FRAMEWORK = "mxnet-gluon"
 PACKAGES = ("mxnet",)
-# A checkpoint must come from the same run definition to be resumed.
-RESUME_MUST_MATCH = ("model", "width", "dataset", "image_size", "batch_size", "seed", "optimizer")
+
+
+@dataclass
+class TrainState:
+    """Everything a step changes or reads. Gluon updates in place; the step returns it anyway."""
+
+    model: Any  # gluon.HybridBlock, parameters replicated on every context
+    trainer: Any  # gluon.Trainer: the kvstore, and one optimiser state per context
+    loss: Any  # per-example softmax cross-entropy with label smoothing (a HybridBlock)
+    lr: np.ndarray  # LR of every step (common.schedule)
+    step: int
+    cfg: Config
+    ctx: list[Any]  # the devices
+    host: Any  # where a batch is staged for split_and_load: pinned memory on GPUs
+    phases: PhaseTimer
+
+
+def build_model(cfg: Config, in_channels: int, num_classes: int) -> Any:
+    """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
+    from frameworks.mxnet_models import create_model
+
+    # --bn sync: Gluon's SyncBatchNorm over cfg.gpus GPUs (check_config rejects it on CPU).
+    return create_model(cfg.model, in_channels, num_classes, cfg.width, cfg.dropout,
+                        cfg.bn_momentum, cfg.bn_eps, sync_devices=cfg.gpus if cfg.bn == "sync"
+                        else 0)
+
+
+def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch: int
+                       ) -> TrainState:
+    """Create the parameters, optimiser state and step counter; place them on the devices."""
+    import mxnet as mx
+    from mxnet import gluon
+
+    from frameworks.mxnet_models import NovoGrad, SoftmaxCrossEntropy, TorchSGD
+
+    # Initialised once on the CPU from mx.random's seeded generator, then copied to every
+    # context: identical replicas, and the same weights at any device count.
+    mx.random.seed(cfg.seed)
+    model.initialize(ctx=ctx)
+    # One cached graph per context; static_alloc/static_shape reuse its buffers every step.
+    model.hybridize(static_alloc=True, static_shape=True)
+    # Weight decay: conv and linear weights only (create_model set wd_mult 0 on the rest).
+    if cfg.optimizer == "sgd":  # buf = m * buf + (g + wd * w); w -= lr * buf
+        optimizer = TorchSGD(momentum=cfg.momentum, nesterov=cfg.nesterov, wd=cfg.weight_decay,
+                             learning_rate=cfg.lr)
+    else:
+        b1, b2 = cfg.novograd_betas
+        optimizer = NovoGrad(beta1=b1, beta2=b2, wd=cfg.weight_decay, learning_rate=cfg.lr)
+    # kvstore "device": Trainer.allreduce_grads() pushes every context's gradient, sums them on a
+    # device and pulls the sum back into every context (one pushpull per parameter). With
+    # update_on_kvstore=False each context then applies the same update to its own replica (as
+    # DDP does), and the all-reduce and the update can be timed apart. One context: no kvstore.
+    trainer = gluon.Trainer(model.collect_params(), optimizer, kvstore="device",
+                            update_on_kvstore=False)
+    loss = SoftmaxCrossEntropy(cfg.label_smoothing)
+    loss.hybridize(static_alloc=True, static_shape=True)
+    return TrainState(
+        model=model,
+        trainer=trainer,
+        loss=loss,
+        lr=lr_table_for(cfg, steps_per_epoch),
+        step=0,
+        cfg=cfg,
+        ctx=ctx,
+        host=mx.cpu_pinned() if ctx[0].device_type == "gpu" else mx.cpu(),
+        phases=PhaseTimer(sync, False),
+    )
+
+
+def train_step(state: TrainState, batch: tuple[list[Any], list[Any]]
+               ) -> tuple[TrainState, dict[str, Any]]:
+    """One synchronous data-parallel SGD step on a global batch.
+
+    Returns the new state and metrics {"loss_sum", "correct", "count"} summed over the global
+    batch and left on the device (read only at log points: no per-step host sync)."""
+    import mxnet as mx
+    from mxnet import autograd
+
+    xs, ys = batch  # one slice per context (split_and_load): (B/N, C, H, W), (B/N,)
+    state.trainer.set_learning_rate(float(state.lr[state.step]))  # a host array: no sync
+    with state.phases.phase("forward_backward"):
+        with autograd.record():  # train mode: batch statistics, dropout on
+            logits = [state.model(x) for x in xs]  # (B/N, K) on each context
+            losses = [state.loss(o, y) for o, y in zip(logits, ys)]  # (B/N,) per example
+        # Gradient of the SUM of the per-example losses, on every context; the engine runs the
+        # contexts concurrently (one worker thread per device).
+        autograd.backward(losses)
+    global_batch = sum(x.shape[0] for x in xs)
+    if state.phases.enabled:
+        with state.phases.phase("allreduce"):
+            state.trainer.allreduce_grads()  # kvstore pushpull: gradients SUMMED over contexts
+        with state.phases.phase("optimizer"):
+            state.trainer.update(global_batch)  # rescale_grad = 1 / global_batch
+    else:
+        # = allreduce_grads() + update(): the gradients summed over the contexts, scaled by
+        # 1/global_batch (rescale_grad) inside the update: the gradient of the global-batch mean.
+        state.trainer.step(global_batch)
+    state.step += 1
+    # Global-batch sums gathered on context 0: asynchronous copies of one number per context.
+    home = state.ctx[0]
+    metrics = {
+        "loss_sum": mx.nd.add_n(*[loss.sum().as_in_context(home) for loss in losses]),
+        "correct": mx.nd.add_n(*[(o.argmax(axis=1) == y).sum().as_in_context(home)
+                                 for o, y in zip(logits, ys)]),
+        "count": mx.nd.full((1,), global_batch, ctx=home),
+    }
+    return state, metrics
+
+
+def eval_step(state: TrainState, batch: tuple[list[Any], list[Any], list[Any]]
+              ) -> dict[str, Any]:
+    """Metrics {"loss_sum", "correct", "count"} of a test batch; rows of weight 0 (padding) do
+    not count."""
+    import mxnet as mx
+
+    xs, ys, ws = batch  # one slice per context: (B/N, C, H, W), (B/N,), (B/N,)
+    home = state.ctx[0]
+    sums: dict[str, list[Any]] = {"loss_sum": [], "correct": [], "count": []}
+    for x, y, w in zip(xs, ys, ws):
+        logits = state.model(x)  # not recording: predict mode (running statistics, no dropout)
+        sums["loss_sum"].append((state.loss(logits, y) * w).sum().as_in_context(home))
+        sums["correct"].append(((logits.argmax(axis=1) == y) * w).sum().as_in_context(home))
+        sums["count"].append(w.sum().as_in_context(home))
+    return {k: mx.nd.add_n(*v) for k, v in sums.items()}
+
+
+def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[list[Any], ...]:
+    """numpy global batch -> one contiguous slice per context (gluon.utils.split_and_load),
+    staged in host (pinned, on GPUs) memory so each device gets its own host-to-device copy.
+    Labels as float32 (compared with argmax, which MXNet returns as float). Asynchronous."""
+    import mxnet as mx
+    from mxnet.gluon.utils import split_and_load
+
+    return tuple(
+        split_and_load(mx.nd.array(a, ctx=state.host, dtype="float32"), state.ctx,
+                       batch_axis=0, even_split=True)
+        for a in batch
+    )
+
+
+def evaluate(state: TrainState, loader: EvalLoader) -> dict[str, float]:
+    """Test sums over every test image exactly once (batches padded with weight-0 rows to a
+    multiple of the context count); one host read at the end."""
+    totals: dict[str, Any] = {}
+    for batch in loader:
+        metrics = eval_step(state, to_device(batch, state))
+        totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+    return {k: float(v.asscalar()) for k, v in totals.items()}  # host sync, once
+
+
+def average_running_stats(state: TrainState) -> None:
+    """Per-context BN (--bn local): every replica's running statistics -> their mean over the
+    replicas (what Gluon's own save_parameters would store), so that evaluation and the
+    checkpoint do not depend on which context saw which images. A no-op for sync BN, whose
+    replicas already agree, and for one context."""
+    import mxnet as mx
+
+    if len(state.ctx) == 1:
+        return
+    for p in state.model.collect_params().values():
+        if p.grad_req == "null":  # running_mean, running_var
+            copies = [d.as_in_context(state.ctx[0]) for d in p.list_data()]
+            p.set_data(mx.nd.add_n(*copies) / len(copies))
 
 
 def sync() -> None:
-    """Wait for all queued MXNet work (the engine is asynchronous): the timer's sync."""
+    """Wait for all queued MXNet work: the engine runs every operation asynchronously."""
     import mxnet as mx
 
     mx.nd.waitall()
 
 
-def contexts(n: int) -> tuple[list[Any], str]:
+def select_devices(n: int) -> tuple[list[Any], str]:
     """`n` contexts and the device kind: GPUs where this MXNet build has CUDA and GPUs are
-    visible, otherwise n CPU contexts carved out of the host ("cpu-simulated")."""
+    visible, otherwise n CPU contexts sharing the host's cores ("cpu-simulated")."""
     import mxnet as mx
 
     if mx.runtime.Features().is_enabled("CUDA") and mx.context.num_gpus() > 0:
@@ -92,278 +257,147 @@ def contexts(n: int) -> tuple[list[Any], str]:
         if n > visible:
             raise ConfigError(f"--gpus {n} but only {visible} GPUs are visible; use --gpus "
                               f"{visible} or fewer")
-        names = host_info().get("gpus") or ["GPU"]
+        names = host_info().get("gpus") or ["GPU"]  # MXNet has no device-name query
         return [mx.gpu(i) for i in range(n)], f"cuda:{names[0]}"
     return [mx.cpu(i) for i in range(n)], "cpu-simulated"
 
 
-@dataclass
-class TrainState:
-    net: Any  # gluon.HybridBlock, parameters replicated on every context
-    trainer: Any  # gluon.Trainer: kvstore + one optimiser state per context
-    ctx: list[Any]  # the devices
-    host: Any  # where batches are assembled before split_and_load (pinned memory on GPU)
-    loss_fn: Any  # per-example softmax cross-entropy with label smoothing
-    lr_table: np.ndarray  # LR of every step of the run (common.schedule)
-    global_batch: int
-    step: int = 0
-    phases: Any = field(default=None)  # common.timing.PhaseTimer
+def checkpoint_path(cfg: Config) -> Path:
+    """The checkpoint's index; it names the weights and optimiser files it belongs with."""
+    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.json"
 
 
-def build_model(cfg: Config, in_channels: int, num_classes: int):  # -> gluon.HybridBlock
-    """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
-    from frameworks import mxnet_models
-
-    sync_devices = cfg.gpus if cfg.bn == "sync" else 0
-    return mxnet_models.build(cfg.model, in_channels, num_classes, cfg.width, cfg.dropout,
-                              cfg.bn_momentum, cfg.bn_eps, sync_devices)
-
-
-def create_train_state(cfg: Config, model, ctx: list[Any], steps_per_epoch: int) -> TrainState:
-    """Create the parameters, optimiser state and step counter; place them on the devices."""
-    import mxnet as mx
-    from mxnet import gluon
-
-    from frameworks import mxnet_models
-
-    # Initialised once on the CPU from mx.random's seeded generator and copied to every context,
-    # so the replicas start identical and the weights do not depend on the device count.
-    mx.random.seed(cfg.seed)
-    model.initialize(ctx=ctx)
-    # One cached graph per context; static_alloc/static_shape reuse buffers across steps.
-    model.hybridize(static_alloc=True, static_shape=True)
-    if cfg.optimizer == "sgd":
-        optimizer = mxnet_models.TorchSGD(momentum=cfg.momentum, nesterov=cfg.nesterov,
-                                          wd=cfg.weight_decay, learning_rate=cfg.lr)
-    else:
-        b1, b2 = cfg.novograd_betas
-        optimizer = mxnet_models.NovoGrad(beta1=b1, beta2=b2, wd=cfg.weight_decay,
-                                          learning_rate=cfg.lr)
-    # kvstore "device": gradients of the N contexts are summed on a device and the sum is copied
-    # back to every context (pushpull in Trainer.allreduce_grads). update_on_kvstore=False keeps
-    # the update on each context (replicated, identical), as DDP does, and lets the phase timer
-    # separate the all-reduce from the update. With one context there is no kvstore at all.
-    trainer = gluon.Trainer(model.collect_params(), optimizer, kvstore="device",
-                            update_on_kvstore=False)
-    on_gpu = ctx[0].device_type == "gpu"
-    return TrainState(
-        net=model, trainer=trainer, ctx=ctx, host=mx.cpu_pinned() if on_gpu else mx.cpu(),
-        loss_fn=mxnet_models.SoftmaxCrossEntropy(cfg.label_smoothing),
-        lr_table=lr_table_for(cfg, steps_per_epoch), global_batch=cfg.batch_size,
-    )
-
-
-def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
-    """One synchronous data-parallel SGD step on a global batch.
-
-    Returns the new state and metrics {"loss_sum", "correct", "count"} summed over the global
-    batch and left on the device (read only at log points: no per-step host sync)."""
-    import mxnet as mx
-    from mxnet import autograd
-    from mxnet.gluon.utils import split_and_load
-
-    phases = state.phases
-    x, y = batch  # x (B, C, H, W) float32, y (B,) int32: numpy from the loader thread
-    state.trainer.set_learning_rate(float(state.lr_table[state.step]))  # a host float: no sync
-    with phases.phase("h2d"):
-        # Each context gets its contiguous (B/N, C, H, W) slice, copied from host memory.
-        xs = split_and_load(mx.nd.array(x, ctx=state.host), state.ctx)
-        ys = split_and_load(mx.nd.array(y, ctx=state.host, dtype="float32"), state.ctx)
-    with phases.phase("forward_backward"):
-        with autograd.record():  # train mode: batch statistics, dropout on
-            logits = [state.net(xi) for xi in xs]  # (B/N, K) on each context
-            losses = [state.loss_fn(o, yi) for o, yi in zip(logits, ys)]  # (B/N,) per example
-        # d(sum of per-example losses)/dw, separately on every context; contexts run in parallel
-        # (one engine worker each).
-        autograd.backward(losses)
-    if phases.enabled:
-        with phases.phase("allreduce"):
-            state.trainer.allreduce_grads()  # kvstore pushpull: grads SUMMED over contexts
-        with phases.phase("optimizer"):
-            state.trainer.update(state.global_batch)  # rescale_grad = 1/global_batch
-    else:
-        # = allreduce_grads() + update(): sum over contexts, then every replica applies the
-        # update with rescale_grad = 1/global_batch, i.e. the gradient of the global-batch mean.
-        state.trainer.step(state.global_batch)
-    state.step += 1
-    metrics = {
-        "loss_sum": [loss.sum() for loss in losses],  # one (1,) NDArray per context
-        "correct": [(o.argmax(axis=1) == yi).sum() for o, yi in zip(logits, ys)],
-        "count": state.global_batch,  # known on the host
-    }
-    return state, metrics
-
-
-def eval_step(state: TrainState, batch) -> dict:
-    """Metrics {"loss_sum", "correct", "count"} of a test batch; rows of weight 0 (padding) do
-    not count."""
-    import mxnet as mx
-    from mxnet.gluon.utils import split_and_load
-
-    x, y, w = batch  # padded to a multiple of the context count (EvalLoader pad_to)
-    xs = split_and_load(mx.nd.array(x, ctx=state.host), state.ctx)
-    ys = split_and_load(mx.nd.array(y, ctx=state.host, dtype="float32"), state.ctx)
-    ws = split_and_load(mx.nd.array(w, ctx=state.host), state.ctx)
-    out: dict[str, list[Any]] = {"loss_sum": [], "correct": [], "count": []}
-    for xi, yi, wi in zip(xs, ys, ws):
-        logits = state.net(xi)  # not recording: predict mode (running statistics, no dropout)
-        out["loss_sum"].append((state.loss_fn(logits, yi) * wi).sum())
-        out["correct"].append(((logits.argmax(axis=1) == yi) * wi).sum())
-        out["count"].append(wi.sum())
-    return out
-
-
-def evaluate(state: TrainState, loader: EvalLoader) -> tuple[float, float, float]:
-    """(correct, count, loss_sum) over the whole test set; one host read at the end."""
-    sums: dict[str, list[Any]] = {}
-    for batch in loader:
-        sums = accumulate(sums, eval_step(state, batch))
-    return read(sums["correct"]), read(sums["count"]), read(sums["loss_sum"])
-
-
-def accumulate(sums: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    """Add per-context metric NDArrays without leaving the devices (asynchronous)."""
-    if not sums:
-        return dict(metrics)
-    return {k: [a + b for a, b in zip(v, metrics[k])] if isinstance(v, list) else v + metrics[k]
-            for k, v in sums.items()}
-
-
-def read(values) -> float:
-    """Host value of per-context NDArrays (a sync point) or of a host number."""
-    if isinstance(values, list):
-        return float(sum(float(v.asscalar()) for v in values))
-    return float(values)
-
-
-def average_running_stats(state: TrainState) -> None:
-    """Make every replica's BN running statistics the mean over the replicas (per-context BN
-    updates each from its own slice). Running once per epoch, before evaluation and the
-    checkpoint, keeps both independent of which context saw which images."""
+def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int, cfg: Config) -> None:
+    """Write the state after `epoch` (0-based): weights and trainer states, each to a temp file
+    renamed into place, then the index (atomic JSON) that names them; older files go last."""
     import mxnet as mx
 
-    if len(state.ctx) == 1:
-        return
-    for p in state.net.collect_params().values():
-        if p.grad_req == "null":  # running_mean / running_var
-            copies = [d.as_in_context(state.ctx[0]) for d in p.list_data()]
-            p.set_data(mx.nd.add_n(*copies) / len(copies))
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    """Seed of mx.random (dropout) for `epoch`: a resumed run draws the same masks."""
-    return int(np.random.default_rng([seed, epoch, 2]).integers(2**31 - 1))
-
-
-def save_checkpoint(directory: str, state: TrainState, recorder: RunRecorder, cfg: Config,
-                    epoch: int) -> None:
-    """Weights, optimiser state and progress after `epoch` (0-based), each written to a temp file
-    and renamed; `checkpoint.json`, renamed last, names the complete set."""
-    import mxnet as mx
-
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    tag = f"epoch{epoch + 1}"
-    # The replicas are identical; save context 0's copy. (Gluon's save_parameters averages the
-    # replicas, and (a+a+a)/3 can differ from a in the last bit, which would break an exact
-    # resume at 3 devices.) The file is in save_parameters' format: load_parameters reads it.
+    index = checkpoint_path(cfg)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{cfg.framework}-epoch{epoch + 1}"
+    # Context 0's copy of the (identical) replicas, in save_parameters' format. Gluon's own
+    # save_parameters averages the replicas, and (a + a + a) / 3 can differ from a in the last
+    # bit, which would break an exact resume at 3 devices.
     params = {name: p.data(state.ctx[0]).as_in_context(mx.cpu())
-              for name, p in state.net._collect_params_with_prefix().items()}
-    tmp = d / f"{tag}.params.tmp"
+              for name, p in state.model._collect_params_with_prefix().items()}
+    tmp = index.with_name(f"{tag}.params.tmp{os.getpid()}")
     mx.nd.save(str(tmp), params)
-    os.replace(tmp, d / f"{tag}.params")
-    tmp = d / f"{tag}.states.tmp"
-    state.trainer.save_states(str(tmp))  # optimiser buffers of context 0 (all are identical)
-    os.replace(tmp, d / f"{tag}.states")
-    write_json_atomic(d / "checkpoint.json", {
-        "framework": FRAMEWORK, "epoch": epoch + 1, "step": state.step,
-        "params": f"{tag}.params", "states": f"{tag}.states", "recorder": recorder.state(),
-        "config": {k: getattr(cfg, k) for k in RESUME_MUST_MATCH},
+    os.replace(tmp, index.with_name(f"{tag}.params"))
+    tmp = index.with_name(f"{tag}.states.tmp{os.getpid()}")
+    state.trainer.save_states(str(tmp))  # context 0's optimiser state (all are identical)
+    os.replace(tmp, index.with_name(f"{tag}.states"))
+    write_json_atomic(index, {
+        "epoch": epoch + 1,
+        "step": state.step,
+        "params": f"{tag}.params",
+        "states": f"{tag}.states",
+        "recorder": recorder.state(),
+        "config": cfg.to_dict(),
     })
-    for old in d.glob("epoch*.*"):  # earlier epochs' files
+    for old in index.parent.glob(f"{cfg.framework}-epoch*"):
         if not old.name.startswith(f"{tag}."):
             old.unlink(missing_ok=True)
 
 
-def load_checkpoint(directory: str, state: TrainState, recorder: RunRecorder,
-                    cfg: Config) -> int:
-    """Restore a checkpoint into `state` and `recorder`; return the epoch to start from."""
-    import json
-
-    path = Path(directory) / "checkpoint.json"
-    if not path.exists():
-        print(f"no checkpoint in {directory}: starting from epoch 1", flush=True)
-        return 0
-    with open(path) as f:
-        ckpt = json.load(f)
-    saved = ckpt.get("config", {})
-    for key in RESUME_MUST_MATCH:
-        want = getattr(cfg, key)
-        if key in saved and saved[key] != (list(want) if isinstance(want, tuple) else want):
-            raise ConfigError(f"checkpoint in {directory} has {key}={saved[key]!r}, this run "
-                              f"{want!r}; resume with the same settings or a new --checkpoint-dir")
-    state.net.load_parameters(str(Path(directory) / ckpt["params"]), ctx=state.ctx)
-    state.trainer.load_states(str(Path(directory) / ckpt["states"]))
+def load_checkpoint(state: TrainState, recorder: RunRecorder, cfg: Config) -> int:
+    """Restore the latest checkpoint into every context; return the epoch to continue from."""
+    index = checkpoint_path(cfg)
+    ckpt = json.loads(index.read_text())
+    state.model.load_parameters(str(index.with_name(ckpt["params"])), ctx=state.ctx)
+    # Unpickles MXNet's optimiser state (only our own checkpoint files are ever read here).
+    state.trainer.load_states(str(index.with_name(ckpt["states"])))
     state.step = int(ckpt["step"])
     recorder.load_state(ckpt["recorder"])
     return int(ckpt["epoch"])
+
+
+def check_resume(cfg: Config) -> None:
+    """Refuse to resume from a checkpoint of a different run (one clear error)."""
+    path = checkpoint_path(cfg)
+    if not (cfg.resume and path.exists()):
+        return
+    try:
+        saved = json.loads(path.read_text())["config"]
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
+        ) from None
+    keys = ("model", "width", "dataset", "image_size", "synthetic_classes", "batch_size", "seed",
+            "optimizer", "bn")
+    diff = [f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
+            for k in keys if saved.get(k) != getattr(cfg, k)]
+    if diff:
+        raise ConfigError(f"checkpoint {path} is from another run: {', '.join(diff)}; "
+                          "resume with the same settings or use a new --checkpoint-dir")
+
+
+def seed_for(seed: int, epoch: int) -> int:
+    """mx.random seed (dropout) of an epoch: reproducible after --resume."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0] % 2**31)
 
 
 def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     import mxnet as mx
 
-    from frameworks import mxnet_models
+    from frameworks.mxnet_models import count_params
 
     injected_failure(FRAMEWORK)
-    ctx, device_kind = contexts(cfg.gpus)
-    if cfg.bn == "sync" and ctx[0].device_type != "gpu":
-        raise ConfigError("--bn sync needs GPUs (Gluon's SyncBatchNorm hangs on CPU contexts in "
-                          "MXNet 1.9.1); use --bn local")
-    if cfg.precision != "fp32" and ctx[0].device_type == "gpu":
-        raise ConfigError(f"mxnet-gluon runs fp32 only (got --precision {cfg.precision}); "
-                          "use --precision fp32")
-    per_device(cfg.batch_size, len(ctx))
+    ctx, kind = select_devices(cfg.gpus)
+    log = printer(True)  # one process drives every device
     ds = load_for(cfg)
+    model = build_model(cfg, ds.channels, ds.num_classes)
+    # rank 0 of 1: this process reads every global batch and splits it over the contexts.
     loader = TrainLoader(ds, cfg.batch_size, cfg.seed, 0, 1, augment=cfg.augment, layout="NCHW",
                          max_steps=cfg.max_steps_per_epoch, prefetch=cfg.prefetch)
-    # Every test image once; batches padded (weight 0) to a multiple of the context count.
-    evaluator = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW", pad_to=len(ctx))
-    model = build_model(cfg, ds.channels, ds.num_classes)
+    evals = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW", pad_to=len(ctx))
     state = create_train_state(cfg, model, ctx, len(loader))
-    recorder = RunRecorder(cfg, devices=len(ctx), device_kind=device_kind,
-                           params=mxnet_models.count_params(model), is_main=True,
-                           packages=PACKAGES, bn_mode=cfg.bn, n_test=len(ds.test_x))
+    recorder = RunRecorder(cfg, devices=len(ctx), device_kind=kind, params=count_params(model),
+                           is_main=True, packages=PACKAGES, bn_mode=cfg.bn,
+                           n_test=len(ds.test_x))
     recorder.extra["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS", "")
-    start_epoch = load_checkpoint(cfg.checkpoint_dir, state, recorder, cfg) if cfg.resume else 0
+    if ctx[0].device_type == "cpu" and (cfg.precision != "fp32" or cfg.compile):
+        log("note: --precision and --compile apply on CUDA only; this run is fp32")
+    start = 0
+    if cfg.resume and checkpoint_path(cfg).exists():
+        start = load_checkpoint(state, recorder, cfg)
+        log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
+    elif cfg.resume:
+        log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
     timer = Timer(sync)
     state.phases = PhaseTimer(sync, cfg.phase_timing)
     try:
-        for epoch in range(start_epoch, cfg.epochs):
-            mx.random.seed(epoch_seed(cfg.seed, epoch), ctx="all")
-            sums: dict[str, Any] = {}
+        for epoch in range(start, cfg.epochs):
+            mx.random.seed(seed_for(cfg.seed, epoch), ctx="all")  # dropout masks
             timer.start()
             batches = loader.epoch(epoch)
-            for i, batch in enumerate(batches):
+            totals: dict[str, Any] = {}
+            for step, host_batch in enumerate(batches):
+                with state.phases.phase("h2d"):
+                    batch = to_device(host_batch, state)
                 state, metrics = train_step(state, batch)
-                sums = accumulate(sums, metrics)
                 state.phases.steps += 1
-                if cfg.log_every and (i + 1) % cfg.log_every == 0:  # a log point: host read
-                    print(f"epoch {epoch + 1} step {i + 1}/{len(loader)} "
-                          f"loss={read(sums['loss_sum']) / read(sums['count']):.4f}", flush=True)
+                totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+                if cfg.log_every and (step + 1) % cfg.log_every == 0:  # host sync: log point
+                    loss = totals["loss_sum"].asscalar() / totals["count"].asscalar()
+                    log(f"step {step + 1} train_loss={loss:.4f}")
+            if cfg.bn == "local":  # replicas' running statistics -> their mean (see docstring)
+                average_running_stats(state)
             sec = timer.stop()
             state.phases.add("data_wait", batches.wait_sec)
-            train_loss = read(sums["loss_sum"]) / read(sums["count"])  # one read per epoch
-            average_running_stats(state)
-            correct, total, loss_sum = evaluate(state, evaluator)
-            stop = recorder.end_epoch(epoch, sec, len(loader) * cfg.batch_size, train_loss,
-                                      correct, total, loss_sum)
+            train_sums = {k: float(v.asscalar()) for k, v in totals.items()}  # host sync, once
+            test = evaluate(state, evals)
+            stop = recorder.end_epoch(epoch, sec, len(loader) * cfg.batch_size,
+                                      train_sums["loss_sum"] / train_sums["count"],
+                                      test["correct"], test["count"], test["loss_sum"])
             if cfg.checkpoint_dir:
-                save_checkpoint(cfg.checkpoint_dir, state, recorder, cfg, epoch)
-                injected_failure(FRAMEWORK, epoch + 1)
+                save_checkpoint(state, recorder, epoch, cfg)
+            injected_failure(FRAMEWORK, epoch + 1)
             if stop:
                 break
-    except Exception as exc:  # keep what was measured; the record says what failed
+            if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
+                state.phases = PhaseTimer(sync, cfg.phase_timing)
+    except Exception as exc:  # keep what was measured; the record says why it stopped
         traceback.print_exc()
         recorder.fail(f"{type(exc).__name__}: {exc}")
     if cfg.phase_timing:
@@ -371,23 +405,47 @@ def train(cfg: Config) -> dict:
     return recorder.finish()
 
 
+def check_config(cfg: Config) -> None:
+    """MXNet-specific checks before training starts (ConfigError / DatasetError)."""
+    ctx, _ = select_devices(cfg.gpus)
+    if cfg.bn == "sync" and ctx[0].device_type != "gpu":
+        raise ConfigError("--bn sync needs GPUs: Gluon's SyncBatchNorm hangs on CPU contexts in "
+                          "MXNet 1.9.1; use --bn local")
+    if cfg.precision != "fp32" and ctx[0].device_type == "gpu":
+        raise ConfigError(f"mxnet-gluon trains in fp32 only (got --precision {cfg.precision}); "
+                          "use --precision fp32")
+    if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
+        raise ConfigError("--nesterov needs --momentum > 0")
+    check_available(cfg)
+    check_resume(cfg)
+
+
+def failure_record(cfg: Config, error: str) -> None:
+    """Write a 'failed' run record so the runner sees what went wrong."""
+    rec = RunRecorder(cfg, devices=cfg.gpus, device_kind="unknown", params=0, is_main=True,
+                      packages=PACKAGES)
+    rec.fail(error)
+    rec.finish()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""
-    cfg = parse_args(argv, FRAMEWORK)
-    # Before mxnet is imported (it reads the count once): the contexts share the host's cores.
-    set_omp_threads(cpu_threads())
-    prog = "python -m frameworks.mxnet_gluon"
+    """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
+    cfg = cli.parse_args(argv, FRAMEWORK)
+    prog = f"python -m frameworks.{FRAMEWORK.replace('-', '_')}"
+    # Before mxnet is loaded (it reads the count once); unset, MXNet used one of the cores here.
+    # Every context has its own engine worker running its own OpenMP team, so the contexts
+    # share the cores: 2 cores, 2 contexts -> 1 thread each (2 each was up to 1.5x slower).
+    set_omp_threads(cpu_threads(cfg.gpus))
     try:
+        check_config(cfg)
         record = train(cfg)
     except (ConfigError, DatasetError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # set-up failed before training: still leave a record
-        traceback.print_exc()
-        recorder = RunRecorder(cfg, devices=cfg.gpus, device_kind="", params=0, is_main=True,
-                               packages=PACKAGES)
-        recorder.fail(f"{type(exc).__name__}: {exc}")
-        recorder.finish()
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        print(f"{prog}: failed: {error}", file=sys.stderr)
+        failure_record(cfg, error)
         return 1
     return 0 if record["status"] == "ok" else 1
 
