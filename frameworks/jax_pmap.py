@@ -1,0 +1,359 @@
+"""jax-pmap: `jax.pmap` over the devices of one process (the Flax ImageNet example's pattern).
+
+    python -m frameworks.jax_pmap --preset digits --gpus 2     # 2 GPUs, or 2 simulated CPU devices
+    JAX_COORDINATOR_ADDRESS=HOST:PORT JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
+        python -m frameworks.jax_pmap --gpus 8 ...               # R = 0 on HOST, 1 elsewhere
+    srun --ntasks=2 --ntasks-per-node=1 python -m frameworks.jax_pmap --gpus 8 ...   # SLURM
+
+One Python process drives all its devices: the state is replicated (a copy per device along the
+pmap axis), every global batch is reshaped to (devices, B / devices, ...) and put on the devices
+two steps ahead, and the pmapped step averages the gradients with `lax.pmean` over the axis
+named "batch". In a multi-process run (one process per host, `jax.distributed`), `--gpus` is
+the device count PER PROCESS, every process reads its part of each global batch, and the pmap
+axis spans all processes' devices. Since JAX 0.8 `jax.pmap` is implemented with `jax.jit` and
+`jax.shard_map` and is in maintenance mode; jax-shard is JAX's current way of doing the same.
+
+`--bn sync` passes the axis name to BatchNorm (statistics pmean'd over the global batch).
+`--bn local` normalises with each device's own statistics; the running statistics drift apart
+between replicas during an epoch and are pmean'd once at its end, before evaluation and the
+checkpoint. The running average is linear, so this equals averaging them after every step.
+
+Known differences from the other frameworks: running_var uses the biased batch variance (Flax);
+the test loss uses the training loss (label smoothing included), as in torch-ddp.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import serialization
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from common import cli
+from common.config import Config, ConfigError
+from common.datasets import DatasetError, check_available, load_for
+from common.pipeline import EvalLoader, TrainLoader
+from common.results import RunRecorder
+from common.runtime import (
+    atomic_write_bytes, injected_failure, printer, simulate_host_devices,
+)
+from common.timing import PhaseTimer, Timer
+from frameworks.jax_models import (
+    TrainState, compute_dtype, count_params, create_model, cross_entropy, init_distributed,
+    init_variables, make_optimizer, select_devices,
+)
+
+FRAMEWORK = "jax-pmap"
+AXIS = "batch"  # the pmap axis: gradients, metrics and (--bn sync) BN statistics reduce over it
+
+
+def build_model(cfg: Config, in_channels: int, num_classes: int,
+                dtype: Any = jnp.float32) -> nn.Module:
+    """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
+    del in_channels  # Flax infers the input channels at init (create_train_state)
+    return create_model(cfg.model, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum,
+                        cfg.bn_eps, bn_axis_name=AXIS if cfg.bn == "sync" else None, dtype=dtype)
+
+
+def create_train_state(cfg: Config, model: nn.Module, image_shape: tuple[int, int, int],
+                       mesh: Mesh, steps_per_epoch: int) -> TrainState:
+    """Create the parameters, optimiser state and step counter; place them on the devices."""
+    init_key, dropout_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
+    variables = init_variables(model, init_key, image_shape)  # same seed: same weights anywhere
+    state = TrainState.create(
+        apply_fn=model.apply, params=variables["params"], batch_stats=variables["batch_stats"],
+        tx=make_optimizer(cfg, variables["params"], steps_per_epoch), key=dropout_key,
+        label_smoothing=cfg.label_smoothing)
+    return replicate(state, mesh)
+
+
+def train_step(state: TrainState, batch: tuple[jax.Array, jax.Array]
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One synchronous data-parallel SGD step on a global batch.
+
+    Returns the new state and metrics {"loss_sum", "correct", "count"} summed over the global
+    batch and left on the device (read only at log points: no per-step host sync)."""
+    x, y = batch  # this device's shard (pmap strips the device axis): (B/N, H, W, C), (B/N,)
+    # Dropout masks differ per step and per device, and depend on (seed, step) only: resumable.
+    key = jax.random.fold_in(jax.random.fold_in(state.key, state.step), lax.axis_index(AXIS))
+
+    def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array, Any]]:
+        logits, updates = state.apply_fn(
+            {"params": params, "batch_stats": state.batch_stats}, x, train=True,
+            rngs={"dropout": key}, mutable=["batch_stats"])
+        losses = cross_entropy(logits, y, state.label_smoothing)  # (B/N,)
+        return losses.mean(), (logits, losses, updates["batch_stats"])
+
+    grads, (logits, losses, batch_stats) = jax.grad(loss_fn, has_aux=True)(state.params)
+    # The all-reduce, over the pmap axis named AXIS ("batch"): the mean of the per-device mean
+    # gradients is the gradient of the global-batch mean loss (the shards are equal in size).
+    grads = lax.pmean(grads, axis_name=AXIS)
+    state = state.apply_gradients(grads=grads, batch_stats=batch_stats)
+    metrics = {
+        "loss_sum": losses.sum(),
+        "correct": (jnp.argmax(logits, -1) == y).sum().astype(jnp.float32),
+        "count": jnp.asarray(y.shape[0], jnp.float32),
+    }
+    return state, lax.psum(metrics, axis_name=AXIS)  # global-batch sums, on every device
+
+
+def eval_step(state: TrainState, batch: tuple[jax.Array, jax.Array, jax.Array]
+              ) -> dict[str, jax.Array]:
+    """Metrics {"loss_sum", "correct", "count"} of a test batch; rows of weight 0 (padding) do
+    not count."""
+    x, y, w = batch  # this device's shard: (B/N, H, W, C), (B/N,), (B/N,)
+    logits = state.apply_fn({"params": state.params, "batch_stats": state.batch_stats}, x,
+                            train=False)
+    metrics = {
+        "loss_sum": (cross_entropy(logits, y, state.label_smoothing) * w).sum(),
+        "correct": ((jnp.argmax(logits, -1) == y) * w).sum(),
+        "count": w.sum(),
+    }
+    return lax.psum(metrics, axis_name=AXIS)
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+    """A copy of every leaf per device, stacked on a leading device axis that pmap maps over:
+    (N, ...) arrays sharded over the mesh (jax.device_put_replicated is gone since JAX 0.8)."""
+    sharding = NamedSharding(mesh, P(AXIS))
+    n_local = len(mesh.local_devices)
+    return jax.tree.map(lambda a: jax.make_array_from_process_local_data(
+        sharding, np.broadcast_to(np.asarray(a), (n_local, *np.shape(a)))), tree)
+
+
+def unreplicate(tree: Any) -> Any:
+    """Host (numpy) copy of the first device's replica of every leaf: a host sync."""
+    return jax.tree.map(lambda a: np.asarray(a.addressable_shards[0].data)[0], tree)
+
+
+def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...]:
+    """This process's rows of a global batch, (B_local, ...) numpy -> (N, B/N, ...) sharded over
+    the mesh, one slice per device. Asynchronous: no sync."""
+    sharding = NamedSharding(mesh, P(AXIS))
+    n_local = len(mesh.local_devices)
+    return tuple(jax.make_array_from_process_local_data(
+        sharding, a.reshape(n_local, a.shape[0] // n_local, *a.shape[1:])) for a in batch)
+
+
+def prefetch_to_devices(batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh,
+                        phases: PhaseTimer, size: int = 2) -> Iterator[tuple[jax.Array, ...]]:
+    """Put batches on the devices `size` steps ahead (flax's prefetch_to_device): the copy of
+    batch k+2 overlaps step k. With phase timing each copy is waited for and timed as h2d."""
+    def put(batch: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
+        if not phases.enabled:
+            return to_device(batch, mesh)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(to_device(batch, mesh))
+        phases.add("h2d", time.perf_counter() - t0)
+        return out
+
+    batches = (b for b in batches)  # stays exhausted (a Prefetcher would block on a re-read)
+    queue = collections.deque(put(b) for b in itertools.islice(batches, size))
+    while queue:
+        yield queue.popleft()
+        queue.extend(put(b) for b in itertools.islice(batches, 1))
+
+
+def evaluate(p_eval_step: Any, state: TrainState, loader: EvalLoader, steps: int,
+             mesh: Mesh) -> dict[str, float]:
+    """Test sums over every test image exactly once: each process its part, padded rows of
+    weight 0; `steps` (the most batches any process has) keeps the processes in lockstep."""
+    n, shape = loader.padded, loader.ds.image_shape
+    padding = (np.zeros((n, *shape), np.float32), np.zeros(n, np.int32), np.zeros(n, np.float32))
+    totals: dict[str, jax.Array] = {}
+    for batch in itertools.islice(itertools.chain(loader, itertools.repeat(padding)), steps):
+        metrics = p_eval_step(state, to_device(batch, mesh))
+        totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+    return {k: float(v) for k, v in unreplicate(totals).items()}  # host sync, once
+
+
+def checkpoint_path(cfg: Config) -> Path:
+    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.msgpack"
+
+
+def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int, cfg: Config) -> None:
+    """Write the state after `epoch` (0-based) atomically: msgpack bytes, temp file, rename."""
+    payload = {
+        "epoch": epoch + 1,
+        "state": serialization.to_state_dict(unreplicate(state)),
+        "recorder": json.dumps(recorder.state()),
+        "config": json.dumps(cfg.to_dict()),
+    }
+    atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
+
+
+def load_checkpoint(state: TrainState, recorder: RunRecorder, cfg: Config,
+                    mesh: Mesh) -> tuple[TrainState, int]:
+    """Restore the latest checkpoint (msgpack holds arrays and plain values only); return the
+    replicated state and the epoch to continue from."""
+    ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
+    template = unreplicate(state)
+    restored = serialization.from_state_dict(template, ckpt["state"])
+    if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, template):
+        raise ConfigError(f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
+                          "model; resume with the same settings or use a new --checkpoint-dir")
+    recorder.load_state(json.loads(ckpt["recorder"]))
+    return replicate(restored, mesh), int(ckpt["epoch"])
+
+
+def check_resume(cfg: Config) -> None:
+    """Refuse to resume from a checkpoint of a different run (one clear error)."""
+    path = checkpoint_path(cfg)
+    if not (cfg.resume and path.exists()):
+        return
+    try:
+        saved = json.loads(serialization.msgpack_restore(path.read_bytes())["config"])
+    except Exception as exc:
+        raise ConfigError(f"cannot read checkpoint {path} ({exc}); delete it or drop --resume")
+    keys = ("model", "width", "dataset", "image_size", "synthetic_classes", "batch_size", "seed",
+            "optimizer", "bn")
+    diff = [f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
+            for k in keys if saved.get(k) != getattr(cfg, k)]
+    if diff:
+        raise ConfigError(f"checkpoint {path} is from another run: {', '.join(diff)}; "
+                          "resume with the same settings or use a new --checkpoint-dir")
+
+
+def train(cfg: Config) -> dict:
+    """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
+    injected_failure(FRAMEWORK)
+    devices, kind = select_devices(cfg.gpus)  # cfg.gpus per process, all processes' devices
+    mesh = Mesh(np.array(devices), (AXIS,))
+    rank, world = jax.process_index(), jax.process_count()
+    is_main = rank == 0
+    ds = load_for(cfg)
+    model = build_model(cfg, ds.channels, ds.num_classes, compute_dtype(cfg, devices[0].platform))
+    loader = TrainLoader(ds, cfg.batch_size, cfg.seed, rank, world, augment=cfg.augment,
+                         layout="NHWC", max_steps=cfg.max_steps_per_epoch, prefetch=cfg.prefetch)
+    # Static shapes: every test batch is padded to a multiple of this process's device count.
+    eval_batch = max(1, cfg.eval_batch_size // world)
+    evals = EvalLoader(ds, eval_batch, rank, world, layout="NHWC", pad_to=cfg.gpus)
+    eval_steps = max(len(EvalLoader(ds, eval_batch, r, world)) for r in range(world))
+    state = create_train_state(cfg, model, ds.image_shape, mesh, len(loader))
+    recorder = RunRecorder(cfg, devices=len(devices), device_kind=kind,
+                           params=count_params(unreplicate(state.params)), is_main=is_main,
+                           packages=("jax", "jaxlib", "flax", "optax"), bn_mode=cfg.bn,
+                           n_test=len(ds.test_x))
+    # The parallel transform, applied once: one program per device, collectives over AXIS.
+    # The state is donated (updated in place); a step is one fused XLA program.
+    p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=(0,))
+    p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)
+    p_mean = jax.pmap(lambda tree: lax.pmean(tree, AXIS), axis_name=AXIS, devices=devices)
+    log = printer(is_main)
+    start = 0
+    if cfg.resume and checkpoint_path(cfg).exists():
+        state, start = load_checkpoint(state, recorder, cfg, mesh)
+        log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
+    elif cfg.resume:
+        log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
+
+    def sync() -> None:  # waits for the newest state (late binding: the loop's current value)
+        jax.block_until_ready(state)
+
+    timer = Timer(sync)
+    phases = PhaseTimer(sync, cfg.phase_timing)
+    try:
+        for epoch in range(start, cfg.epochs):
+            timer.start()
+            batches = loader.epoch(epoch)
+            totals: dict[str, jax.Array] = {}
+            for step, batch in enumerate(prefetch_to_devices(batches, mesh, phases)):
+                # One fused XLA program: forward, backward, all-reduce and update cannot be
+                # timed apart, so phase timing books the whole step as forward_backward and
+                # times a separate pmean of a gradient-sized tree as the all-reduce (an
+                # estimate of the part inside the step; the optimiser stays inside it too).
+                with phases.phase("forward_backward"):
+                    state, metrics = p_train_step(state, batch)
+                if phases.enabled:
+                    with phases.phase("allreduce"):
+                        jax.block_until_ready(p_mean(state.params))
+                phases.steps += 1
+                totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+                if cfg.log_every and (step + 1) % cfg.log_every == 0:  # host sync: log point
+                    t = unreplicate(totals)
+                    log(f"step {step + 1} train_loss={t['loss_sum'] / t['count']:.4f}")
+            if cfg.bn == "local":  # replicas' running statistics -> their mean (see docstring)
+                state = state.replace(batch_stats=p_mean(state.batch_stats))
+            sec = timer.stop()
+            phases.add("data_wait", batches.wait_sec)
+            train_sums = unreplicate(totals)  # host sync, once per epoch
+            test = evaluate(p_eval_step, state, evals, eval_steps, mesh)
+            stop = recorder.end_epoch(epoch, sec, len(loader) * cfg.batch_size,
+                                      train_sums["loss_sum"] / train_sums["count"],
+                                      test["correct"], test["count"], test["loss_sum"])
+            if cfg.checkpoint_dir and is_main:
+                save_checkpoint(state, recorder, epoch, cfg)
+            injected_failure(FRAMEWORK, epoch + 1)
+            if stop:
+                break
+            if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
+                phases = PhaseTimer(sync, cfg.phase_timing)
+    except Exception as exc:  # keep what was measured; the record says why it stopped
+        traceback.print_exc()
+        recorder.fail(f"{type(exc).__name__}: {exc}")
+    if cfg.phase_timing:
+        recorder.phases = phases.per_step_ms()
+        recorder.extra["phase_note"] = (
+            "forward_backward = the whole compiled step (forward, backward, gradient pmean, "
+            "update: one XLA program); allreduce = a separate pmean of a gradient-sized tree, "
+            "also contained in forward_backward; optimizer is not separable (0)")
+    return recorder.finish()
+
+
+def check_config(cfg: Config) -> None:
+    """JAX-specific checks before training starts (ConfigError / DatasetError)."""
+    if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
+        raise ConfigError("--nesterov needs --momentum > 0")
+    check_available(cfg)
+    check_resume(cfg)
+
+
+def failure_record(cfg: Config, error: str) -> None:
+    """Write a 'failed' run record (process 0 only) so the runner sees what went wrong."""
+    rank = os.environ.get("JAX_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))
+    rec = RunRecorder(cfg, devices=cfg.gpus, device_kind="unknown", params=0,
+                      is_main=rank == "0", packages=("jax", "jaxlib", "flax", "optax"))
+    rec.fail(error)
+    rec.finish()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""
+    cfg = cli.parse_args(argv, FRAMEWORK)
+    prog = f"python -m frameworks.{FRAMEWORK.replace('-', '_')}"
+    # XLA reads XLA_FLAGS when JAX's CPU backend starts (the first device query, not the
+    # import), so this gives `--gpus` simulated CPU devices; on a GPU machine only the unused
+    # CPU backend sees it and the GPUs are used.
+    simulate_host_devices(cfg.gpus)
+    try:
+        init_distributed()
+        check_config(cfg)
+        record = train(cfg)
+    except (ConfigError, DatasetError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        print(f"{prog}: failed: {error}", file=sys.stderr)
+        failure_record(cfg, error)
+        return 1
+    return 0 if record["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
