@@ -1,0 +1,672 @@
+"""`python -m benchmarks.compare`: the same training in every framework at 1..N devices.
+
+Every (framework, device count, seed) runs as `<python> -m frameworks.<module> ...` in a process
+of its own, with the framework's own interpreter (the MXNet environment for mxnet-gluon), a
+timeout and a captured log; its result JSON is kept as soon as it ends, so a failed, hung or
+diverged run costs only itself. Everything is validated before the first run starts: bad input
+gives one line, `compare: error: <problem>; <fix>`, and exit code 2.
+
+The runner imports no framework (it starts fast and runs in either environment): GPUs are
+counted with `nvidia-smi -L`; without GPUs every framework simulates its devices on the CPU and
+every table, file and plot says "cpu-simulated".
+
+Exit code: 0 when every run finished with status "ok", 1 when any failed, diverged or timed out,
+2 on bad input (nothing started), 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NoReturn
+
+from benchmarks import report
+from benchmarks.progress import make_progress, parse_epoch_line
+from benchmarks.registry import REGISTRY, unavailable
+from common import cli
+from common.config import FRAMEWORKS, Config, ConfigError, preset, resolve
+from common.datasets import DatasetError, check_available
+from common.results import host_info, write_json_atomic
+from common.runtime import ROOT, cpu_threads
+from common.schedule import scaled_lr
+
+PROG = "python -m benchmarks.compare"
+DEFAULT_TIMEOUT = 900.0
+DEFAULT_GPUS = "2"
+RUNNER_OWNED = ("gpus", "output")  # set per run by the runner, not passed through
+PER_RUN = ("batch_size", "batch_per_device", "seed")  # derived per run from the scaling mode
+# Training-set sizes, to reject a global batch larger than the training set before any run
+# (synthetic data: --synthetic-train). digits = 1797 images minus the 360 held out for testing.
+TRAIN_SIZES = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "fashion-mnist": 60_000}
+
+EPILOG = f"""\
+examples:
+  {PROG}                       # offline default: 1 and 2 devices
+  {PROG} --frameworks torch-ddp,jax-pmap --gpus 4    # devices 1, 2, 4
+  {PROG} --gpus 1,2,3 --preset smoke --repeat 3      # 3 seeds: mean ± std
+  {PROG} --scaling weak --lr-scaling linear          # per-device batch fixed
+  {PROG} --target-accuracy 0.95                      # time-to-accuracy columns
+
+outputs (in --out DIR): config.json (resolved config, every run's command), runs/*.json (every
+run's record, written when it ends), logs/*.log, results.csv (one row per framework x devices),
+runs.csv (one row per run), results.md, throughput.png, efficiency.png, accuracy_vs_time.png.
+exit code: 0 all runs ok, 1 a run failed / diverged / timed out, 2 bad input (nothing ran).
+"""
+
+
+class UsageError(Exception):
+    """Bad input found before any run starts; the message names the problem and the fix."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one clear line, exit 2
+        self.exit(2, f"compare: error: {message}; see {PROG} --help\n")
+
+
+class _Help(argparse.Action):
+    """--help: the runner's own flags, then the shared training flags it passes through."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, help="show this help message and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:
+        shared = cli.build_parser("compare", exclude=RUNNER_OWNED).format_help()
+        _, _, options = shared.partition("\noptions:\n")
+        options = "\n".join(
+            line for line in options.splitlines() if not line.lstrip().startswith("-h, --help")
+        )
+        text = parser.format_help().replace(EPILOG, "")
+        print(
+            f"{text}\nshared training flags (passed to every run, same meaning as in "
+            f"`python -m frameworks.<module> --help`;\n--batch-size is the global batch of the "
+            f"1-device run):\n{options}\n\n{EPILOG}"
+        )
+        parser.exit(0)
+
+
+def runner_parser() -> _Parser:
+    p = _Parser(
+        prog="compare",
+        usage=f"{PROG} [--frameworks LIST] [--gpus N|LIST] [--scaling strong|weak]\n"
+        "         [--repeat K] [--out DIR] [--timeout SEC] [shared training flags ...]",
+        description="Train the same model with every framework's data parallelism at 1..N "
+        "devices, one\nprocess per run, and compare test accuracy, time per epoch, throughput "
+        "and scaling\nefficiency.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+        allow_abbrev=False,  # an abbreviation must not swallow a shared flag (--out / --output)
+    )
+    p.add_argument("-h", "--help", action=_Help)
+    p.add_argument(
+        "--frameworks",
+        default=",".join(FRAMEWORKS),
+        metavar="LIST",
+        help=f"comma-separated, from: {', '.join(FRAMEWORKS)} (default: all; a framework "
+        "whose environment is missing is reported as skipped)",
+    )
+    p.add_argument(
+        "--gpus",
+        default=DEFAULT_GPUS,
+        metavar="N|LIST",
+        help="device counts: N runs 1, 2, 4, ... (powers of two below N) and N; a list such as "
+        "1,2,3 runs exactly those (default: 2, i.e. 1 and 2). Without GPUs the devices are "
+        "simulated on the CPU",
+    )
+    p.add_argument(
+        "--scaling",
+        choices=("strong", "weak"),
+        default=None,
+        help="strong: the global batch stays fixed at every device count; weak: the per-device "
+        "batch stays fixed (global batch = 1-device batch x devices; the LR follows "
+        "--lr-scaling relative to --lr-base-batch). Default: weak for presets that fix the "
+        "per-device batch, strong otherwise",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, metavar="K", help="seeds seed..seed+K-1 per cell"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="output directory (default: results/<UTC timestamp>/ under the project root)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SEC",
+        help=f"per-run time limit; a run still going is killed (default {DEFAULT_TIMEOUT:g})",
+    )
+    return p
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str  # "torch-ddp-2dev" (+ "-seed1" with --repeat)
+    framework: str
+    devices: int
+    seed: int
+    cfg: Config  # resolved, exactly what the run will use
+    command: tuple[str, ...]
+    log: Path
+    output: Path
+
+    @property
+    def peak_lr(self) -> float:
+        c = self.cfg
+        return scaled_lr(c.lr, c.batch_size, c.lr_base_batch, c.lr_scaling)
+
+
+@dataclass
+class Plan:
+    base: Config  # the resolved configuration at 1 device
+    passthrough: dict[str, Any]  # shared flags given on the command line
+    frameworks: list[str]
+    counts: list[int]
+    scaling: str
+    repeat: int
+    timeout: float
+    out: Path
+    gpus: list[str]  # GPU names from nvidia-smi (empty: simulated CPU devices)
+    command: list[str]
+    runs: list[RunSpec] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    not_applicable: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    @property
+    def expected_kind(self) -> str:
+        """The device kind runs report (common.results): "cuda:<name>" or "cpu-simulated"."""
+        return f"cuda:{self.gpus[0]}" if self.gpus else "cpu-simulated"
+
+
+def parse_frameworks(text: str) -> list[str]:
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    for name in names:
+        if name not in REGISTRY:
+            raise UsageError(
+                f"unknown framework {name!r}; choose from {', '.join(REGISTRY)} "
+                "(comma-separated, e.g. --frameworks torch-ddp,jax-pmap)"
+            )
+    if not names:
+        raise UsageError(f"--frameworks is empty; give one or more of {', '.join(REGISTRY)}")
+    return names
+
+
+def parse_gpus(text: str) -> list[int]:
+    """'4' -> [1, 2, 4]; '6' -> [1, 2, 4, 6]; '1,2,3' -> [1, 2, 3]."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(
+            f"--gpus {text!r} is not a count or a list of counts; use e.g. --gpus 4 or --gpus 1,2,3"
+        ) from None
+    if not values or min(values) < 1:
+        raise UsageError(
+            f"--gpus {text} asks for {min(values, default=0)} devices; every device count must "
+            "be >= 1 (e.g. --gpus 1)"
+        )
+    if "," in text:
+        return sorted(set(values))
+    n = values[0]
+    return [2**k for k in range(n.bit_length()) if 2**k < n] + [n]
+
+
+def detect_gpus() -> list[str]:
+    """GPU names from `nvidia-smi -L` (honours CUDA_VISIBLE_DEVICES); [] without a working one."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    names = []
+    for line in out.stdout.splitlines():
+        m = re.match(r"GPU \d+: (.+?)(?: \(UUID: [^)]*\))?$", line.strip())
+        if m:
+            names.append(m.group(1))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        names = names[: len([v for v in visible.split(",") if v.strip()])]
+    return names
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    """A shared flag back on the command line, in the form common.cli parses."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + name.replace("_", "-")]
+    if value is None:
+        return [flag, "none"]
+    if isinstance(value, tuple):
+        return [flag, ",".join(str(v) for v in value)]
+    return [flag, str(value)]
+
+
+def _lcm(values: list[int]) -> int:
+    out = 1
+    for v in values:
+        out = out * v // math.gcd(out, v)
+    return out
+
+
+def make_plan(argv: list[str] | None) -> Plan:
+    """Parse and validate everything; raise UsageError (argparse exits 2 itself)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns, rest = runner_parser().parse_known_args(argv)
+    for token in rest:
+        if token.split("=")[0] == "--output":
+            raise UsageError(
+                "--output is set by the runner for each run (runs/<run>.json); "
+                "use --out DIR for the whole comparison"
+            )
+    shared = vars(cli.build_parser("compare", exclude=RUNNER_OWNED).parse_args(rest))
+    preset_name = shared.pop("preset")
+    for key in ("data_dir", "checkpoint_dir"):  # runs start in the project root
+        if shared.get(key):
+            shared[key] = str(Path(shared[key]).resolve())
+    try:
+        base = preset(preset_name, **shared)  # gpus=1: the 1-device configuration
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+    frameworks = parse_frameworks(ns.frameworks)
+    counts = parse_gpus(ns.gpus)
+    if ns.repeat < 1:
+        raise UsageError(f"--repeat must be >= 1 (got {ns.repeat}); use --repeat 1 for one seed")
+    if not ns.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds (got {ns.timeout:g})")
+    gpus = detect_gpus()
+    if gpus and max(counts) > len(gpus):
+        raise UsageError(
+            f"--gpus asks for {max(counts)} devices but this machine has {len(gpus)} GPU(s) "
+            f"(nvidia-smi -L); use --gpus {len(gpus)} or fewer"
+        )
+
+    fixes_per_device = base.batch_per_device > 0
+    scaling = ns.scaling or ("weak" if fixes_per_device else "strong")
+    if scaling == "strong" and "batch_per_device" in shared:
+        raise UsageError(
+            "--batch-per-device fixes the per-device batch, which is weak scaling; "
+            "use --scaling weak, or --batch-size for a fixed global batch"
+        )
+    batch = base.batch_size  # the 1-device (global = per-device) batch
+    if scaling == "strong":
+        bad = [n for n in counts if batch % n]
+        if bad:
+            step = _lcm(counts)
+            raise UsageError(
+                f"global batch {batch} does not divide over {bad[0]} devices (strong scaling "
+                f"keeps it fixed at every count in {','.join(map(str, counts))}); use "
+                f"--batch-size {max(step, batch // step * step)} (a multiple of {step}) or "
+                "--scaling weak"
+            )
+    n_train = base.synthetic_train if base.dataset == "synthetic" else TRAIN_SIZES[base.dataset]
+    n_train = min(n_train, base.train_limit or n_train)
+    largest = batch * (max(counts) if scaling == "weak" else 1)
+    if largest > n_train:
+        raise UsageError(
+            f"global batch {largest} is larger than the {base.dataset} training set ({n_train} "
+            f"images), so no step could run; use a smaller --batch-size or fewer devices"
+        )
+    data_dir = ROOT / base.data_dir  # as the runs see it: they start in the project root
+    try:
+        check_available(base.replace(data_dir=str(data_dir)))
+    except DatasetError as exc:
+        raise UsageError(str(exc)) from None
+
+    if ns.out:
+        out = Path(ns.out).resolve()
+    else:
+        out = ROOT / "results" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    if (out / "config.json").exists():
+        raise UsageError(f"{out} already holds a comparison (config.json); choose a new --out")
+
+    plan = Plan(
+        base=base,
+        passthrough=shared,
+        frameworks=frameworks,
+        counts=counts,
+        scaling=scaling,
+        repeat=ns.repeat,
+        timeout=ns.timeout,
+        out=out,
+        gpus=gpus,
+        command=[*PROG.split(), *argv],
+    )
+    plan.skipped = unavailable(frameworks)
+    for fw in frameworks:
+        if fw in plan.skipped:
+            continue
+        why = REGISTRY[fw].multi_device_needs_cuda
+        for n in counts:
+            if n > 1 and why and not gpus:
+                plan.not_applicable[(fw, n)] = why
+                continue
+            for seed in range(base.seed, base.seed + ns.repeat):
+                plan.runs.append(
+                    make_run(plan, fw, n, seed, batch * n if scaling == "weak" else batch)
+                )
+    if not plan.runs:
+        why = "; ".join(f"{k}: {v}" for k, v in plan.skipped.items()) or "; ".join(
+            f"{fw} x{n}: {v}" for (fw, n), v in plan.not_applicable.items()
+        )
+        raise UsageError(f"nothing can run ({why})")
+    return plan
+
+
+def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSpec:
+    run_id = f"{fw}-{n}dev" + (f"-seed{seed}" if plan.repeat > 1 else "")
+    output = plan.out / "runs" / f"{run_id}.json"
+    args = ["--preset", plan.base.preset]
+    for key, value in plan.passthrough.items():
+        if key == "checkpoint_dir":  # one checkpoint directory per run
+            value = str(Path(value) / run_id)
+        if key not in PER_RUN:
+            args += _flag(key, value)
+    args += ["--gpus", str(n), "--batch-size", str(global_batch), "--seed", str(seed)]
+    args += ["--output", str(output)]
+    cfg = plan.base.replace(
+        framework=fw, gpus=n, batch_size=global_batch, batch_per_device=0, seed=seed
+    )
+    if "checkpoint_dir" in plan.passthrough:
+        cfg = cfg.replace(checkpoint_dir=str(Path(plan.passthrough["checkpoint_dir"]) / run_id))
+    try:
+        cfg = resolve(cfg.replace(output=str(output)))
+    except ConfigError as exc:
+        raise UsageError(f"{fw} at {n} devices: {exc}") from None
+    framework = REGISTRY[fw]
+    command = (str(framework.python), "-m", framework.module, *args)
+    return RunSpec(run_id, fw, n, seed, cfg, command, plan.out / "logs" / f"{run_id}.log", output)
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"  # epoch lines arrive as they are printed
+    env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))
+    return env
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """End the run and everything it started (torch-ddp's workers): its own process group."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:
+            # the leader is gone; make sure no worker of its group is left behind
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+
+
+def execute_run(spec: RunSpec, plan: Plan, progress: Any) -> dict[str, Any]:
+    """Run one process to completion or timeout; return its record (synthesised if missing)."""
+    spec.log.parent.mkdir(parents=True, exist_ok=True)
+    spec.output.parent.mkdir(parents=True, exist_ok=True)
+    tail: deque[str] = deque(maxlen=report.LOG_TAIL_LINES)
+    epochs: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    label = f"{spec.framework} x{spec.devices}" + (f" seed {spec.seed}" if plan.repeat > 1 else "")
+    progress.start_run(label, spec.cfg.epochs, str(spec.log.relative_to(plan.out)))
+    with open(spec.log, "w") as log:
+        log.write(f"$ {shlex.join(spec.command)}\n")
+        log.flush()
+        proc = subprocess.Popen(
+            spec.command,
+            cwd=ROOT,
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # its own process group, so a timeout can end all of it
+        )
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                tail.append(line.rstrip("\n"))
+                row = parse_epoch_line(line)
+                if row:
+                    row["wall_sec"] = time.monotonic() - t0
+                    epochs.append(row)
+                    progress.epoch(row)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=plan.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _kill_group(proc)  # also on Ctrl-C, and any worker left behind by the leader
+        reader.join(timeout=10)
+        if timed_out:
+            log.write(f"[compare] killed after {plan.timeout:g} s (--timeout)\n")
+    wall = time.monotonic() - t0
+    record = finish_record(spec, plan, proc.returncode, timed_out, list(tail), epochs)
+    record["runner"]["wall_sec"] = wall
+    write_json_atomic(spec.output, record)  # kept now, whatever happens to later runs
+    return record
+
+
+def finish_record(
+    spec: RunSpec,
+    plan: Plan,
+    returncode: int,
+    timed_out: bool,
+    tail: list[str],
+    epochs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The run's own record, or one built from its log when it wrote none; plus runner facts."""
+    record = None
+    if spec.output.exists():
+        try:
+            record = read_record(spec.output)
+        except ValueError:
+            record = None
+    if record is None:
+        last = next((line for line in reversed(tail) if line.strip()), "")
+        record = {
+            "framework": spec.framework,
+            "model": spec.cfg.model,
+            "dataset": spec.cfg.dataset,
+            "devices": spec.devices,
+            "device_kind": plan.expected_kind,
+            "bn_mode": spec.cfg.bn,
+            "global_batch_size": spec.cfg.batch_size,
+            "epochs": epochs,
+            "test_set_size": None,
+            "config": spec.cfg.to_dict(),
+            "status": "failed",
+            "error": f"exit code {returncode}, no result file; last line: {last}",
+        }
+    if timed_out:
+        record["status"] = "timeout"
+        record["error"] = f"still running after {plan.timeout:g} s (--timeout); killed"
+    elif returncode != 0 and record.get("status") == "ok":
+        record["status"] = "failed"
+        record["error"] = f"exit code {returncode} after writing an ok record"
+    record["runner"] = {
+        "run_id": spec.run_id,
+        "seed": spec.seed,
+        "peak_lr": spec.peak_lr,
+        "command": list(spec.command),
+        "log": str(spec.log.relative_to(plan.out)),
+        "returncode": returncode,
+        "timed_out": timed_out,
+    }
+    if record["status"] != "ok":
+        record["runner"]["log_tail"] = tail
+    return record
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or "status" not in data:
+        raise ValueError(f"{path} is not a run record")
+    return data
+
+
+def sweep_of(plan: Plan) -> report.Sweep:
+    planned: dict[tuple[str, int], int] = {}
+    for spec in plan.runs:
+        planned[(spec.framework, spec.devices)] = planned.get((spec.framework, spec.devices), 0) + 1
+    b = plan.base
+    return report.Sweep(
+        title=f"{b.model} (width {b.width:g}) on {b.dataset}, preset {b.preset}, "
+        f"{plan.scaling} scaling",
+        command=shlex.join(plan.command),
+        frameworks=plan.frameworks,
+        counts=plan.counts,
+        planned=planned,
+        skipped=plan.skipped,
+        not_applicable=plan.not_applicable,
+        expected_kind=plan.expected_kind,
+        target_accuracy=b.target_accuracy,
+        host=host_info(),
+        started=utc_now(),
+    )
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
+    return {
+        "command": sweep.command,
+        "status": status,
+        "started": sweep.started,
+        "finished": sweep.finished,
+        "out": str(plan.out),
+        "frameworks": plan.frameworks,
+        "device_counts": plan.counts,
+        "scaling": plan.scaling,
+        "repeat": plan.repeat,
+        "timeout_sec": plan.timeout,
+        "device_kind": plan.expected_kind,
+        "gpus": plan.gpus,
+        "host": sweep.host,
+        "skipped": plan.skipped,
+        "not_applicable": [
+            {"framework": fw, "devices": n, "reason": why}
+            for (fw, n), why in plan.not_applicable.items()
+        ],
+        "passthrough": plan.passthrough,
+        "base_config": plan.base.to_dict(),
+        "runs": [
+            {
+                "run_id": s.run_id,
+                "framework": s.framework,
+                "devices": s.devices,
+                "seed": s.seed,
+                "global_batch_size": s.cfg.batch_size,
+                "peak_lr": s.peak_lr,
+                "command": list(s.command),
+                "command_line": shlex.join(s.command),
+                "log": str(s.log.relative_to(plan.out)),
+                "output": str(s.output.relative_to(plan.out)),
+                "config": s.cfg.to_dict(),
+            }
+            for s in plan.runs
+        ],
+    }
+
+
+def execute(plan: Plan) -> int:
+    sweep = sweep_of(plan)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(plan.out / "config.json", config_json(plan, sweep, "running"))
+    print(f"compare: {len(plan.runs)} runs -> {plan.out}", flush=True)
+    for fw, why in plan.skipped.items():
+        print(f"compare: {fw} skipped: {why}", flush=True)
+    for (fw, n), why in plan.not_applicable.items():
+        print(f"compare: {fw} x{n}: n/a ({why})", flush=True)
+    records: list[dict[str, Any]] = []
+    status = "finished"
+    progress = make_progress([s.cfg.epochs for s in plan.runs])
+    try:
+        with progress:
+            for spec in plan.runs:
+                record = execute_run(spec, plan, progress)
+                records.append(record)
+                progress.end_run(run_summary(record))
+                report.write_tables(plan.out, sweep, records)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    sweep.finished = utc_now()
+    plots, plot_note = report.write_plots(plan.out, sweep, records)
+    report.write_tables(plan.out, sweep, records, plots, plot_note)
+    write_json_atomic(plan.out / "config.json", config_json(plan, sweep, status))
+    report.print_table(sweep, records)
+    for r in records:
+        if r["status"] != "ok":
+            print(f"\n{r['runner']['run_id']}: {r['status']}: {report.one_line(r)}")
+            print("\n".join("    " + line for line in r["runner"].get("log_tail", [])))
+    print(f"\ncompare: results in {plan.out} (results.md, results.csv, runs/, logs/, *.png)")
+    if status == "interrupted":
+        return 130
+    return 0 if all(r["status"] == "ok" for r in records) else 1
+
+
+def run_summary(record: dict[str, Any]) -> str:
+    wall = record["runner"]["wall_sec"]
+    if record["status"] != "ok":
+        return f"{record['status'].upper()} after {wall:.1f}s: {report.one_line(record)}"
+    acc, sec, ips = (record.get(k) for k in ("test_accuracy", "sec_per_epoch", "images_per_sec"))
+    return (
+        f"ok in {wall:.1f}s: test_accuracy={acc:.4f}, {sec:.3g} s/epoch, {ips:.0f} images/s, "
+        f"device kind {record.get('device_kind')}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `python -m benchmarks.compare --help`. Exit 0 all ok, 1 a run failed, 2 bad
+    input."""
+    try:
+        plan = make_plan(argv)
+    except UsageError as exc:
+        print(f"compare: error: {exc}", file=sys.stderr)
+        return 2
+    return execute(plan)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

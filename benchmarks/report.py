@@ -1,0 +1,491 @@
+"""Tables, CSV, Markdown and plots of a comparison, built from the run-result records.
+
+One row per (framework, device count): the mean +- std over the row's successful runs (one per
+seed), the speed-up over the same framework's 1-device row and the scaling efficiency
+(speed-up / devices). Every title says the device kind, and "cpu-simulated" rows are labelled as
+logical devices on one CPU so nobody reads them as GPU scaling. Every file is written atomically
+(temporary file + rename): a runner killed half-way leaves the previous complete version.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import statistics
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LEFT = ("framework", "status", "BN", "device kind")
+CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"
+LOG_TAIL_LINES = 15
+
+
+@dataclass
+class Sweep:
+    """What the runner planned; the report needs it for rows that have no record."""
+
+    title: str  # e.g. "resnet18 (width 1.0) on digits, strong scaling"
+    command: str
+    frameworks: list[str]
+    counts: list[int]
+    planned: dict[tuple[str, int], int]  # runs (seeds) per cell
+    skipped: dict[str, str] = field(default_factory=dict)  # framework -> why + install command
+    not_applicable: dict[tuple[str, int], str] = field(default_factory=dict)
+    expected_kind: str = "cpu-simulated"
+    target_accuracy: float = 0.0
+    host: dict[str, Any] = field(default_factory=dict)
+    started: str = ""
+    finished: str = ""
+
+
+def device_kinds(sweep: Sweep, records: Iterable[dict[str, Any]]) -> list[str]:
+    kinds = sorted({r["device_kind"] for r in records if r.get("device_kind")})
+    return kinds or [sweep.expected_kind]
+
+
+def heading(sweep: Sweep, records: list[dict[str, Any]], sep: str = " ") -> str:
+    """The title of every table, file and plot: what ran, and on which kind of device."""
+    kinds = device_kinds(sweep, records)
+    text = f"{sweep.title}, {', '.join(kinds)}"
+    if any(k.startswith("cpu-simulated") for k in kinds):
+        text += f"{sep}({CPU_NOTE})"
+    return text
+
+
+# -- one row per (framework, device count) ----------------------------------------------------
+
+
+def _stats(values: list[float | None]) -> tuple[float | None, float | None]:
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
+
+
+def _status(statuses: list[str], planned: int) -> str:
+    if not statuses:
+        return "not run"
+    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    if len(counts) == 1 and len(statuses) == planned:
+        return statuses[0]
+    parts = [f"{s} {n}" for s, n in counts.items()]
+    if len(statuses) < planned:
+        parts.append(f"not run {planned - len(statuses)}")
+    return ", ".join(parts)
+
+
+def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summary table, in the sweep's order (framework, then device count)."""
+    out: list[dict[str, Any]] = []
+    for fw in sweep.frameworks:
+        one_device_ips = None
+        for n in sweep.counts:
+            row: dict[str, Any] = {"framework": fw, "devices": n, "note": ""}
+            if fw in sweep.skipped:  # one row for the framework, whatever the device counts
+                if n == sweep.counts[0]:
+                    row.update(devices="-", status="skipped", note=sweep.skipped[fw])
+                    out.append(row)
+                continue
+            if (fw, n) in sweep.not_applicable:
+                row.update(status="n/a", note=sweep.not_applicable[(fw, n)])
+                out.append(row)
+                continue
+            runs = [r for r in records if r["framework"] == fw and r["devices"] == n]
+            ok = [r for r in runs if r["status"] == "ok"]
+            row["status"] = _status([r["status"] for r in runs], sweep.planned.get((fw, n), 0))
+            row["runs_ok"], row["runs"] = len(ok), len(runs)
+            for key in ("global_batch_size", "bn_mode", "device_kind"):
+                row[key] = ", ".join(sorted({str(r.get(key)) for r in runs if r.get(key)}))
+            row["peak_lr"] = ", ".join(
+                sorted({f"{r['runner']['peak_lr']:g}" for r in runs if "runner" in r})
+            )
+            for key in ("test_accuracy", "sec_per_epoch", "first_epoch_sec", "images_per_sec"):
+                row[key], row[key + "_std"] = _stats([r.get(key) for r in ok])
+            reached = [r for r in ok if r.get("time_to_target_sec") is not None]
+            row["reached_target"] = len(reached)
+            row["time_to_target_sec"], row["time_to_target_sec_std"] = _stats(
+                [r["time_to_target_sec"] for r in reached]
+            )
+            row["epochs_to_target"], _ = _stats([r.get("epochs_to_target") for r in reached])
+            examples = {r.get("test_examples") for r in ok}
+            row["test_examples"] = examples.pop() if len(examples) == 1 else None
+            row["test_set_size"] = next((r.get("test_set_size") for r in ok), None)
+            if n == 1 and row["images_per_sec"]:
+                one_device_ips = row["images_per_sec"]
+            if one_device_ips and row["images_per_sec"]:
+                row["speedup"] = row["images_per_sec"] / one_device_ips
+                row["efficiency"] = row["speedup"] / n
+            failed = [r for r in runs if r["status"] != "ok"]
+            if failed:
+                row["note"] = f"{failed[0]['runner']['run_id']}: {one_line(failed[0])}"
+            out.append(row)
+    return out
+
+
+def one_line(record: dict[str, Any]) -> str:
+    error = str(record.get("error") or record["status"]).strip().splitlines()
+    return error[-1][:200] if error else record["status"]
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def _num(mean: float | None, std: float | None, fmt: str) -> str:
+    if mean is None:
+        return "-"
+    text = format(mean, fmt)
+    return text if std is None else f"{text} ± {format(std, fmt)}"
+
+
+def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+    """(header, formatter) of the printed and Markdown tables."""
+    cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("framework", lambda r: r["framework"]),
+        ("devices", lambda r: str(r["devices"])),
+        ("status", lambda r: r["status"]),
+        ("global batch", lambda r: r.get("global_batch_size") or "-"),
+        ("test acc", lambda r: _num(r.get("test_accuracy"), r.get("test_accuracy_std"), ".4f")),
+        ("s/epoch", lambda r: _num(r.get("sec_per_epoch"), r.get("sec_per_epoch_std"), ".3g")),
+        (
+            "1st epoch s",
+            lambda r: _num(r.get("first_epoch_sec"), r.get("first_epoch_sec_std"), ".3g"),
+        ),
+        ("images/s", lambda r: _num(r.get("images_per_sec"), r.get("images_per_sec_std"), ".0f")),
+        ("speed-up", lambda r: _num(r.get("speedup"), None, ".2f") + ("x" * ("speedup" in r))),
+        ("efficiency", lambda r: f"{r['efficiency']:.0%}" if "efficiency" in r else "-"),
+        ("BN", lambda r: r.get("bn_mode") or "-"),
+        ("device kind", lambda r: r.get("device_kind") or "-"),
+    ]
+    if sweep.target_accuracy > 0:
+        cols += [
+            (f"s to {sweep.target_accuracy:g}", _time_to_target),
+            (
+                f"epochs to {sweep.target_accuracy:g}",
+                lambda r: _num(r.get("epochs_to_target"), None, ".1f"),
+            ),
+        ]
+    return cols
+
+
+def _time_to_target(row: dict[str, Any]) -> str:
+    if "runs_ok" not in row:
+        return "-"
+    if not row["reached_target"]:
+        return "not reached" if row["runs_ok"] else "-"
+    text = _num(row["time_to_target_sec"], row["time_to_target_sec_std"], ".3g")
+    if row["reached_target"] < row["runs_ok"]:
+        text += f" ({row['reached_target']}/{row['runs_ok']} reached)"
+    return text
+
+
+def table_cells(sweep: Sweep, table: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    cols = columns(sweep)
+    return [h for h, _ in cols], [[f(r) for _, f in cols] for r in table]
+
+
+def markdown_table(headers: list[str], body: list[list[str]]) -> str:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(headers), line(["---"] * len(headers)), *map(line, body)])
+
+
+def notes(sweep: Sweep, table: list[dict[str, Any]]) -> list[str]:
+    """One line per skipped framework, n/a cell and failed cell."""
+    lines = []
+    for r in table:
+        if r["note"]:
+            who = (
+                r["framework"] if r["status"] == "skipped" else f"{r['framework']} x{r['devices']}"
+            )
+            lines.append(f"{who}: {r['status']}: {r['note']}")
+    return lines
+
+
+def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None) -> None:
+    """The summary table on stdout: rich where installed, Markdown text otherwise."""
+    table = rows(sweep, records)
+    headers, body = table_cells(sweep, table)
+    title = heading(sweep, records, sep="\n")
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(f"\n{title}\n\n{markdown_table(headers, body)}", file=stream)
+        for line in notes(sweep, table):
+            print(f"- {line}", file=stream)
+        return
+    console = Console(file=stream)
+    if not console.is_terminal:
+        console = Console(file=stream, width=max(console.width, 200))
+    colour = {"ok": "green", "n/a": "dim", "skipped": "yellow"}
+    out = Table(title=title, caption="\n".join(notes(sweep, table)) or None)
+    for h in headers:
+        out.add_column(h, justify="left" if h in LEFT else "right")
+    for r, cells in zip(table, body):
+        out.add_row(*cells, style=colour.get(r["status"], "red"))
+    console.print(out)
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+CSV_COLUMNS = [
+    "framework",
+    "devices",
+    "status",
+    "runs_ok",
+    "runs",
+    "global_batch_size",
+    "peak_lr",
+    "test_accuracy",
+    "test_accuracy_std",
+    "sec_per_epoch",
+    "sec_per_epoch_std",
+    "first_epoch_sec",
+    "first_epoch_sec_std",
+    "images_per_sec",
+    "images_per_sec_std",
+    "speedup",
+    "efficiency",
+    "bn_mode",
+    "device_kind",
+    "time_to_target_sec",
+    "time_to_target_sec_std",
+    "epochs_to_target",
+    "reached_target",
+    "test_examples",
+    "test_set_size",
+    "note",
+]
+RUN_COLUMNS = [
+    "run_id",
+    "framework",
+    "devices",
+    "seed",
+    "status",
+    "global_batch_size",
+    "peak_lr",
+    "test_accuracy",
+    "sec_per_epoch",
+    "first_epoch_sec",
+    "images_per_sec",
+    "time_to_target_sec",
+    "epochs_to_target",
+    "wall_sec",
+    "runner_wall_sec",
+    "bn_mode",
+    "device_kind",
+    "test_examples",
+    "test_set_size",
+    "returncode",
+    "log",
+    "error",
+]
+
+
+def _csv(header: list[str], items: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, header, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for item in items:
+        writer.writerow({k: "" if item.get(k) is None else item.get(k) for k in header})
+    return buf.getvalue()
+
+
+def run_row(record: dict[str, Any]) -> dict[str, Any]:
+    runner = record.get("runner", {})
+    return {
+        **record,
+        "run_id": runner.get("run_id"),
+        "seed": runner.get("seed"),
+        "peak_lr": runner.get("peak_lr"),
+        "runner_wall_sec": runner.get("wall_sec"),
+        "returncode": runner.get("returncode"),
+        "log": runner.get("log"),
+        "error": one_line(record) if record["status"] != "ok" else "",
+    }
+
+
+def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plot_note: str) -> str:
+    table = rows(sweep, records)
+    headers, body = table_cells(sweep, table)
+    host = sweep.host
+    gpus = ", ".join(host.get("gpus", [])) or "none"
+    parts = [
+        f"# dp-bench: {heading(sweep, records)}",
+        "",
+        f"- Command: `{sweep.command}`",
+        f"- Machine: {host.get('cpu', '?')} ({host.get('cpu_count', '?')} logical CPUs); "
+        f"GPUs: {gpus}; {host.get('platform', '')}",
+        f"- Started {sweep.started}" + (f", finished {sweep.finished}" if sweep.finished else ""),
+        "- s/epoch = median of the timed epochs (the first epoch, with compilation and warm-up, "
+        "is reported separately); images/s over the timed epochs; speed-up = images/s over the "
+        "same framework's 1-device row; efficiency = speed-up / devices.",
+        "",
+        markdown_table(headers, body),
+        "",
+    ]
+    parts += [f"- {line}" for line in notes(sweep, table)]
+    failed = [r for r in records if r["status"] != "ok"]
+    if failed:
+        parts += ["", "## Failed runs", ""]
+        for r in failed:
+            runner = r.get("runner", {})
+            parts += [
+                f"### {runner.get('run_id')}: {r['status']}",
+                "",
+                f"{one_line(r)} (exit code {runner.get('returncode')}; log `{runner.get('log')}`)",
+                "",
+                "```",
+                *runner.get("log_tail", []),
+                "```",
+                "",
+            ]
+    if plots or plot_note:
+        parts += ["", "## Plots", ""]
+        parts += [f"![{p.stem}]({p.name})" for p in plots]
+        if plot_note:
+            parts.append(plot_note)
+    parts += [
+        "",
+        "Every run's record is in `runs/`, its log in `logs/`, its command in `config.json`.",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def write_tables(
+    out: Path,
+    sweep: Sweep,
+    records: list[dict[str, Any]],
+    plots: Iterable[Path] = (),
+    plot_note: str = "",
+) -> None:
+    """results.csv (one row per cell), runs.csv (one row per run) and results.md."""
+    table = rows(sweep, records)
+    write_text_atomic(out / "results.csv", _csv(CSV_COLUMNS, table))
+    write_text_atomic(out / "runs.csv", _csv(RUN_COLUMNS, [run_row(r) for r in records]))
+    write_text_atomic(out / "results.md", markdown(sweep, records, list(plots), plot_note))
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+
+def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple[list[Path], str]:
+    """PNG plots; returns the files written and a note when plots could not be made."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], "Plots skipped: matplotlib is not installed in this interpreter (use .venv)."
+    table = [r for r in rows(sweep, records) if r.get("images_per_sec")]
+    title = heading(sweep, records, sep="\n")
+    colours = {fw: f"C{i}" for i, fw in enumerate(sweep.frameworks)}
+    written = []
+
+    def save(fig: Any, name: str) -> None:
+        path = out / name
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=name + ".", suffix=".tmp")
+        os.close(fd)
+        try:
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+            os.replace(tmp, path)
+        finally:
+            plt.close(fig)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        written.append(path)
+
+    def axes(ylabel: str, subtitle: str) -> tuple[Any, Any]:
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        ax.set_title(f"{subtitle}\n{title}", fontsize=8)
+        ax.set_xlabel("devices")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(sweep.counts)
+        ax.grid(alpha=0.3)
+        return fig, ax
+
+    fig, ax = axes("images/s (timed epochs)", "Throughput vs devices (dashed: ideal scaling)")
+    for fw in sweep.frameworks:
+        pts = [r for r in table if r["framework"] == fw]
+        if not pts:
+            continue
+        xs = [r["devices"] for r in pts]
+        ys = [r["images_per_sec"] for r in pts]
+        err = [r.get("images_per_sec_std") or 0.0 for r in pts]
+        ax.errorbar(xs, ys, yerr=err, marker="o", color=colours[fw], label=fw, capsize=3)
+        base = next((r["images_per_sec"] for r in pts if r["devices"] == 1), None)
+        if base:
+            ax.plot(
+                sweep.counts, [base * n for n in sweep.counts], "--", color=colours[fw], alpha=0.5
+            )
+    ax.set_ylim(bottom=0)
+    if table:
+        ax.legend(fontsize=8)
+    save(fig, "throughput.png")
+
+    fig, ax = axes("scaling efficiency (speed-up / devices)", "Scaling efficiency vs devices")
+    ax.axhline(1.0, color="k", linestyle="--", alpha=0.5, label="ideal")
+    for fw in sweep.frameworks:
+        pts = [r for r in table if r["framework"] == fw and "efficiency" in r]
+        if pts:
+            ax.plot(
+                [r["devices"] for r in pts],
+                [r["efficiency"] for r in pts],
+                marker="o",
+                color=colours[fw],
+                label=fw,
+            )
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax.legend(fontsize=8)
+    save(fig, "efficiency.png")
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    ax.set_title(f"Test accuracy vs wall time, per run\n{title}", fontsize=8)
+    ax.set_xlabel("wall time since the run's start (s)")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    styles = ["-", "--", ":", "-."]
+    for r in records:
+        epochs = [e for e in r.get("epochs", []) if e.get("wall_sec") is not None]
+        if not epochs:
+            continue
+        k = sweep.counts.index(r["devices"]) if r["devices"] in sweep.counts else 0
+        ax.plot(
+            [e["wall_sec"] for e in epochs],
+            [e["test_accuracy"] for e in epochs],
+            marker="os^Dv<>p"[k % 8],
+            linestyle=styles[k % 4],
+            color=colours.get(r["framework"], "k"),
+            label=r.get("runner", {}).get("run_id", r["framework"]),
+        )
+    if sweep.target_accuracy > 0:
+        ax.axhline(sweep.target_accuracy, color="k", linestyle="--", alpha=0.5, label="target")
+    ax.set_ylim(0, 1)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, ncol=2)
+    save(fig, "accuracy_vs_time.png")
+    return written, ""
