@@ -234,6 +234,10 @@ def average_running_stats(state: TrainState) -> None:
 
     if len(state.ctx) == 1:
         return
+    # Wait for the last backward first: with static_alloc, the cached graph's writes to the
+    # running statistics (made in the backward pass) are not ordered before later reads by the
+    # engine in 1.9.1; without this sync the averages varied from run to run.
+    sync()
     for p in state.model.collect_params().values():
         if p.grad_req == "null":  # running_mean, running_var
             copies = [d.as_in_context(state.ctx[0]) for d in p.list_data()]

@@ -1,0 +1,189 @@
+"""mxnet-gluon: an N-context step equals the 1-context step, evaluation covers every test image
+once at any context count, same seed same losses, learning on real digits, kill-and-resume,
+and the command line's failure modes. CPU contexts stand in for devices."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from common.config import preset
+from common.datasets import load_for
+from common.pipeline import EvalLoader
+from common.timing import PhaseTimer
+from frameworks import mxnet_gluon as G
+from frameworks.mxnet_models import count_params, create_model, structural_params
+from tests.conftest import read_json, run_module
+
+MODULE = "frameworks.mxnet_gluon"
+
+
+def ok(proc) -> None:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    return run_module(MODULE, *args, env=env, timeout=timeout)  # this (MXNet) interpreter
+
+
+def trainable(state: G.TrainState, ctx_index: int) -> dict[str, np.ndarray]:
+    return {n: p.data(state.ctx[ctx_index]).asnumpy()
+            for n, p in structural_params(state.model).items() if p.grad_req != "null"}
+
+
+def use_running_stats(net: mx.gluon.Block) -> None:
+    """BN in eval mode during training (use_global_stats): the N-context step then equals the
+    1-context step exactly; with per-context batch statistics it cannot."""
+    def fix(block: mx.gluon.Block) -> None:
+        if isinstance(block, mx.gluon.nn.BatchNorm):
+            block._kwargs["use_global_stats"] = True  # read by hybrid_forward at the first call
+    net.apply(fix)
+
+
+def make_state(n: int) -> G.TrainState:
+    cfg = preset("smoke", gpus=n, momentum=0.9, weight_decay=5e-3, lr=0.2)
+    model = G.build_model(cfg, 3, 10)
+    use_running_stats(model)
+    return G.create_train_state(cfg, model, [mx.cpu(i) for i in range(n)], steps_per_epoch=2)
+
+
+def test_n_context_step_equals_one_context_step(monkeypatch):
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((24, 3, 16, 16)).astype(np.float32),
+                rng.integers(0, 10, 24).astype(np.int32)) for _ in range(2)]
+    results = {}
+    for n in (1, 2, 3):
+        state = make_state(n)
+        before = trainable(state, 0)
+        sums = []
+        with monkeypatch.context() as mp:  # no host read inside the step: metrics stay lazy
+            def refuse(*args, **kwargs):
+                raise AssertionError("host sync inside train_step")
+
+            mp.setattr(mx.nd.NDArray, "asnumpy", refuse)
+            for batch in batches:
+                state, metrics = G.train_step(state, G.to_device(batch, state))
+                sums.append(metrics["loss_sum"])
+        results[n] = (before, [trainable(state, i) for i in range(n)],
+                      [float(v.asscalar()) for v in sums])
+    before, (ref,), ref_losses = results[1]
+    assert max(np.abs(ref[k] - before[k]).max() for k in ref) > 1e-3  # the steps did something
+    for n in (2, 3):
+        _, replicas, losses = results[n]
+        for i, got in enumerate(replicas):  # every replica equals the 1-context weights
+            for k in ref:
+                np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=1e-5,
+                                           err_msg=f"{n} contexts, replica {i}: {k}")
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+
+def test_evaluation_identical_at_1_2_3_contexts():
+    cfg = preset("smoke", dataset="digits", image_size=16, test_limit=359, eval_batch_size=64)
+    ds = load_for(cfg)
+    results = []
+    for n in (1, 2, 3):
+        ctx = [mx.cpu(i) for i in range(n)]
+        state = G.create_train_state(cfg.replace(gpus=n), G.build_model(cfg, 1, 10), ctx, 1)
+        state.phases = PhaseTimer(G.sync, False)
+        # 359 images, batches of 64 padded (weight 0) to a multiple of n: 5 full + 1 partial
+        results.append(G.evaluate(state, EvalLoader(ds, 64, 0, 1, layout="NCHW", pad_to=n)))
+    for r in results:
+        assert r["count"] == 359
+        assert r["correct"] == results[0]["correct"]
+        assert abs(r["loss_sum"] - results[0]["loss_sum"]) <= 1e-4 * abs(results[0]["loss_sum"])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_runs_evaluate_every_test_image(n, tmp_path):
+    out = tmp_path / "r.json"
+    ok(run("--preset", "smoke", "--gpus", str(n), "--phase-timing", "--output", str(out)))
+    rec = read_json(out)
+    assert rec["status"] == "ok" and rec["devices"] == n
+    assert rec["device_kind"] == "cpu-simulated" and rec["framework"] == "mxnet-gluon"
+    assert rec["test_examples"] == rec["test_set_size"] == 10
+    assert len(rec["epochs"]) == 2 and rec["epochs"][0]["images"] == 96  # 4 steps x 24
+    assert rec["params"] == count_params(create_model("resnet18", 3, 10, width=0.125))
+    assert rec["omp_num_threads"] == str(max(1, (os.cpu_count() or 1) // n))  # cores shared
+    phases = rec["phases_ms_per_step"]
+    assert set(phases) == {"data_wait", "h2d", "forward_backward", "allreduce", "optimizer"}
+    assert phases["forward_backward"] > 0 and phases["optimizer"] > 0
+    if n > 1:
+        assert phases["allreduce"] > 0
+    else:  # one context: no kvstore, nothing to reduce (only the phase timer's two syncs)
+        assert phases["allreduce"] < 0.5
+
+
+def test_same_seed_same_losses(tmp_path):
+    def losses(seed: str, name: str) -> list[float]:
+        out = tmp_path / name
+        ok(run("--preset", "smoke", "--gpus", "2", "--seed", seed, "--output", str(out)))
+        return [(e["train_loss"], e["test_loss"]) for e in read_json(out)["epochs"]]
+
+    first = losses("0", "a.json")
+    assert losses("0", "b.json") == first
+    assert losses("1", "c.json") != first  # the seed matters: the equality above can fail
+
+
+def test_learns_real_digits(tmp_path):
+    """The digits preset at 1/8 width (about 10 s on 2 cores): far above chance (0.10)."""
+    out = tmp_path / "digits.json"
+    proc = run("--preset", "digits", "--width", "0.125", "--gpus", "2", "--output", str(out))
+    ok(proc)
+    rec = read_json(out)
+    assert rec["status"] == "ok" and rec["devices"] == 2
+    assert rec["test_examples"] == rec["test_set_size"] == 360
+    assert rec["test_accuracy"] >= 0.90, rec["epochs"]
+    assert len([ln for ln in proc.stdout.splitlines() if ln.startswith("epoch ")]) == 6
+
+
+def test_kill_resume_ends_with_the_uninterrupted_weights(tmp_path):
+    """WideResNet with dropout (mx.random reseeded per epoch) on 2 contexts, killed right after
+    epoch 1's checkpoint, then resumed: the final weights equal the uninterrupted run's."""
+    args = ("--preset", "smoke", "--model", "wideresnet", "--width", "0.05", "--dropout", "0.2",
+            "--gpus", "2", "--epochs", "3", "--lr-schedule", "cosine")
+    ok(run(*args, "--checkpoint-dir", str(tmp_path / "full"), "--output",
+           str(tmp_path / "full.json")))
+    killed = run(*args, "--checkpoint-dir", str(tmp_path / "cut"),
+                 env={"DPBENCH_FAIL": "mxnet-gluon@1"})
+    assert killed.returncode == 17, killed.stderr[-2000:]  # os._exit after epoch 1's checkpoint
+    assert json.loads((tmp_path / "cut" / "mxnet-gluon.json").read_text())["epoch"] == 1
+    resumed = run(*args, "--checkpoint-dir", str(tmp_path / "cut"), "--resume", "--output",
+                  str(tmp_path / "cut.json"))
+    ok(resumed)
+    assert "resumed from" in resumed.stdout
+    full = mx.nd.load(str(tmp_path / "full" / "mxnet-gluon-epoch3.params"))
+    cut = mx.nd.load(str(tmp_path / "cut" / "mxnet-gluon-epoch3.params"))
+    assert set(full) == set(cut) and "layer1.shortcut.weight" in full
+    for k in full:
+        np.testing.assert_array_equal(cut[k].asnumpy(), full[k].asnumpy(), err_msg=k)
+    a, b = read_json(tmp_path / "full.json"), read_json(tmp_path / "cut.json")
+    assert [e["train_loss"] for e in b["epochs"]] == [e["train_loss"] for e in a["epochs"]]
+    assert [p.name for p in sorted((tmp_path / "cut").iterdir())] == [
+        "mxnet-gluon-epoch3.params", "mxnet-gluon-epoch3.states", "mxnet-gluon.json"]
+
+
+def test_resume_refuses_another_runs_checkpoint(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    ok(run("--preset", "smoke", "--epochs", "1", "--checkpoint-dir", ckpt))
+    proc = run("--preset", "smoke", "--width", "0.25", "--checkpoint-dir", ckpt, "--resume")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--width 0.125" in proc.stderr
+
+
+def test_sync_bn_on_cpu_is_one_clear_error():
+    proc = run("--preset", "smoke", "--gpus", "2", "--bn", "sync")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0  # one line, no traceback
+    assert "--bn sync" in proc.stderr and "--bn local" in proc.stderr
+
+
+def test_startup_failure_still_writes_a_failed_record(tmp_path):
+    out = tmp_path / "r.json"
+    proc = run("--preset", "smoke", "--output", str(out), env={"DPBENCH_FAIL": "mxnet-gluon"})
+    assert proc.returncode == 1
+    rec = read_json(out)
+    assert rec["status"] == "failed" and "DPBENCH_FAIL" in rec["error"]
