@@ -610,6 +610,10 @@ def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
     }
 
 
+def _interrupt(signum: int, frame: Any) -> NoReturn:
+    raise KeyboardInterrupt
+
+
 def execute(plan: Plan) -> int:
     sweep = sweep_of(plan)
     plan.out.mkdir(parents=True, exist_ok=True)
@@ -622,6 +626,10 @@ def execute(plan: Plan) -> int:
     records: list[dict[str, Any]] = []
     status = "finished"
     progress = make_progress([s.cfg.epochs for s in plan.runs])
+    # SIGTERM (a CI job cancelled) ends the sweep like Ctrl-C: the current run's process group
+    # is killed (its processes live in their own session and would otherwise outlive us) and
+    # the results so far are written.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with progress:
             for spec in plan.runs:
@@ -631,6 +639,9 @@ def execute(plan: Plan) -> int:
                 report.write_tables(plan.out, sweep, records)
     except KeyboardInterrupt:
         status = "interrupted"
+        print(f"\ncompare: interrupted after {len(records)} of {len(plan.runs)} runs", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     sweep.finished = utc_now()
     plots, plot_note = report.write_plots(plan.out, sweep, records)
     report.write_tables(plan.out, sweep, records, plots, plot_note)

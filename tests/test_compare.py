@@ -1,0 +1,430 @@
+"""The benchmark runner: end-to-end sweeps over real frameworks, failure handling, bad input.
+
+The end-to-end tests start real framework processes on the `smoke` preset (simulated CPU
+devices); the others drive `benchmarks.compare` in-process or with stand-in interpreters.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import compare, report
+from benchmarks.progress import RichProgress, parse_epoch_line
+from common.config import preset
+from common.results import RunRecorder
+from tests.conftest import ROOT, read_json, run_module
+
+# Two real frameworks of different families, each at 1 and 2 simulated devices.
+PAIR = ("torch-ddp", "jax-shard")
+SMOKE_TEST_SET = preset("smoke").synthetic_test
+# Well below run_module's own timeout: a hung run must be ended (and reported) by the runner.
+RUN_TIMEOUT = ("--timeout", "240")
+MISSING_PYTHON = {"DPBENCH_PYTHON_MXNET_GLUON": "/nonexistent/.venv-mxnet/bin/python"}
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    frameworks = ",".join([*PAIR, "mxnet-gluon"])
+    args = ["--frameworks", frameworks, "--gpus", "2", "--preset", "smoke", "--out", str(out)]
+    proc = run_module("benchmarks.compare", *args, *RUN_TIMEOUT, env=MISSING_PYTHON, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    rows = read_csv(out / "results.csv")
+    assert [(r["framework"], r["devices"], r["status"]) for r in rows] == [
+        (PAIR[0], "1", "ok"),
+        (PAIR[0], "2", "ok"),
+        (PAIR[1], "1", "ok"),
+        (PAIR[1], "2", "ok"),
+        ("mxnet-gluon", "-", "skipped"),
+    ]
+    assert "bash scripts/setup.sh mxnet" in rows[-1]["note"]
+    for r in rows[:4]:
+        assert r["device_kind"] == "cpu-simulated"
+        assert int(r["test_examples"]) == int(r["test_set_size"]) == SMOKE_TEST_SET
+        assert r["global_batch_size"] == "24"  # strong scaling: the same global batch
+        assert float(r["sec_per_epoch"]) > 0 and float(r["first_epoch_sec"]) > 0
+        assert r["bn_mode"] == "local"
+        speedup = float(r["speedup"])
+        assert float(r["efficiency"]) == pytest.approx(speedup / int(r["devices"]))
+        if r["devices"] == "1":
+            assert speedup == pytest.approx(1.0)
+
+    runs = sorted(p.name for p in (out / "runs").glob("*.json"))
+    assert runs == sorted(f"{fw}-{n}dev.json" for fw in PAIR for n in (1, 2))
+    for name in runs:
+        record = read_json(out / "runs" / name)
+        assert record["status"] == "ok" and record["test_examples"] == SMOKE_TEST_SET
+        assert len(record["epochs"]) == 2
+        log = out / record["runner"]["log"]
+        assert log.read_text().startswith("$ ") and "epoch 2/2" in log.read_text()
+    assert len(read_csv(out / "runs.csv")) == 4
+
+    config = read_json(out / "config.json")
+    assert config["status"] == "finished" and config["device_counts"] == [1, 2]
+    assert "mxnet-gluon" in config["skipped"]
+    commands = [r["command_line"] for r in config["runs"]]
+    assert len(commands) == 4 and all("--preset smoke" in c for c in commands)
+    assert sum("--gpus 2" in c for c in commands) == 2
+
+    md = (out / "results.md").read_text()
+    assert "cpu-simulated" in md and "NOT GPU scaling" in md
+    assert md.count(f"| {PAIR[0]} |") == 2 and "| mxnet-gluon | - | skipped |" in md
+    for png in ("throughput.png", "efficiency.png", "accuracy_vs_time.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({png})" in md
+    assert not list(out.rglob("*.tmp"))  # atomic writes leave no temporaries
+    # progress lines while running, then the table
+    assert f"{PAIR[1]} x2: epoch 2/2 test_accuracy=" in proc.stdout
+    assert "NOT GPU scaling" in proc.stdout and "mxnet-gluon: skipped" in proc.stdout
+
+
+def test_crashed_run_is_reported_and_the_others_keep_their_results(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["--frameworks", ",".join(PAIR), "--gpus", "1", "--preset", "smoke", "--out", str(out)]
+    proc = run_module("benchmarks.compare", *args, *RUN_TIMEOUT, env={"DPBENCH_FAIL": PAIR[1]})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+    ok = read_json(out / "runs" / f"{PAIR[0]}-1dev.json")
+    assert ok["status"] == "ok" and ok["test_examples"] == SMOKE_TEST_SET
+    failed = read_json(out / "runs" / f"{PAIR[1]}-1dev.json")
+    assert failed["status"] == "failed"
+    assert failed["runner"]["returncode"] == 1
+    assert any("failure injected" in line for line in failed["runner"]["log_tail"])
+    rows = {r["framework"]: r for r in read_csv(out / "results.csv")}
+    assert rows[PAIR[0]]["status"] == "ok" and rows[PAIR[0]]["test_accuracy"]
+    assert rows[PAIR[1]]["status"] == "failed" and "failure injected" in rows[PAIR[1]]["note"]
+    md = (out / "results.md").read_text()
+    assert "## Failed runs" in md and "failure injected" in md
+    assert "failure injected" in proc.stdout  # the log tail, printed after the table
+
+
+def _stand_in_python(tmp_path: Path, body: str) -> Path:
+    """An executable that answers the runner's package probe (`-c ...`) like a Python that has
+    every package, and otherwise runs `body` instead of the framework module."""
+    path = tmp_path / "python"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then exit 0; fi\n{body}\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def _ended(pid: int, within: float = 10.0) -> bool:
+    """True once `pid` is gone or a zombie (killed, waiting for init to reap it)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    python = _stand_in_python(tmp_path, f"sleep 120 &\necho $! > {pid_file}\nwait")
+    out = tmp_path / "out"
+    args = ["--frameworks", PAIR[0], "--gpus", "2", "--preset", "smoke", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.compare", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # e.g. a cancelled CI job
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout
+    assert "interrupted after 0 of 2 runs" in stdout
+    assert read_json(out / "config.json")["status"] == "interrupted"
+    assert read_csv(out / "results.csv")[0]["status"] == "not run"
+    assert not list(out.rglob("*.tmp"))
+    assert _ended(int(pid_file.read_text()))
+
+
+def test_hung_run_is_killed_at_the_timeout_with_its_workers(tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    python = _stand_in_python(
+        tmp_path,
+        "echo 'epoch 1/3 sec=1.0 images_per_sec=10.0 train_loss=2.3 test_accuracy=0.25 "
+        f"test_loss=2.2'\nsleep 120 &\necho $! > {pid_file}\nwait",
+    )
+    out = tmp_path / "out"
+    args = ["--frameworks", PAIR[0], "--gpus", "1", "--preset", "smoke", "--timeout", "3"]
+    t0 = time.monotonic()
+    proc = run_module(
+        "benchmarks.compare",
+        *args,
+        "--out",
+        str(out),
+        env={"DPBENCH_PYTHON_TORCH_DDP": str(python)},
+    )
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    record = read_json(out / "runs" / f"{PAIR[0]}-1dev.json")
+    assert record["status"] == "timeout" and record["runner"]["timed_out"]
+    assert record["epochs"][0]["test_accuracy"] == 0.25  # progress parsed from the log
+    assert "killed after 3 s" in (out / record["runner"]["log"]).read_text()
+    assert _ended(int(pid_file.read_text()))  # the run's own child went with it
+
+
+# -- bad input: one line, exit code 2, nothing started --------------------------------------------
+
+
+def _fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})'\n" for i in range(gpus))
+    tool = bin_dir / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\n{lines}")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+BAD_INPUT = {
+    "unknown framework": (["--frameworks", "torch-ddp,caffe"], "unknown framework 'caffe'"),
+    "unknown model": (["--model", "resnet50"], "invalid choice: 'resnet50'"),
+    "unknown dataset": (["--dataset", "imagenet"], "invalid choice: 'imagenet'"),
+    "unknown preset": (["--preset", "huge"], "unknown preset 'huge'"),
+    "zero devices": (["--gpus", "0"], "every device count must be >= 1"),
+    "zero in a list": (["--gpus", "1,0"], "every device count must be >= 1"),
+    "batch does not divide": (
+        ["--preset", "smoke", "--gpus", "1,2,5"],
+        "global batch 24 does not divide over 5 devices",
+    ),
+    "weak batch exceeds the data": (
+        ["--preset", "smoke", "--scaling", "weak", "--gpus", "8"],
+        "global batch 192 is larger than the synthetic training set",
+    ),
+    "dataset not on disk": (
+        ["--dataset", "cifar10", "--no-download", "--data-dir", "{tmp}/nodata"],
+        "dataset 'cifar10' is not on disk",
+    ),
+    "output is the runner's": (["--output", "x.json"], "use --out DIR"),
+    "unknown flag": (["--epochz", "3"], "unrecognized arguments: --epochz"),
+}
+
+
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = compare.main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2_before_any_run(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args, message = BAD_INPUT[case]
+    out = tmp_path / "out"
+    code, stdout, stderr = _main(
+        [a.format(tmp=tmp_path) for a in args] + ["--out", str(out)], capsys
+    )
+    assert code == 2
+    assert stderr.startswith("compare: error: ") and stderr.count("\n") == 1, stderr
+    assert message in stderr
+    assert not out.exists()  # no logs/, no runs/: nothing started
+
+
+def test_more_gpus_than_the_machine_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_nvidia_smi(tmp_path, monkeypatch, gpus=2)
+    out = tmp_path / "out"
+    code, _, stderr = _main(["--gpus", "4", "--out", str(out)], capsys)
+    assert code == 2 and "this machine has 2 GPU(s)" in stderr and "use --gpus 2" in stderr
+    assert not out.exists()
+
+
+def test_nothing_available_is_bad_input_naming_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, value in MISSING_PYTHON.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "out"
+    code, _, stderr = _main(["--frameworks", "mxnet-gluon", "--out", str(out)], capsys)
+    assert code == 2 and "bash scripts/setup.sh mxnet" in stderr and not out.exists()
+
+
+def test_help_lists_runner_and_shared_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = _main(["--help"], capsys)
+    assert code == 0
+    for flag in ("--frameworks", "--gpus N|LIST", "--scaling", "--repeat", "--timeout", "--out"):
+        assert flag in stdout
+    assert "shared training flags" in stdout and "--lr-scaling" in stdout
+    assert "--output" not in stdout  # owned by the runner
+    assert "examples:" in stdout
+
+
+# -- planning -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan as if every framework were installed, on a machine without GPUs."""
+    monkeypatch.setattr(compare, "unavailable", lambda names: {})
+    monkeypatch.setattr(compare, "detect_gpus", lambda: [])
+
+
+@pytest.mark.parametrize(
+    "text, counts",
+    [("1", [1]), ("2", [1, 2]), ("4", [1, 2, 4]), ("6", [1, 2, 4, 6]), ("3,1,2", [1, 2, 3])],
+)
+def test_device_counts(text: str, counts: list[int]) -> None:
+    assert compare.parse_gpus(text) == counts
+
+
+def test_default_plan_is_every_framework_at_1_and_2_on_digits(
+    no_probe: None, tmp_path: Path
+) -> None:
+    plan = compare.make_plan(["--out", str(tmp_path / "out")])
+    assert plan.frameworks == ["torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "mxnet-gluon"]
+    assert plan.counts == [1, 2] and plan.base.preset == "digits" and plan.base.width == 1.0
+    assert plan.scaling == "strong" and plan.expected_kind == "cpu-simulated"
+    # torch-dp without CUDA: only the 1-device cell, and the table says why
+    assert plan.not_applicable == {
+        ("torch-dp", 2): "nn.DataParallel needs CUDA; on CPU it runs one replica"
+    }
+    assert [(s.framework, s.devices) for s in plan.runs][:3] == [
+        ("torch-dp", 1),
+        ("torch-ddp", 1),
+        ("torch-ddp", 2),
+    ]
+    mx = next(s for s in plan.runs if s.framework == "mxnet-gluon")
+    assert mx.command[0].endswith(".venv-mxnet/bin/python") and mx.command[1:3] == (
+        "-m",
+        "frameworks.mxnet_gluon",
+    )
+    assert not (tmp_path / "out").exists()  # planning writes nothing
+
+
+def test_weak_and_strong_scaling_batches_lr_and_pass_through(
+    no_probe: None, tmp_path: Path
+) -> None:
+    common_args = ["--frameworks", "jax-pmap", "--gpus", "4", "--preset", "smoke"]
+    extra = ["--lr-scaling", "linear", "--bn", "sync", "--epochs", "3", "--out", str(tmp_path)]
+    weak = compare.make_plan([*common_args, "--scaling", "weak", *extra])
+    assert [s.cfg.batch_size for s in weak.runs] == [24, 48, 96]
+    assert [s.peak_lr for s in weak.runs] == pytest.approx([0.05, 0.1, 0.2])
+    strong = compare.make_plan([*common_args, *extra, "--repeat", "2", "--seed", "5"])
+    assert {s.cfg.batch_size for s in strong.runs} == {24}
+    assert [s.run_id for s in strong.runs][:2] == ["jax-pmap-1dev-seed5", "jax-pmap-1dev-seed6"]
+    for spec in strong.runs:
+        line = " ".join(spec.command)
+        assert "--bn sync" in line and "--epochs 3" in line and "--lr-scaling linear" in line
+        assert f"--gpus {spec.devices} " in line and f"--seed {spec.seed} " in line
+        assert line.count("--batch-size") == 1 and line.endswith(f"--output {spec.output}")
+
+
+def test_on_cuda_torch_dp_runs_every_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(compare, "unavailable", lambda names: {})
+    monkeypatch.setattr(compare, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
+    plan = compare.make_plan(["--frameworks", "torch-dp", "--out", str(tmp_path)])
+    assert [s.devices for s in plan.runs] == [1, 2] and not plan.not_applicable
+    assert plan.expected_kind == "cuda:NVIDIA H100"
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+def _record(fw: str, n: int, seed: int, ips: float, acc: float, status: str = "ok") -> dict:
+    return {
+        "framework": fw, "devices": n, "status": status, "device_kind": "cpu-simulated",
+        "bn_mode": "local", "global_batch_size": 24, "test_accuracy": acc, "sec_per_epoch": 1.0,
+        "first_epoch_sec": 3.0, "images_per_sec": ips, "test_examples": 10, "test_set_size": 10,
+        "time_to_target_sec": 2.0 if acc >= 0.9 else None, "epochs_to_target": 1,
+        "epochs": [{"epoch": 1, "wall_sec": 1.0, "test_accuracy": acc}],
+        "error": "" if status == "ok" else "RuntimeError: boom",
+        "runner": {"run_id": f"{fw}-{n}dev-seed{seed}", "seed": seed, "peak_lr": 0.05,
+                   "returncode": 0 if status == "ok" else 1, "log": "logs/x.log",
+                   "wall_sec": 5.0, "log_tail": ["Traceback", "RuntimeError: boom"]},
+    }  # fmt: skip
+
+
+def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
+    sweep = report.Sweep(
+        title="resnet18 on synthetic",
+        command="python -m benchmarks.compare",
+        frameworks=["a", "b"],
+        counts=[1, 2],
+        planned={("a", 1): 2, ("a", 2): 2, ("b", 1): 2},
+        not_applicable={("b", 2): "needs CUDA"},
+        target_accuracy=0.9,
+    )
+    records = [
+        _record("a", 1, 0, 100.0, 0.90),
+        _record("a", 1, 1, 120.0, 0.94),
+        _record("a", 2, 0, 180.0, 0.92),
+        _record("a", 2, 1, 0.0, 0.0, status="failed"),
+        _record("b", 1, 0, 50.0, 0.5),
+    ]
+    rows = report.rows(sweep, records)
+    a1, a2, b1, b2 = rows
+    assert a1["images_per_sec"] == pytest.approx(110.0)
+    assert a1["images_per_sec_std"] == pytest.approx(14.142, rel=1e-3)  # sample std of 100, 120
+    assert a2["status"] == "ok 1, failed 1" and a2["runs_ok"] == 1
+    assert a2["speedup"] == pytest.approx(180 / 110) and a2["efficiency"] == pytest.approx(
+        180 / 110 / 2
+    )
+    assert "RuntimeError: boom" in a2["note"]
+    assert b1["reached_target"] == 0 and b2["status"] == "n/a" and b2["note"] == "needs CUDA"
+    headers, body = report.table_cells(sweep, rows)
+    assert headers[-2:] == ["s to 0.9", "epochs to 0.9"]
+    assert body[0][4] == "0.9200 ± 0.0283" and body[2][-2] == "not reached"
+
+    report.write_tables(tmp_path, sweep, records)
+    plots, note = report.write_plots(tmp_path, sweep, records)
+    assert [p.name for p in plots] == ["throughput.png", "efficiency.png", "accuracy_vs_time.png"]
+    assert note == ""
+    assert len(read_csv(tmp_path / "results.csv")) == 4
+    assert len(read_csv(tmp_path / "runs.csv")) == 5
+    md = (tmp_path / "results.md").read_text()
+    assert "## Failed runs" in md and "### a-2dev-seed1: failed" in md and "±" in md
+    printed = io.StringIO()
+    report.print_table(sweep, records, stream=printed)
+    assert "0.9200 ± 0.0283" in printed.getvalue() and "needs CUDA" in printed.getvalue()
+
+
+def test_epoch_line_contract_with_the_recorder(capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner parses exactly what common.results.RunRecorder prints."""
+    recorder = RunRecorder(preset("smoke"), devices=1, device_kind="cpu", params=1, is_main=True)
+    recorder.end_epoch(0, 2.0, 96, 2.25, 7, 10, 12.5)
+    row = parse_epoch_line(capsys.readouterr().out.splitlines()[0])
+    assert row is not None
+    assert (row["epoch"], row["epochs"], row["test_accuracy"]) == (1, 2, 0.7)
+    assert row["images_per_sec"] == pytest.approx(48.0) and row["test_loss"] == 1.25
+    assert parse_epoch_line("epoch 1 of 2") is None
+
+
+def test_live_display_on_a_terminal() -> None:
+    from rich.console import Console
+
+    stream = io.StringIO()
+    console = Console(file=stream, force_terminal=True, width=140)
+    with RichProgress([2, 2], console) as progress:
+        progress.start_run("torch-ddp x1", 2, "logs/torch-ddp-1dev.log")
+        progress.epoch({"epoch": 1, "epochs": 2, "test_accuracy": 0.5, "sec": 1.0})
+        progress.end_run("ok in 3.0s")
+    text = stream.getvalue()
+    assert "[1/2] torch-ddp x1: ok in 3.0s" in text and "test_accuracy=0.5000" in text
