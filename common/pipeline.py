@@ -198,6 +198,7 @@ class Prefetcher:
 
     def __init__(self, source: Iterator[Any], depth: int = 2):
         self.wait_sec = 0.0
+        self._exhausted = False  # the end marker is consumed once; later next() calls stop too
         if depth <= 0:
             self._it: Iterator[Any] | None = source
             return
@@ -226,6 +227,8 @@ class Prefetcher:
         return self
 
     def __next__(self) -> Any:
+        if self._exhausted:  # iterator protocol: StopIteration again, never block on the queue
+            raise StopIteration
         t0 = time.perf_counter()
         if self._it is not None:
             item = next(self._it)
@@ -233,8 +236,10 @@ class Prefetcher:
             item = self._q.get()
         self.wait_sec += time.perf_counter() - t0
         if item is self._DONE:
+            self._exhausted = True
             raise StopIteration
         if isinstance(item, BaseException):
+            self._exhausted = True
             raise item
         return item
 
