@@ -8,22 +8,31 @@ replica, rescaled by 1/global_batch. Contexts are the visible GPUs where an MXNe
 installed, otherwise `[mx.cpu(0), ..., mx.cpu(N-1)]`: N CPU contexts, each with its own engine
 worker thread, sharing the host's cores ("cpu-simulated").
 
-MXNet is a retired project. 1.9.1 (May 2022) is its final release; Apache moved MXNet to the
-Attic in 2023, so there will be no fixes, no new CUDA support and no wheels for new Pythons. It
-runs here only with numpy 1.23.5 (1.9.1 breaks on numpy >= 1.24), in its own environment
-(.venv-mxnet, requirements/mxnet.txt), and it cannot share a process with torch or JAX.
-GPU wheels: `mxnet-cu112==1.9.1` (CUDA 11.2; cu101/cu102/cu110 builds also exist), the newest
-CUDA it was ever built for. The wheel bundles its CUDA 11 runtime, cuDNN and NCCL, so it needs an
-NVIDIA driver that still runs CUDA 11 code (any R450+ driver, newer ones included, thanks to
-CUDA's forward compatibility). Its kernels are compiled for GPU architectures up to Ampere
-(sm_80); on Hopper (H100/H200, sm_90) or newer, MXNet runs only through the driver's JIT
-compilation of the embedded PTX at start-up (minutes on the first run), cannot use any
-Hopper-specific feature (FP8, TMA, wgmma, the newer cuDNN/NCCL paths), and so is not a fair
-speed comparison against torch/JAX built for CUDA 12+. This CPU wheel (`mxnet==1.9.1`) is what
-the tests use.
+MXNet is a retired project: 1.9.1 (May 2022) is its final release, and Apache moved MXNet to
+the Attic in 2023 (no fixes, no support for new CUDA versions or GPUs). It runs here only with
+numpy 1.23.5 (it uses numpy aliases removed in 1.24), in its own environment (.venv-mxnet,
+requirements/mxnet.txt); it cannot share a process with torch or JAX.
+
+GPUs: the CUDA wheels stop at CUDA 11.x. Use `mxnet-cu117==1.9.1` (the newest; cu112, cu110, cu102
+and cu101 builds also exist) on a CUDA 11.7 system. The wheel does NOT bundle the CUDA libraries:
+libmxnet.so links libcudart.so.11.0, libcublas.so.11, libcudnn.so.8, libnccl.so.2, libnvrtc.so.11.2
+and friends, so a CUDA 11 runtime with cuDNN 8 and NCCL 2 must be installed (e.g. an
+nvidia/cuda:11.7 cudnn8 runtime image); any newer driver runs CUDA 11 code. Its kernels are built
+for sm_50, 60, 70, 80 and 86 only (config/distribution/linux_cu112.cmake and linux_cu117.cmake in
+the MXNet repository; the cu112 wheel, inspected here, embeds SASS for exactly those and no PTX).
+So it runs on Volta, Turing, Ampere and Ada (sm_89 runs sm_86 code), but on Hopper (H100/H200,
+sm_90) and newer there is no kernel image the GPU can load and no PTX for the driver to compile at
+load time: MXNet's own operators fail with "no kernel image is available for execution on the
+device". Running there would need an unofficial source build with CUDA >= 11.8 and MXNET_CUDA_ARCH
+including 9.0, and would still have no Hopper-specific paths (FP8, TMA, wgmma). With the CPU wheel
+(`mxnet==1.9.1`, what requirements/mxnet.txt installs and the tests use) this module runs on CPU
+contexts on any machine and records device_kind "cpu-simulated", never a GPU it did not use. The
+GPU path (mx.gpu contexts, pinned staging, SyncBatchNorm) follows the Gluon documentation but has
+not been run: no GPU that MXNet 1.9.1 supports was available to this project.
 
 Where MXNet differs from the torch module (all stated, none hidden):
-- OpenMP threads are set explicitly before mxnet is imported: unset, MXNet used one core here.
+- OpenMP threads are set explicitly before mxnet is imported (unset, MXNet used one core here):
+  cores / contexts per context, since every CPU context runs its own OpenMP team.
 - SGD is `TorchSGD` (torch's update rule, see frameworks/mxnet_models.py), not MXNet's built-in
   "sgd", which multiplies the LR into the momentum buffer and so differs whenever the LR changes
   (warm-up, cosine). NovoGrad, which MXNet 1.9.1 does not have, is implemented there too.
@@ -33,8 +42,9 @@ Where MXNet differs from the torch module (all stated, none hidden):
   count's assignment of images to contexts. torch-ddp instead broadcasts rank 0's buffers.
   MXNet updates running_var with the biased batch variance (torch: unbiased), and updates the
   running statistics in the backward pass.
-- `--bn sync` is Gluon's contrib SyncBatchNorm, GPU only: on CPU contexts it hangs in 1.9.1, so
-  it is rejected up front.
+- `--bn sync` is Gluon's contrib SyncBatchNorm, GPU only. On CPU contexts it gave global-batch
+  statistics at 2 contexts, but hybridized over 3 it deadlocked (killed after 30 s) in 1.9.1,
+  so it is rejected up front on CPU.
 - Mixed precision is not offered (MXNet's AMP is a separate contrib path); `--precision` must be
   fp32 on GPUs. `--channels-last` and `--compile` are torch options and are ignored.
 
@@ -413,8 +423,8 @@ def check_config(cfg: Config) -> None:
     """MXNet-specific checks before training starts (ConfigError / DatasetError)."""
     ctx, _ = select_devices(cfg.gpus)
     if cfg.bn == "sync" and ctx[0].device_type != "gpu":
-        raise ConfigError("--bn sync needs GPUs: Gluon's SyncBatchNorm hangs on CPU contexts in "
-                          "MXNet 1.9.1; use --bn local")
+        raise ConfigError("--bn sync needs GPUs: Gluon's SyncBatchNorm deadlocks on CPU contexts "
+                          "in MXNet 1.9.1; use --bn local")
     if cfg.precision != "fp32" and ctx[0].device_type == "gpu":
         raise ConfigError(f"mxnet-gluon trains in fp32 only (got --precision {cfg.precision}); "
                           "use --precision fp32")
