@@ -107,13 +107,19 @@ def build_model(cfg: Config, in_channels: int, num_classes: int) -> Any:
     from frameworks.mxnet_models import create_model
 
     # --bn sync: Gluon's SyncBatchNorm over cfg.gpus GPUs (check_config rejects it on CPU).
-    return create_model(cfg.model, in_channels, num_classes, cfg.width, cfg.dropout,
-                        cfg.bn_momentum, cfg.bn_eps, sync_devices=cfg.gpus if cfg.bn == "sync"
-                        else 0)
+    return create_model(
+        cfg.model,
+        in_channels,
+        num_classes,
+        cfg.width,
+        cfg.dropout,
+        cfg.bn_momentum,
+        cfg.bn_eps,
+        sync_devices=cfg.gpus if cfg.bn == "sync" else 0,
+    )
 
 
-def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch: int
-                       ) -> TrainState:
+def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch: int) -> TrainState:
     """Create the parameters, optimiser state and step counter; place them on the devices."""
     import mxnet as mx
     from mxnet import gluon
@@ -128,8 +134,9 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
     model.hybridize(static_alloc=True, static_shape=True)
     # Weight decay: conv and linear weights only (create_model set wd_mult 0 on the rest).
     if cfg.optimizer == "sgd":  # buf = m * buf + (g + wd * w); w -= lr * buf
-        optimizer = TorchSGD(momentum=cfg.momentum, nesterov=cfg.nesterov, wd=cfg.weight_decay,
-                             learning_rate=cfg.lr)
+        optimizer = TorchSGD(
+            momentum=cfg.momentum, nesterov=cfg.nesterov, wd=cfg.weight_decay, learning_rate=cfg.lr
+        )
     else:
         b1, b2 = cfg.novograd_betas
         optimizer = NovoGrad(beta1=b1, beta2=b2, wd=cfg.weight_decay, learning_rate=cfg.lr)
@@ -137,8 +144,9 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
     # device and pulls the sum back into every context (one pushpull per parameter). With
     # update_on_kvstore=False each context then applies the same update to its own replica (as
     # DDP does), and the all-reduce and the update can be timed apart. One context: no kvstore.
-    trainer = gluon.Trainer(model.collect_params(), optimizer, kvstore="device",
-                            update_on_kvstore=False)
+    trainer = gluon.Trainer(
+        model.collect_params(), optimizer, kvstore="device", update_on_kvstore=False
+    )
     loss = SoftmaxCrossEntropy(cfg.label_smoothing)
     loss.hybridize(static_alloc=True, static_shape=True)
     return TrainState(
@@ -154,8 +162,9 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
     )
 
 
-def train_step(state: TrainState, batch: tuple[list[Any], list[Any]]
-               ) -> tuple[TrainState, dict[str, Any]]:
+def train_step(
+    state: TrainState, batch: tuple[list[Any], list[Any]]
+) -> tuple[TrainState, dict[str, Any]]:
     """One synchronous data-parallel SGD step on a global batch.
 
     Returns the new state and metrics {"loss_sum", "correct", "count"} summed over the global
@@ -187,15 +196,15 @@ def train_step(state: TrainState, batch: tuple[list[Any], list[Any]]
     home = state.ctx[0]
     metrics = {
         "loss_sum": mx.nd.add_n(*[loss.sum().as_in_context(home) for loss in losses]),
-        "correct": mx.nd.add_n(*[(o.argmax(axis=1) == y).sum().as_in_context(home)
-                                 for o, y in zip(logits, ys)]),
+        "correct": mx.nd.add_n(
+            *[(o.argmax(axis=1) == y).sum().as_in_context(home) for o, y in zip(logits, ys)]
+        ),
         "count": mx.nd.full((1,), global_batch, ctx=home),
     }
     return state, metrics
 
 
-def eval_step(state: TrainState, batch: tuple[list[Any], list[Any], list[Any]]
-              ) -> dict[str, Any]:
+def eval_step(state: TrainState, batch: tuple[list[Any], list[Any], list[Any]]) -> dict[str, Any]:
     """Metrics {"loss_sum", "correct", "count"} of a test batch; rows of weight 0 (padding) do
     not count."""
     import mxnet as mx
@@ -219,8 +228,12 @@ def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[list[An
     from mxnet.gluon.utils import split_and_load
 
     return tuple(
-        split_and_load(mx.nd.array(a, ctx=state.host, dtype="float32"), state.ctx,
-                       batch_axis=0, even_split=True)
+        split_and_load(
+            mx.nd.array(a, ctx=state.host, dtype="float32"),
+            state.ctx,
+            batch_axis=0,
+            even_split=True,
+        )
         for a in batch
     )
 
@@ -269,8 +282,9 @@ def select_devices(n: int) -> tuple[list[Any], str]:
     if mx.runtime.Features().is_enabled("CUDA") and mx.context.num_gpus() > 0:
         visible = mx.context.num_gpus()
         if n > visible:
-            raise ConfigError(f"--gpus {n} but only {visible} GPUs are visible; use --gpus "
-                              f"{visible} or fewer")
+            raise ConfigError(
+                f"--gpus {n} but only {visible} GPUs are visible; use --gpus {visible} or fewer"
+            )
         names = host_info().get("gpus") or ["GPU"]  # MXNet has no device-name query
         return [mx.gpu(i) for i in range(n)], f"cuda:{names[0]}"
     return [mx.cpu(i) for i in range(n)], "cpu-simulated"
@@ -292,22 +306,27 @@ def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int, cfg: C
     # Context 0's copy of the (identical) replicas, in save_parameters' format. Gluon's own
     # save_parameters averages the replicas, and (a + a + a) / 3 can differ from a in the last
     # bit, which would break an exact resume at 3 devices.
-    params = {name: p.data(state.ctx[0]).as_in_context(mx.cpu())
-              for name, p in state.model._collect_params_with_prefix().items()}
+    params = {
+        name: p.data(state.ctx[0]).as_in_context(mx.cpu())
+        for name, p in state.model._collect_params_with_prefix().items()
+    }
     tmp = index.with_name(f"{tag}.params.tmp{os.getpid()}")
     mx.nd.save(str(tmp), params)
     os.replace(tmp, index.with_name(f"{tag}.params"))
     tmp = index.with_name(f"{tag}.states.tmp{os.getpid()}")
     state.trainer.save_states(str(tmp))  # context 0's optimiser state (all are identical)
     os.replace(tmp, index.with_name(f"{tag}.states"))
-    write_json_atomic(index, {
-        "epoch": epoch + 1,
-        "step": state.step,
-        "params": f"{tag}.params",
-        "states": f"{tag}.states",
-        "recorder": recorder.state(),
-        "config": cfg.to_dict(),
-    })
+    write_json_atomic(
+        index,
+        {
+            "epoch": epoch + 1,
+            "step": state.step,
+            "params": f"{tag}.params",
+            "states": f"{tag}.states",
+            "recorder": recorder.state(),
+            "config": cfg.to_dict(),
+        },
+    )
     for old in index.parent.glob(f"{cfg.framework}-epoch*"):
         if not old.name.startswith(f"{tag}."):
             old.unlink(missing_ok=True)
@@ -336,13 +355,27 @@ def check_resume(cfg: Config) -> None:
         raise ConfigError(
             f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
         ) from None
-    keys = ("model", "width", "dataset", "image_size", "synthetic_classes", "batch_size", "seed",
-            "optimizer", "bn")
-    diff = [f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
-            for k in keys if saved.get(k) != getattr(cfg, k)]
+    keys = (
+        "model",
+        "width",
+        "dataset",
+        "image_size",
+        "synthetic_classes",
+        "batch_size",
+        "seed",
+        "optimizer",
+        "bn",
+    )
+    diff = [
+        f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
+        for k in keys
+        if saved.get(k) != getattr(cfg, k)
+    ]
     if diff:
-        raise ConfigError(f"checkpoint {path} is from another run: {', '.join(diff)}; "
-                          "resume with the same settings or use a new --checkpoint-dir")
+        raise ConfigError(
+            f"checkpoint {path} is from another run: {', '.join(diff)}; "
+            "resume with the same settings or use a new --checkpoint-dir"
+        )
 
 
 def seed_for(seed: int, epoch: int) -> int:
@@ -362,13 +395,29 @@ def train(cfg: Config) -> dict:
     ds = load_for(cfg)
     model = build_model(cfg, ds.channels, ds.num_classes)
     # rank 0 of 1: this process reads every global batch and splits it over the contexts.
-    loader = TrainLoader(ds, cfg.batch_size, cfg.seed, 0, 1, augment=cfg.augment, layout="NCHW",
-                         max_steps=cfg.max_steps_per_epoch, prefetch=cfg.prefetch)
+    loader = TrainLoader(
+        ds,
+        cfg.batch_size,
+        cfg.seed,
+        0,
+        1,
+        augment=cfg.augment,
+        layout="NCHW",
+        max_steps=cfg.max_steps_per_epoch,
+        prefetch=cfg.prefetch,
+    )
     evals = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW", pad_to=len(ctx))
     state = create_train_state(cfg, model, ctx, len(loader))
-    recorder = RunRecorder(cfg, devices=len(ctx), device_kind=kind, params=count_params(model),
-                           is_main=True, packages=PACKAGES, bn_mode=cfg.bn,
-                           n_test=len(ds.test_x))
+    recorder = RunRecorder(
+        cfg,
+        devices=len(ctx),
+        device_kind=kind,
+        params=count_params(model),
+        is_main=True,
+        packages=PACKAGES,
+        bn_mode=cfg.bn,
+        n_test=len(ds.test_x),
+    )
     recorder.extra["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS", "")
     if ctx[0].device_type == "cpu" and (cfg.precision != "fp32" or cfg.compile):
         log("note: --precision and --compile apply on CUDA only; this run is fp32")
@@ -401,9 +450,15 @@ def train(cfg: Config) -> dict:
             state.phases.add("data_wait", batches.wait_sec)
             train_sums = {k: float(v.asscalar()) for k, v in totals.items()}  # host sync, once
             test = evaluate(state, evals)
-            stop = recorder.end_epoch(epoch, sec, len(loader) * cfg.batch_size,
-                                      train_sums["loss_sum"] / train_sums["count"],
-                                      test["correct"], test["count"], test["loss_sum"])
+            stop = recorder.end_epoch(
+                epoch,
+                sec,
+                len(loader) * cfg.batch_size,
+                train_sums["loss_sum"] / train_sums["count"],
+                test["correct"],
+                test["count"],
+                test["loss_sum"],
+            )
             if cfg.checkpoint_dir:
                 save_checkpoint(state, recorder, epoch, cfg)
             injected_failure(FRAMEWORK, epoch + 1)
@@ -423,11 +478,15 @@ def check_config(cfg: Config) -> None:
     """MXNet-specific checks before training starts (ConfigError / DatasetError)."""
     ctx, _ = select_devices(cfg.gpus)
     if cfg.bn == "sync" and ctx[0].device_type != "gpu":
-        raise ConfigError("--bn sync needs GPUs: Gluon's SyncBatchNorm deadlocks on CPU contexts "
-                          "in MXNet 1.9.1; use --bn local")
+        raise ConfigError(
+            "--bn sync needs GPUs: Gluon's SyncBatchNorm deadlocks on CPU contexts "
+            "in MXNet 1.9.1; use --bn local"
+        )
     if cfg.precision != "fp32" and ctx[0].device_type == "gpu":
-        raise ConfigError(f"mxnet-gluon trains in fp32 only (got --precision {cfg.precision}); "
-                          "use --precision fp32")
+        raise ConfigError(
+            f"mxnet-gluon trains in fp32 only (got --precision {cfg.precision}); "
+            "use --precision fp32"
+        )
     if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
         raise ConfigError("--nesterov needs --momentum > 0")
     check_available(cfg)
@@ -436,8 +495,9 @@ def check_config(cfg: Config) -> None:
 
 def failure_record(cfg: Config, error: str) -> None:
     """Write a 'failed' run record so the runner sees what went wrong."""
-    rec = RunRecorder(cfg, devices=cfg.gpus, device_kind="unknown", params=0, is_main=True,
-                      packages=PACKAGES)
+    rec = RunRecorder(
+        cfg, devices=cfg.gpus, device_kind="unknown", params=0, is_main=True, packages=PACKAGES
+    )
     rec.fail(error)
     rec.finish()
 

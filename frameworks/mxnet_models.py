@@ -64,14 +64,26 @@ def batch_norm(momentum: float = BN_MOMENTUM, eps: float = BN_EPS, sync_devices:
     def make(c: int) -> gluon.HybridBlock:
         if sync_devices:
             return gluon.contrib.nn.SyncBatchNorm(
-                in_channels=c, num_devices=sync_devices, momentum=momentum, epsilon=eps,
-                gamma_initializer="ones", beta_initializer="zeros",
-                running_mean_initializer="zeros", running_variance_initializer="ones",
+                in_channels=c,
+                num_devices=sync_devices,
+                momentum=momentum,
+                epsilon=eps,
+                gamma_initializer="ones",
+                beta_initializer="zeros",
+                running_mean_initializer="zeros",
+                running_variance_initializer="ones",
             )
         return nn.BatchNorm(
-            axis=1, momentum=momentum, epsilon=eps, center=True, scale=True,
-            use_global_stats=False, in_channels=c, gamma_initializer="ones",
-            beta_initializer="zeros", running_mean_initializer="zeros",
+            axis=1,
+            momentum=momentum,
+            epsilon=eps,
+            center=True,
+            scale=True,
+            use_global_stats=False,
+            in_channels=c,
+            gamma_initializer="ones",
+            beta_initializer="zeros",
+            running_mean_initializer="zeros",
             running_variance_initializer="ones",
         )
 
@@ -81,8 +93,13 @@ def batch_norm(momentum: float = BN_MOMENTUM, eps: float = BN_EPS, sync_devices:
 def conv(in_c: int, out_c: int, kernel: int, stride: int = 1) -> nn.Conv2D:
     """Bias-free conv, padding k//2 (1 for 3x3, 0 for 1x1), He-normal on fan_out."""
     return nn.Conv2D(
-        out_c, kernel_size=kernel, strides=stride, padding=kernel // 2, use_bias=False,
-        layout="NCHW", in_channels=in_c,
+        out_c,
+        kernel_size=kernel,
+        strides=stride,
+        padding=kernel // 2,
+        use_bias=False,
+        layout="NCHW",
+        in_channels=in_c,
         # Xavier with factor_type "out": std = sqrt(2 / (k*k*out_channels)), gaussian.
         weight_initializer=mx.init.MSRAPrelu(factor_type="out", slope=0.0),
     )
@@ -92,8 +109,12 @@ def linear(in_f: int, out_f: int) -> nn.Dense:
     """torch's nn.Linear: weight and bias uniform in +-1/sqrt(fan_in)."""
     bound = 1.0 / math.sqrt(in_f)
     return nn.Dense(
-        out_f, use_bias=True, flatten=True, in_units=in_f,
-        weight_initializer=mx.init.Uniform(bound), bias_initializer=mx.init.Uniform(bound),
+        out_f,
+        use_bias=True,
+        flatten=True,
+        in_units=in_f,
+        weight_initializer=mx.init.Uniform(bound),
+        bias_initializer=mx.init.Uniform(bound),
     )
 
 
@@ -123,8 +144,13 @@ class BasicBlock(gluon.HybridBlock):
 class ResNet18(gluon.HybridBlock):
     """ResNet-18, CIFAR variant: 3x3 stride-1 stem, no max-pool, global average pool, fc."""
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, width: float = 1.0,
-                 norm: Norm | None = None):
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        width: float = 1.0,
+        norm: Norm | None = None,
+    ):
         super().__init__()
         norm = norm or batch_norm()
         widths = [channels(c, width) for c in (64, 128, 256, 512)]
@@ -169,8 +195,14 @@ class WideResNet(gluon.HybridBlock):
     """The NVIDIA course's WideResNet: stem 16, blocks 160,160,320,320,640,640 (x width), 2x2
     max-pool after blocks 2 and 4, global average pool over ALL pixels, fc."""
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, width: float = 1.0,
-                 dropout: float = 0.01, norm: Norm | None = None):
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        width: float = 1.0,
+        dropout: float = 0.01,
+        norm: Norm | None = None,
+    ):
         super().__init__()
         norm = norm or batch_norm()
         stem = channels(16, width)
@@ -194,9 +226,16 @@ class WideResNet(gluon.HybridBlock):
         return self.fc(F.mean(x, axis=(2, 3)))  # all pixels (the course's AvgPool2d(7) drops some)
 
 
-def create_model(model: str, in_channels: int, num_classes: int, width: float = 1.0,
-          dropout: float = 0.01, bn_momentum: float = 0.1, bn_eps: float = BN_EPS,
-          sync_devices: int = 0) -> gluon.HybridBlock:
+def create_model(
+    model: str,
+    in_channels: int,
+    num_classes: int,
+    width: float = 1.0,
+    dropout: float = 0.01,
+    bn_momentum: float = 0.1,
+    bn_eps: float = BN_EPS,
+    sync_devices: int = 0,
+) -> gluon.HybridBlock:
     """Build `model` ("resnet18" / "wideresnet"); `bn_momentum` in torch's convention."""
     norm = batch_norm(1.0 - bn_momentum, bn_eps, sync_devices)
     if model == "resnet18":
@@ -223,8 +262,9 @@ def structural_params(net: gluon.Block) -> dict[str, gluon.Parameter]:
 
 def count_params(net: gluon.Block) -> int:
     """Trainable parameters (running statistics excluded), as torch counts them."""
-    return sum(int(np.prod(p.shape)) for p in structural_params(net).values()
-               if p.grad_req != "null")
+    return sum(
+        int(np.prod(p.shape)) for p in structural_params(net).values() if p.grad_req != "null"
+    )
 
 
 # Gluon leaf name -> torch leaf name (everything else is identical).
@@ -249,8 +289,10 @@ def load_torch_state(net: gluon.Block, flat: Mapping[str, np.ndarray]) -> None:
     given = {k for k in flat if not k.startswith("__") and not k.endswith(_TORCH_ONLY)}
     missing, extra = sorted(set(wanted) - given), sorted(given - set(wanted))
     if missing or extra:
-        raise ValueError(f"torch state does not match the Gluon model: missing {missing[:5]}, "
-                         f"unexpected {extra[:5]}; build the same model, width and classes")
+        raise ValueError(
+            f"torch state does not match the Gluon model: missing {missing[:5]}, "
+            f"unexpected {extra[:5]}; build the same model, width and classes"
+        )
     for key, name in wanted.items():
         p, value = params[name], np.asarray(flat[key], dtype=np.float32)
         if tuple(value.shape) != tuple(p.shape):
@@ -310,8 +352,9 @@ class TorchSGD(mx.optimizer.Optimizer):
         elif not self.nesterov:
             mom, lr_prev = state
             ratio = lr / lr_prev if lr_prev else 1.0  # the first step: mom is 0 anyway
-            mx.nd.sgd_mom_update(weight, grad, mom, out=weight, momentum=self.momentum * ratio,
-                                 **kwargs)
+            mx.nd.sgd_mom_update(
+                weight, grad, mom, out=weight, momentum=self.momentum * ratio, **kwargs
+            )
             state[1] = lr
         else:
             buf = state[0]
@@ -326,16 +369,18 @@ class NovoGrad(mx.optimizer.Optimizer):
     v = ||g||^2 at the first step, then v = b2 * v + (1 - b2) * ||g||^2 (one scalar per tensor);
     m = b1 * m + (g / (sqrt(v) + eps) + wd * w);  w -= lr * m."""
 
-    def __init__(self, beta1: float = 0.95, beta2: float = 0.98, epsilon: float = 1e-8,
-                 **kwargs):
+    def __init__(self, beta1: float = 0.95, beta2: float = 0.98, epsilon: float = 1e-8, **kwargs):
         super().__init__(**kwargs)
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
 
     def create_state(self, index, weight):
         # (m, v, started): `started` is 0 until the first update, so v starts at ||g||^2.
         ctx = weight.context
-        return (mx.nd.zeros(weight.shape, ctx, dtype=weight.dtype), mx.nd.zeros((1,), ctx),
-                mx.nd.zeros((1,), ctx))
+        return (
+            mx.nd.zeros(weight.shape, ctx, dtype=weight.dtype),
+            mx.nd.zeros((1,), ctx),
+            mx.nd.zeros((1,), ctx),
+        )
 
     def update(self, index, weight, grad, state):
         self._update_count(index)
@@ -354,7 +399,21 @@ class NovoGrad(mx.optimizer.Optimizer):
 
 
 __all__ = [
-    "BN_EPS", "BN_MOMENTUM", "BasicBlock", "NovoGrad", "ResNet18", "SoftmaxCrossEntropy",
-    "TorchSGD", "WideBlock", "WideResNet", "batch_norm", "channels", "count_params",
-    "create_model", "load_torch_state", "no_decay", "structural_params", "torch_key",
+    "BN_EPS",
+    "BN_MOMENTUM",
+    "BasicBlock",
+    "NovoGrad",
+    "ResNet18",
+    "SoftmaxCrossEntropy",
+    "TorchSGD",
+    "WideBlock",
+    "WideResNet",
+    "batch_norm",
+    "channels",
+    "count_params",
+    "create_model",
+    "load_torch_state",
+    "no_decay",
+    "structural_params",
+    "torch_key",
 ]

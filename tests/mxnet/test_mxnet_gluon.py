@@ -31,16 +31,21 @@ def run(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
 
 
 def trainable(state: G.TrainState, ctx_index: int) -> dict[str, np.ndarray]:
-    return {n: p.data(state.ctx[ctx_index]).asnumpy()
-            for n, p in structural_params(state.model).items() if p.grad_req != "null"}
+    return {
+        n: p.data(state.ctx[ctx_index]).asnumpy()
+        for n, p in structural_params(state.model).items()
+        if p.grad_req != "null"
+    }
 
 
 def use_running_stats(net: mx.gluon.Block) -> None:
     """BN in eval mode during training (use_global_stats): the N-context step then equals the
     1-context step exactly; with per-context batch statistics it cannot."""
+
     def fix(block: mx.gluon.Block) -> None:
         if isinstance(block, mx.gluon.nn.BatchNorm):
             block._kwargs["use_global_stats"] = True  # read by hybrid_forward at the first call
+
     net.apply(fix)
 
 
@@ -53,14 +58,20 @@ def make_state(n: int) -> G.TrainState:
 
 def test_n_context_step_equals_one_context_step(monkeypatch):
     rng = np.random.default_rng(0)
-    batches = [(rng.standard_normal((24, 3, 16, 16)).astype(np.float32),
-                rng.integers(0, 10, 24).astype(np.int32)) for _ in range(2)]
+    batches = [
+        (
+            rng.standard_normal((24, 3, 16, 16)).astype(np.float32),
+            rng.integers(0, 10, 24).astype(np.int32),
+        )
+        for _ in range(2)
+    ]
     results = {}
     for n in (1, 2, 3):
         state = make_state(n)
         before = trainable(state, 0)
         sums = []
         with monkeypatch.context() as mp:  # no host read inside the step: metrics stay lazy
+
             def refuse(*args, **kwargs):
                 raise AssertionError("host sync inside train_step")
 
@@ -68,16 +79,20 @@ def test_n_context_step_equals_one_context_step(monkeypatch):
             for batch in batches:
                 state, metrics = G.train_step(state, G.to_device(batch, state))
                 sums.append(metrics["loss_sum"])
-        results[n] = (before, [trainable(state, i) for i in range(n)],
-                      [float(v.asscalar()) for v in sums])
+        results[n] = (
+            before,
+            [trainable(state, i) for i in range(n)],
+            [float(v.asscalar()) for v in sums],
+        )
     before, (ref,), ref_losses = results[1]
     assert max(np.abs(ref[k] - before[k]).max() for k in ref) > 1e-3  # the steps did something
     for n in (2, 3):
         _, replicas, losses = results[n]
         for i, got in enumerate(replicas):  # every replica equals the 1-context weights
             for k in ref:
-                np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=1e-5,
-                                           err_msg=f"{n} contexts, replica {i}: {k}")
+                np.testing.assert_allclose(
+                    got[k], ref[k], rtol=0, atol=1e-5, err_msg=f"{n} contexts, replica {i}: {k}"
+                )
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
 
 
@@ -143,16 +158,44 @@ def test_learns_real_digits(tmp_path):
 def test_kill_resume_ends_with_the_uninterrupted_weights(tmp_path):
     """WideResNet with dropout (mx.random reseeded per epoch) on 2 contexts, killed right after
     epoch 1's checkpoint, then resumed: the final weights equal the uninterrupted run's."""
-    args = ("--preset", "smoke", "--model", "wideresnet", "--width", "0.05", "--dropout", "0.2",
-            "--gpus", "2", "--epochs", "3", "--lr-schedule", "cosine")
-    ok(run(*args, "--checkpoint-dir", str(tmp_path / "full"), "--output",
-           str(tmp_path / "full.json")))
-    killed = run(*args, "--checkpoint-dir", str(tmp_path / "cut"),
-                 env={"DPBENCH_FAIL": "mxnet-gluon@1"})
+    args = (
+        "--preset",
+        "smoke",
+        "--model",
+        "wideresnet",
+        "--width",
+        "0.05",
+        "--dropout",
+        "0.2",
+        "--gpus",
+        "2",
+        "--epochs",
+        "3",
+        "--lr-schedule",
+        "cosine",
+    )
+    ok(
+        run(
+            *args,
+            "--checkpoint-dir",
+            str(tmp_path / "full"),
+            "--output",
+            str(tmp_path / "full.json"),
+        )
+    )
+    killed = run(
+        *args, "--checkpoint-dir", str(tmp_path / "cut"), env={"DPBENCH_FAIL": "mxnet-gluon@1"}
+    )
     assert killed.returncode == 17, killed.stderr[-2000:]  # os._exit after epoch 1's checkpoint
     assert json.loads((tmp_path / "cut" / "mxnet-gluon.json").read_text())["epoch"] == 1
-    resumed = run(*args, "--checkpoint-dir", str(tmp_path / "cut"), "--resume", "--output",
-                  str(tmp_path / "cut.json"))
+    resumed = run(
+        *args,
+        "--checkpoint-dir",
+        str(tmp_path / "cut"),
+        "--resume",
+        "--output",
+        str(tmp_path / "cut.json"),
+    )
     ok(resumed)
     assert "resumed from" in resumed.stdout
     full = mx.nd.load(str(tmp_path / "full" / "mxnet-gluon-epoch3.params"))
@@ -163,7 +206,10 @@ def test_kill_resume_ends_with_the_uninterrupted_weights(tmp_path):
     a, b = read_json(tmp_path / "full.json"), read_json(tmp_path / "cut.json")
     assert [e["train_loss"] for e in b["epochs"]] == [e["train_loss"] for e in a["epochs"]]
     assert [p.name for p in sorted((tmp_path / "cut").iterdir())] == [
-        "mxnet-gluon-epoch3.params", "mxnet-gluon-epoch3.states", "mxnet-gluon.json"]
+        "mxnet-gluon-epoch3.params",
+        "mxnet-gluon-epoch3.states",
+        "mxnet-gluon.json",
+    ]
 
 
 def test_resume_refuses_another_runs_checkpoint(tmp_path):

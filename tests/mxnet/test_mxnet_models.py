@@ -31,10 +31,13 @@ from tests.conftest import MAIN_PYTHON, ROOT
 def main_env(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the main environment's python (torch) from the project root; fail clearly without it."""
     if not MAIN_PYTHON.exists():
-        pytest.fail(f"the main environment ({MAIN_PYTHON}) is missing; these tests compare with "
-                    "torch there: build it with `bash scripts/setup.sh main`")
-    proc = subprocess.run([str(MAIN_PYTHON), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+        pytest.fail(
+            f"the main environment ({MAIN_PYTHON}) is missing; these tests compare with "
+            "torch there: build it with `bash scripts/setup.sh main`"
+        )
+    proc = subprocess.run(
+        [str(MAIN_PYTHON), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -49,9 +52,11 @@ print(json.dumps([count_params(create_model(m, c, k, w)) for m, c, k, w in shape
 
 def test_parameter_counts_equal_torch():
     torch_counts = json.loads(main_env("-c", TORCH_COUNTS).stdout.strip().splitlines()[-1])
-    ours = [count_params(create_model("resnet18", 3, 10, 1.0)),
-            count_params(create_model("wideresnet", 3, 10, 1.0)),
-            count_params(create_model("wideresnet", 1, 7, 0.25))]
+    ours = [
+        count_params(create_model("resnet18", 3, 10, 1.0)),
+        count_params(create_model("wideresnet", 3, 10, 1.0)),
+        count_params(create_model("wideresnet", 1, 7, 0.25)),
+    ]
     assert ours[0] == 11_173_962
     assert ours == torch_counts
 
@@ -62,9 +67,26 @@ def test_parameter_counts_equal_torch():
 )
 def test_torch_weights_give_torch_logits(model, in_channels, classes, image_size, tmp_path):
     out = tmp_path / f"{model}.npz"
-    main_env("-m", "tests.port_weights", "--model", model, "--width", "0.125", "--in-channels",
-             str(in_channels), "--classes", str(classes), "--image-size", str(image_size),
-             "--batch", "4", "--seed", "3", "--out", str(out))
+    main_env(
+        "-m",
+        "tests.port_weights",
+        "--model",
+        model,
+        "--width",
+        "0.125",
+        "--in-channels",
+        str(in_channels),
+        "--classes",
+        str(classes),
+        "--image-size",
+        str(image_size),
+        "--batch",
+        "4",
+        "--seed",
+        "3",
+        "--out",
+        str(out),
+    )
     with np.load(out) as f:
         flat = {k: f[k] for k in f.files}
     net = create_model(model, in_channels, classes, width=0.125)
@@ -72,7 +94,8 @@ def test_torch_weights_give_torch_logits(model, in_channels, classes, image_size
     net.hybridize(static_alloc=True, static_shape=True)
     # Gluon's structural names are torch's state-dict keys (BN gamma/beta = weight/bias).
     assert {torch_key(n) for n in structural_params(net)} == {
-        k for k in flat if not k.startswith("__")}
+        k for k in flat if not k.startswith("__")
+    }
     load_torch_state(net, flat)
     x = mx.nd.array(flat["__input__"].transpose(0, 3, 1, 2))  # NHWC -> NCHW
     logits = net(x).asnumpy()  # not recording: eval mode, running statistics
@@ -106,7 +129,8 @@ def test_spelled_out_defaults():
     bns = []
     net.apply(lambda b: bns.append(b) if isinstance(b, mx.gluon.nn.BatchNorm) else None)
     assert len(bns) == 20 and {(b._kwargs["momentum"], b._kwargs["eps"]) for b in bns} == {
-        (0.9, 1e-5)}  # Gluon's 0.9 = torch's momentum 0.1
+        (0.9, 1e-5)
+    }  # Gluon's 0.9 = torch's momentum 0.1
     for name, p in params.items():
         leaf = name.rsplit(".", 1)[-1]
         value = p.data().asnumpy()
@@ -118,8 +142,10 @@ def test_spelled_out_defaults():
         assert p.wd_mult == (1.0 if leaf == "weight" else 0.0), name
     convs = []
     net.apply(lambda b: convs.append(b) if isinstance(b, mx.gluon.nn.Conv2D) else None)
-    assert {(b._kwargs["kernel"], b._kwargs["pad"]) for b in convs} == {((3, 3), (1, 1)),
-                                                                        ((1, 1), (0, 0))}
+    assert {(b._kwargs["kernel"], b._kwargs["pad"]) for b in convs} == {
+        ((3, 3), (1, 1)),
+        ((1, 1), (0, 0)),
+    }
 
 
 @pytest.mark.parametrize("name", ["resnet18", "wideresnet"])
@@ -151,8 +177,9 @@ def test_loss_is_torch_cross_entropy_with_label_smoothing():
 LRS = [0.05, 0.1, 0.2, 0.2, 0.13, 0.01]  # warm-up, then decay: the LR changes most steps
 
 
-def run_optimizer(opt: mx.optimizer.Optimizer, w0: np.ndarray, grads: list[np.ndarray]
-                  ) -> np.ndarray:
+def run_optimizer(
+    opt: mx.optimizer.Optimizer, w0: np.ndarray, grads: list[np.ndarray]
+) -> np.ndarray:
     updater = mx.optimizer.get_updater(opt)
     w = mx.nd.array(w0)
     for g, lr in zip(grads, LRS):
