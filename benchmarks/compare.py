@@ -651,7 +651,10 @@ def execute(plan: Plan) -> int:
         if r["status"] != "ok":
             print(f"\n{r['runner']['run_id']}: {r['status']}: {report.one_line(r)}")
             print("\n".join("    " + line for line in r["runner"].get("log_tail", [])))
-    print(f"\ncompare: results in {plan.out} (results.md, results.csv, runs/, logs/, *.png)")
+    files = ", ".join(
+        ["results.md", "results.csv", "runs.csv", "runs/", "logs/"] + [p.name for p in plots]
+    )
+    print(f"\ncompare: results in {plan.out} ({files})")
     if status == "interrupted":
         return 130
     return 0 if all(r["status"] == "ok" for r in records) else 1
