@@ -281,6 +281,9 @@ def make_plan(argv: list[str] | None) -> Plan:
             )
     shared = vars(cli.build_parser("compare", exclude=RUNNER_OWNED).parse_args(rest))
     preset_name = shared.pop("preset")
+    per_device_given = "batch_per_device" in shared
+    if "batch_size" in shared:  # an explicit batch wins over a per-device preset (as in cli)
+        shared.setdefault("batch_per_device", 0)
     for key in ("data_dir", "checkpoint_dir"):  # runs start in the project root
         if shared.get(key):
             shared[key] = str(Path(shared[key]).resolve())
@@ -302,9 +305,8 @@ def make_plan(argv: list[str] | None) -> Plan:
             f"(nvidia-smi -L); use --gpus {len(gpus)} or fewer"
         )
 
-    fixes_per_device = base.batch_per_device > 0
-    scaling = ns.scaling or ("weak" if fixes_per_device else "strong")
-    if scaling == "strong" and "batch_per_device" in shared:
+    scaling = ns.scaling or ("weak" if base.batch_per_device > 0 else "strong")
+    if scaling == "strong" and per_device_given:
         raise UsageError(
             "--batch-per-device fixes the per-device batch, which is weak scaling; "
             "use --scaling weak, or --batch-size for a fixed global batch"

@@ -337,6 +337,18 @@ def test_weak_and_strong_scaling_batches_lr_and_pass_through(
         assert line.count("--batch-size") == 1 and line.endswith(f"--output {spec.output}")
 
 
+def test_a_per_device_preset_defaults_to_weak_scaling(
+    no_probe: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(compare, "check_available", lambda cfg: None)  # CIFAR-10 not needed
+    args = ["--preset", "cifar10-wrn-nvidia", "--frameworks", "torch-ddp", "--out", str(tmp_path)]
+    weak = compare.make_plan(args)
+    assert weak.scaling == "weak" and [s.cfg.batch_size for s in weak.runs] == [256, 512]
+    assert [s.peak_lr for s in weak.runs] == pytest.approx([0.01, 0.02])  # linear LR scaling
+    strong = compare.make_plan([*args, "--batch-size", "128"])  # a global batch: strong
+    assert strong.scaling == "strong" and [s.cfg.batch_size for s in strong.runs] == [128, 128]
+
+
 def test_on_cuda_torch_dp_runs_every_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(compare, "unavailable", lambda names: {})
     monkeypatch.setattr(compare, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
