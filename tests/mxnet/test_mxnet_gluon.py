@@ -214,8 +214,10 @@ def test_kill_resume_ends_with_the_uninterrupted_weights(tmp_path):
 
 def test_resume_refuses_another_runs_checkpoint(tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    ok(run("--preset", "smoke", "--epochs", "1", "--checkpoint-dir", ckpt))
-    proc = run("--preset", "smoke", "--width", "0.25", "--checkpoint-dir", ckpt, "--resume")
+    ok(run("--preset", "smoke", "--gpus", "2", "--epochs", "1", "--checkpoint-dir", ckpt))
+    proc = run(
+        "--preset", "smoke", "--gpus", "2", "--width", "0.25", "--checkpoint-dir", ckpt, "--resume"
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "--width 0.125" in proc.stderr
 
