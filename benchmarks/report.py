@@ -121,8 +121,14 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row["speedup"] = row["images_per_sec"] / one_device_ips
                 row["efficiency"] = row["speedup"] / n
             failed = [r for r in runs if r["status"] != "ok"]
+            partial = [r for r in ok if r.get("test_examples") != r.get("test_set_size")]
             if failed:
                 row["note"] = f"{failed[0]['runner']['run_id']}: {one_line(failed[0])}"
+            elif partial:  # every framework must evaluate every test image exactly once
+                r = partial[0]
+                row["note"] = (
+                    f"evaluated {r.get('test_examples')} test images of {r.get('test_set_size')}"
+                )
             out.append(row)
     return out
 

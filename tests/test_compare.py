@@ -389,7 +389,7 @@ def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
         _record("a", 1, 1, 120.0, 0.94),
         _record("a", 2, 0, 180.0, 0.92),
         _record("a", 2, 1, 0.0, 0.0, status="failed"),
-        _record("b", 1, 0, 50.0, 0.5),
+        _record("b", 1, 0, 50.0, 0.5) | {"test_examples": 8},
     ]
     rows = report.rows(sweep, records)
     a1, a2, b1, b2 = rows
@@ -400,7 +400,8 @@ def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
         180 / 110 / 2
     )
     assert "RuntimeError: boom" in a2["note"]
-    assert b1["reached_target"] == 0 and b2["status"] == "n/a" and b2["note"] == "needs CUDA"
+    assert b1["reached_target"] == 0 and b1["note"] == "evaluated 8 test images of 10"
+    assert b2["status"] == "n/a" and b2["note"] == "needs CUDA"
     headers, body = report.table_cells(sweep, rows)
     assert headers[-2:] == ["s to 0.9", "epochs to 0.9"]
     assert body[0][4] == "0.9200 ± 0.0283" and body[2][-2] == "not reached"
