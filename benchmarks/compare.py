@@ -470,18 +470,22 @@ def execute_run(spec: RunSpec, plan: Plan, progress: Any) -> dict[str, Any]:
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        timed_out = False
+        ended = "exited"
         try:
             proc.wait(timeout=plan.timeout)
         except subprocess.TimeoutExpired:
-            timed_out = True
+            ended = "timeout"
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM via _interrupt
+            ended = "interrupted"
         finally:
-            _kill_group(proc)  # also on Ctrl-C, and any worker left behind by the leader
+            _kill_group(proc)  # also any worker left behind by the leader
         reader.join(timeout=10)
-        if timed_out:
-            log.write(f"[compare] killed after {plan.timeout:g} s (--timeout)\n")
+        if ended == "timeout":
+            log.write(f"[compare] still running after {plan.timeout:g} s (--timeout): killed\n")
+        elif ended == "interrupted":
+            log.write("[compare] the comparison was interrupted: killed\n")
     wall = time.monotonic() - t0
-    record = finish_record(spec, plan, proc.returncode, timed_out, list(tail), epochs)
+    record = finish_record(spec, plan, proc.returncode, ended, list(tail), epochs)
     record["runner"]["wall_sec"] = wall
     write_json_atomic(spec.output, record)  # kept now, whatever happens to later runs
     return record
@@ -491,11 +495,13 @@ def finish_record(
     spec: RunSpec,
     plan: Plan,
     returncode: int,
-    timed_out: bool,
+    ended: str,
     tail: list[str],
     epochs: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The run's own record, or one built from its log when it wrote none; plus runner facts."""
+    """The run's own record, or one built from its log when it wrote none; plus runner facts.
+
+    `ended`: "exited" (on its own), "timeout" or "interrupted" (killed by the runner)."""
     record = None
     if spec.output.exists():
         try:
@@ -518,9 +524,12 @@ def finish_record(
             "status": "failed",
             "error": f"exit code {returncode}, no result file; last line: {last}",
         }
-    if timed_out:
+    if ended == "timeout":
         record["status"] = "timeout"
         record["error"] = f"still running after {plan.timeout:g} s (--timeout); killed"
+    elif ended == "interrupted":
+        record["status"] = "interrupted"
+        record["error"] = "the comparison was interrupted (Ctrl-C or SIGTERM); killed"
     elif returncode != 0 and record.get("status") == "ok":
         record["status"] = "failed"
         record["error"] = f"exit code {returncode} after writing an ok record"
@@ -531,7 +540,7 @@ def finish_record(
         "command": list(spec.command),
         "log": str(spec.log.relative_to(plan.out)),
         "returncode": returncode,
-        "timed_out": timed_out,
+        "ended": ended,
     }
     if record["status"] != "ok":
         record["runner"]["log_tail"] = tail
@@ -639,9 +648,12 @@ def execute(plan: Plan) -> int:
                 records.append(record)
                 progress.end_run(run_summary(record))
                 report.write_tables(plan.out, sweep, records)
+                if record["status"] == "interrupted":
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
         status = "interrupted"
-        print(f"\ncompare: interrupted after {len(records)} of {len(plan.runs)} runs", flush=True)
+        done = sum(r["status"] != "interrupted" for r in records)
+        print(f"\ncompare: interrupted; {done} of {len(plan.runs)} runs finished", flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
     sweep.finished = utc_now()

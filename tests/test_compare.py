@@ -152,9 +152,12 @@ def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path
     proc.send_signal(signal.SIGTERM)  # e.g. a cancelled CI job
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, stdout
-    assert "interrupted after 0 of 2 runs" in stdout
+    assert "interrupted; 0 of 2 runs finished" in stdout
     assert read_json(out / "config.json")["status"] == "interrupted"
-    assert read_csv(out / "results.csv")[0]["status"] == "not run"
+    record = read_json(out / "runs" / f"{PAIR[0]}-1dev.json")
+    assert record["status"] == "interrupted" and record["runner"]["ended"] == "interrupted"
+    statuses = [r["status"] for r in read_csv(out / "results.csv")]
+    assert statuses == ["interrupted", "not run"]
     assert not list(out.rglob("*.tmp"))
     assert _ended(int(pid_file.read_text()))
 
@@ -179,9 +182,12 @@ def test_hung_run_is_killed_at_the_timeout_with_its_workers(tmp_path: Path) -> N
     assert time.monotonic() - t0 < 60
     assert proc.returncode == 1, proc.stdout + proc.stderr
     record = read_json(out / "runs" / f"{PAIR[0]}-1dev.json")
-    assert record["status"] == "timeout" and record["runner"]["timed_out"]
+    assert record["status"] == "timeout" and record["runner"]["ended"] == "timeout"
     assert record["epochs"][0]["test_accuracy"] == 0.25  # progress parsed from the log
-    assert "killed after 3 s" in (out / record["runner"]["log"]).read_text()
+    assert (
+        "[compare] still running after 3 s (--timeout): killed"
+        in (out / record["runner"]["log"]).read_text()
+    )
     assert _ended(int(pid_file.read_text()))  # the run's own child went with it
 
 
