@@ -121,10 +121,11 @@ def runner_parser() -> _Parser:
     )
     p.add_argument(
         "--gpus",
-        default=DEFAULT_GPUS,
+        default=None,
         metavar="N|LIST",
         help="device counts: N runs 1, 2, 4, ... (powers of two below N) and N; a list such as "
-        "1,2,3 runs exactly those (default: 2, i.e. 1 and 2). Without GPUs the devices are "
+        "1,2,3 runs exactly those (default: 2, i.e. 1 and 2; 1 on a 1-GPU machine). Without GPUs "
+        "the devices are "
         "simulated on the CPU",
     )
     p.add_argument(
@@ -293,12 +294,14 @@ def make_plan(argv: list[str] | None) -> Plan:
         raise UsageError(str(exc)) from None
 
     frameworks = parse_frameworks(ns.frameworks)
-    counts = parse_gpus(ns.gpus)
+    counts = parse_gpus(ns.gpus or DEFAULT_GPUS)
     if ns.repeat < 1:
         raise UsageError(f"--repeat must be >= 1 (got {ns.repeat}); use --repeat 1 for one seed")
     if not ns.timeout > 0:
         raise UsageError(f"--timeout must be > 0 seconds (got {ns.timeout:g})")
     gpus = detect_gpus()
+    if gpus and ns.gpus is None:  # the default must run on a 1-GPU machine too
+        counts = [n for n in counts if n <= len(gpus)]
     if gpus and max(counts) > len(gpus):
         raise UsageError(
             f"--gpus asks for {max(counts)} devices but this machine has {len(gpus)} GPU(s) "

@@ -263,6 +263,15 @@ def test_more_gpus_than_the_machine_has(
     assert not out.exists()
 
 
+def test_the_default_fits_a_one_gpu_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_nvidia_smi(tmp_path, monkeypatch, gpus=1)
+    monkeypatch.setattr(compare, "unavailable", lambda names: {})
+    plan = compare.make_plan(["--frameworks", "torch-dp", "--out", str(tmp_path / "out")])
+    assert plan.counts == [1] and plan.expected_kind == "cuda:NVIDIA H100 80GB HBM3"
+
+
 def test_nothing_available_is_bad_input_naming_the_install_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
