@@ -5,10 +5,13 @@ end-of-iteration behaviour that jax-pmap's device prefetch relies on."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
+from benchmarks.comm_probe import gradient_numel
 from common.pipeline import Prefetcher
+from tests.conftest import MAIN_PYTHON, MXNET_PYTHON, read_json, run_module
 
 
 @pytest.mark.parametrize("depth", [0, 2])
@@ -32,3 +35,109 @@ def test_prefetcher_stops_after_a_loader_error() -> None:
     with pytest.raises(ValueError, match="bad batch"):
         next(batches)
     assert next(batches, "end") == "end"
+
+
+# -- the tools ----------------------------------------------------------------------------------
+
+PAIR = ("torch-ddp", "jax-pmap")  # one framework of each family that runs in the main venv
+TINY = ("--width", "0.125", "--image-size", "16")
+
+
+def test_throughput_table_has_every_framework_and_device_count(tmp_path: Path) -> None:
+    out = tmp_path / "tp"
+    # Weak scaling keeps the per-device batch at 8, so each family needs one compute-only run.
+    args = ["--frameworks", ",".join(PAIR), "--gpus", "2", "--scaling", "weak", *TINY,
+            "--batch-size", "8", "--steps", "3", "--epochs", "2", "--warmup", "2",
+            "--out", str(out)]  # fmt: skip
+    proc = run_module("benchmarks.throughput", *args, python=MAIN_PYTHON, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = read_json(out / "throughput.json")
+    rows = result["rows"]
+    assert [(r["framework"], r["devices"]) for r in rows] == [
+        (fw, n) for fw in PAIR for n in (1, 2)
+    ]
+    assert result["device_kind"] == "cpu-simulated" and "cpu-simulated" in result["title"]
+    assert not result["interrupted"]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["global_batch"] == 8 * r["devices"] and r["per_device_batch"] == 8
+        assert r["real_images_per_sec"] > 0 and r["compute_images_per_sec"] > 0
+        expected = r["real_images_per_sec"] / (r["devices"] * r["compute_images_per_sec"])
+        assert r["ratio"] == pytest.approx(expected)
+        if r["devices"] == 1:  # at 2 simulated devices the thread counts differ (1 vs 2 each)
+            assert 0 < r["ratio"] < 2
+        assert r["first_epoch_sec"] > 0 and r["first_step_sec"] > 0
+        assert r["compute_peak_memory_bytes"] > 0 and r["real_peak_rss_bytes"] > 0
+        assert r["memory_source"].startswith("peak RSS")
+        # The real loop ran the trainer module itself, whose record is kept.
+        record = read_json(out / r["real"][0]["record"])
+        assert record["framework"] == r["framework"] and record["devices"] == r["devices"]
+        assert record["images_per_sec"] == pytest.approx(r["real_images_per_sec"])
+        assert r["real"][0]["steps_per_epoch"] == 3
+        # The compute-only loop (`python -m benchmarks.compute_only --framework torch|jax`):
+        # the family's model on one device, as many timed steps as the real loop (3 x (2 - 1)).
+        compute = r["compute"][0]
+        assert compute["family"] == r["framework"].split("-")[0]
+        assert compute["command"][1:5] == ["-m", "benchmarks.compute_only", "--framework",
+                                           compute["family"]]  # fmt: skip
+        assert compute["device_kind"] == "cpu-simulated" and compute["steps"] == 3
+        assert compute["images_per_sec"] == pytest.approx(8 / (compute["step_ms"] / 1000))
+        assert compute["params"] == gradient_numel("resnet18", 0.125)
+    assert rows[0]["compute"] == rows[1]["compute"]  # one measurement per family and batch
+    md = (out / "throughput.md").read_text()
+    assert "cpu-simulated" in md.splitlines()[0]
+    assert md.count("| torch-ddp |") == 2 and md.count("| jax-pmap |") == 2
+
+
+def test_gradient_numel_matches_the_models() -> None:
+    from frameworks.torch_models import count_params, create_model
+
+    assert gradient_numel("resnet18") == 11_173_962
+    for model in ("resnet18", "wideresnet"):
+        for width in (1.0, 0.125, 0.3):
+            assert gradient_numel(model, width) == count_params(create_model(model, 3, 10, width))
+
+
+def test_comm_probe_two_simulated_devices(tmp_path: Path) -> None:
+    out = tmp_path / "comm"
+    # "2," is a one-element list: 2 devices only (a bare 2 would also run 1 device).
+    args = ["--frameworks", "torch-ddp,jax-pmap,mxnet-gluon", "--gpus", "2,", "--models",
+            "resnet18", "--width", "0.125", "--reps", "3", "--warmup", "1",
+            "--out", str(out)]  # fmt: skip
+    proc = run_module("benchmarks.comm_probe", *args, python=MAIN_PYTHON, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = read_json(out / "comm.json")
+    assert "cpu-simulated" in result["title"]
+    rows = {(r["framework"], r["devices"]): r for r in result["rows"]}
+    assert set(rows) == {(fw, 2) for fw in ("torch-ddp", "jax-pmap", "mxnet-gluon")}
+    mxnet_here = MXNET_PYTHON.exists()
+    for (fw, _), r in rows.items():
+        if fw == "mxnet-gluon" and not mxnet_here:
+            assert r["status"] == "skipped" and "setup.sh mxnet" in r["note"]
+            continue
+        assert r["status"] == "ok", r
+        assert r["bytes"] == 4 * 176_402  # float32 gradients of ResNet-18 at width 0.125
+        assert len(r["times_sec"]) == 3 and min(r["times_sec"]) > 0
+        assert r["median_sec"] > 0 and r["algbw_gbps"] > 0
+        assert r["device_kind"] == "cpu-simulated"
+        # nccl-tests' bus bandwidth: 2(n-1)/n x algbw, = algbw at 2 devices
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])
+    assert "| torch-ddp | dist.all_reduce | 2 |" in (out / "comm.md").read_text()
+
+
+@pytest.mark.parametrize("module", ["benchmarks.throughput", "benchmarks.comm_probe"])
+def test_missing_interpreter_is_one_line_and_exit_2(module: str, tmp_path: Path) -> None:
+    proc = run_module(module, "--python", "/nonexistent/bin/python", "--out", str(tmp_path),
+                      python=MAIN_PYTHON, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--python /nonexistent/bin/python" in lines[0], proc.stderr
+    assert not (tmp_path / "throughput.json").exists() and not (tmp_path / "comm.json").exists()
+
+
+def test_throughput_bad_input_is_one_line_and_exit_2() -> None:
+    for args in (["--frameworks", "tensorflow"], ["--epochs", "1"], ["--gpus", "0"],
+                 ["--gpus", "2", "--batch-size", "5"]):  # fmt: skip
+        proc = run_module("benchmarks.throughput", *args, python=MAIN_PYTHON, timeout=60)
+        assert proc.returncode == 2, args
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

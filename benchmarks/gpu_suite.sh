@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# GPU results for issue 7, on one lent GPU with a plain python3 (torch + CUDA JAX, flax, optax;
+# no venvs, no MXNet, no internet). Ends within 8 minutes (a time budget guards every step).
+#
+#   bash benchmarks/gpu_suite.sh OUT_DIR [BUDGET_SEC]
+#
+# Writes, under OUT_DIR: machine.txt, commands.txt (every command and its seconds),
+# throughput-bf16/, throughput-bf16-compile/, throughput-fp32/ (each throughput.json,
+# throughput.md, runs/, logs/) and compare-digits/ (the compare runner's tables and records).
+# Throughput: ResNet-18, 32x32 synthetic data, global batch 512 on 1 GPU; the real loop runs
+# 4 epochs of 16 steps (all 8192 synthetic images per epoch), the last 3 timed.
+set -u -o pipefail
+OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [BUDGET_SEC]}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+PY=$(command -v python3)
+: >"$OUT/commands.txt"
+
+{
+  date -u +"%Y-%m-%d %H:%M:%S UTC"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  "$PY" -c 'import sys, torch, jax; print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version()); print("jax", jax.__version__, jax.devices())'
+  git rev-parse HEAD 2>/dev/null
+} >"$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+status=0
+# Every step runs under what is left of BUDGET seconds (default 450: the suite ends within 8
+# minutes whatever happens); the steps come in order of importance, a step that no longer fits
+# is listed as skipped with its command, and a step cut short keeps what it had measured
+# (throughput.json is rewritten after every measurement; compare keeps every finished run).
+BUDGET=${2:-450}
+run() {
+  local left=$((BUDGET - SECONDS))
+  if ((left < 40)); then
+    echo "- skipped (time budget): $*" | tee -a "$OUT/commands.txt"
+    status=1
+    return
+  fi
+  echo "+ $*" | tee -a "$OUT/commands.txt"
+  local t0=$SECONDS
+  timeout --kill-after=20 "$left" "$@" || status=1
+  echo "  ($((SECONDS - t0)) s)" | tee -a "$OUT/commands.txt"
+}
+
+COMMON=(--python "$PY" --gpus 1 --model resnet18 --image-size 32 --batch-size 512
+        --steps 16 --epochs 4 --timeout 240)
+
+# 1. Mixed precision, every torch and JAX module: torch autocast bf16 + channels_last +
+#    cudnn.benchmark; JAX bf16 activations with XLA's defaults.
+run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
+    "${COMMON[@]}" --precision bf16 --channels-last --out "$OUT/throughput-bf16"
+# 2. The fastest PyTorch path: the same plus torch.compile.
+run "$PY" -m benchmarks.throughput --frameworks torch-ddp "${COMMON[@]}" \
+    --precision bf16 --channels-last --compile --out "$OUT/throughput-bf16-compile"
+# 3. fp32 (cuDNN's default TF32 convolutions), NCHW: the plain baseline of each family.
+run "$PY" -m benchmarks.throughput --frameworks torch-ddp,jax-pmap "${COMMON[@]}" \
+    --precision fp32 --no-channels-last --out "$OUT/throughput-fp32"
+# 4. The compare runner on real data (digits, full-width ResNet-18) at 1 GPU; MXNet is absent.
+run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
+    DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
+    "$PY" -m benchmarks.compare --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard --gpus 1 \
+    --preset digits --timeout 180 --out "$OUT/compare-digits"
+
+echo "results in $OUT after $SECONDS s (exit $status)"
+exit $status

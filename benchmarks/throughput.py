@@ -1,0 +1,730 @@
+"""`python -m benchmarks.throughput`: how much of the bare step's speed each training loop keeps.
+
+For every framework x device count, on synthetic CIFAR-shaped data (preset "throughput"):
+- real loop: the framework module itself, `<python> -m frameworks.<module> --preset throughput
+  ...`, in a process of its own; its record's images_per_sec (epochs after the first, which holds
+  compilation and warm-up) and first_epoch_sec, and the process tree's peak RSS (os.wait4);
+- compute-only loop: `benchmarks.compute_only` in the same interpreter, the same model and
+  optimiser on one device-resident batch of the per-device size, one device, no data pipeline,
+  no data-parallel wrapper; its images/s, first step (compile) time and peak memory (the
+  device's allocator peak where the framework reports one, else the process's peak RSS);
+- ratio = real / (devices x compute-only). At 1 device it is the share of the bare step's speed
+  the real loop keeps (target >= 0.90); at N devices it compares with N perfectly parallel bare
+  steps. Simulated CPU devices share the host's cores, so there it is ~1/N by construction.
+
+Every measurement is a separate process with the framework's interpreter (.venv for torch and
+JAX, .venv-mxnet for MXNet; `--python PATH` uses one interpreter for all, e.g. a GPU machine's
+python3). A framework whose interpreter lacks its packages is reported as skipped.
+Outputs in --out DIR: throughput.json (config, host, every measurement, commands),
+throughput.md, runs/*.json (trainer records), logs/*.log. Exit 0 when every measurement
+succeeded, 1 when any failed, 2 on bad input (nothing ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NoReturn
+
+from benchmarks.compute_only import family_of
+from benchmarks.registry import PYTHON_ENV, REGISTRY, unavailable
+from common.config import FRAMEWORKS, PRECISIONS, PRESETS, ConfigError, per_device, preset
+from common.results import host_info, write_json_atomic
+from common.runtime import ROOT, cpu_threads
+
+PROG = "python -m benchmarks.throughput"
+TRAIN_IMAGES = PRESETS["throughput"]["synthetic_train"]  # synthetic training-set size
+
+
+class UsageError(Exception):
+    """Bad input found before anything runs; the message names the problem and the fix."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one clear line, exit 2
+        self.exit(2, f"throughput: error: {message}; see {PROG} --help\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p.add_argument(
+        "--frameworks",
+        default=",".join(FRAMEWORKS),
+        metavar="LIST",
+        help=f"comma-separated, from: {', '.join(FRAMEWORKS)} (default: all)",
+    )
+    p.add_argument(
+        "--gpus",
+        default="1",
+        metavar="N|LIST",
+        help="device counts: N runs 1, 2, 4, ... below N and N; a list runs exactly "
+        "those (default 1)",
+    )
+    p.add_argument("--model", default="resnet18", choices=("resnet18", "wideresnet"))
+    p.add_argument("--width", type=float, default=1.0, help="channel-width multiplier")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=256,
+        help="GLOBAL batch (strong scaling); per device with --scaling weak",
+    )
+    p.add_argument(
+        "--scaling",
+        choices=("strong", "weak"),
+        default="strong",
+        help="strong: the global batch is fixed; weak: the per-device batch is",
+    )
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=PRECISIONS,
+        help="CUDA: fp32, or mixed precision bf16 / fp16 (CPU runs are fp32)",
+    )
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA: channels-last memory format (torch)",
+    )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="CUDA: torch.compile the model (torch)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=10,
+        metavar="K",
+        help="training steps per epoch of the real loop (default 10; at most "
+        f"{TRAIN_IMAGES} / global batch)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        metavar="E",
+        help="epochs of the real loop; the first (compile, warm-up) is not timed",
+    )
+    p.add_argument(
+        "--compute-steps",
+        type=int,
+        default=0,
+        metavar="K",
+        help="timed compute-only steps (default: the real loop's timed steps, "
+        "steps x (epochs - 1))",
+    )
+    p.add_argument("--warmup", type=int, default=3, help="untimed compute-only steps (>= 1)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="R",
+        help="measure everything R times, report the median (noisy machines)",
+    )
+    p.add_argument(
+        "--phases",
+        action="store_true",
+        help="one extra real-loop run per cell with --phase-timing (its syncs slow "
+        "the step, so it never feeds the images/s columns)",
+    )
+    p.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="one interpreter for every framework (default: each framework's own "
+        "environment, .venv or .venv-mxnet)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="output directory (default results/throughput-<UTC timestamp>/)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        metavar="SEC",
+        help="time limit per measurement process (default 900)",
+    )
+    return p
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    ns: argparse.Namespace
+    frameworks: list[str]
+    counts: list[int]
+    gpus: list[str]  # GPU names from nvidia-smi; empty: simulated CPU devices
+    skipped: dict[str, str]
+    out: Path
+    command: list[str]
+
+    @property
+    def device_kind(self) -> str:
+        return f"cuda:{self.gpus[0]}" if self.gpus else "cpu-simulated"
+
+    def global_batch(self, n: int) -> int:
+        return self.ns.batch_size * n if self.ns.scaling == "weak" else self.ns.batch_size
+
+
+def parse_frameworks(text: str) -> list[str]:
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in REGISTRY]
+    if bad or not names:
+        raise UsageError(
+            f"unknown or empty --frameworks {text!r}; choose from "
+            f"{', '.join(REGISTRY)} (comma-separated)"
+        )
+    return names
+
+
+def parse_gpus(text: str) -> list[int]:
+    """'4' -> [1, 2, 4]; '6' -> [1, 2, 4, 6]; '1,2,3' -> [1, 2, 3] (as the compare runner)."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise UsageError(
+            f"--gpus {text!r} is not a device count >= 1 or a list of them; "
+            "use e.g. --gpus 4 or --gpus 1,2"
+        )
+    if "," in text:
+        return sorted(set(values))
+    n = values[0]
+    return [2**k for k in range(n.bit_length()) if 2**k < n] + [n]
+
+
+def detect_gpus() -> list[str]:
+    """GPU names from `nvidia-smi -L`, limited by CUDA_VISIBLE_DEVICES; [] without GPUs."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    names = [
+        m.group(1)
+        for m in (
+            re.match(r"GPU \d+: (.+?)(?: \(UUID: [^)]*\))?$", line.strip())
+            for line in out.stdout.splitlines()
+        )
+        if m
+    ]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        names = names[: len([v for v in visible.split(",") if v.strip()])]
+    return names if out.returncode == 0 else []
+
+
+def use_interpreter(path: str) -> None:
+    """Run every framework with the interpreter at `path` (registry.Framework.python reads the
+    DPBENCH_PYTHON_<NAME> variables). The path is made absolute but not resolved: a virtual
+    environment's python is a symlink whose target would lose the environment."""
+    python = Path(path).expanduser()
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        raise UsageError(
+            f"--python {path}: no executable interpreter there; give the path of "
+            "a python that has torch and/or jax installed"
+        )
+    for fw in REGISTRY:
+        os.environ[PYTHON_ENV.format(fw.upper().replace("-", "_"))] = os.path.abspath(python)
+
+
+def make_plan(argv: list[str]) -> Plan:
+    ns = build_parser().parse_args(argv)
+    frameworks = parse_frameworks(ns.frameworks)
+    counts = parse_gpus(ns.gpus)
+    for name, value, least in (
+        ("--steps", ns.steps, 1),
+        ("--epochs", ns.epochs, 2),
+        ("--warmup", ns.warmup, 1),
+        ("--repeat", ns.repeat, 1),
+        ("--batch-size", ns.batch_size, 1),
+    ):
+        if value < least:
+            why = " (the first epoch is not timed)" if name == "--epochs" else ""
+            raise UsageError(f"{name} must be >= {least}{why} (got {value})")
+    if ns.python is not None:
+        use_interpreter(ns.python)
+    gpus = detect_gpus()
+    if gpus and max(counts) > len(gpus):
+        raise UsageError(
+            f"--gpus asks for {max(counts)} devices but this machine has "
+            f"{len(gpus)} GPU(s); use --gpus {len(gpus)} or fewer"
+        )
+    for n in counts:
+        try:
+            per_device(ns.batch_size * (n if ns.scaling == "weak" else 1), n)
+            preset(
+                "throughput",
+                model=ns.model,
+                width=ns.width,
+                image_size=ns.image_size,
+                precision=ns.precision,
+                batch_size=ns.batch_size,
+                gpus=1,
+            )
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        if ns.batch_size * (n if ns.scaling == "weak" else 1) > TRAIN_IMAGES:
+            raise UsageError(
+                f"global batch larger than the {TRAIN_IMAGES} synthetic training "
+                "images; use a smaller --batch-size"
+            )
+    if ns.out:
+        out = Path(ns.out).resolve()
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out = ROOT / "results" / f"throughput-{stamp}"
+    if (out / "throughput.json").exists():
+        raise UsageError(f"{out} already holds a throughput result; choose a new --out")
+    return Plan(ns, frameworks, counts, gpus, unavailable(frameworks), out, [*PROG.split(), *argv])
+
+
+# -- running one measurement ----------------------------------------------------------------------
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))
+    env.pop("XLA_FLAGS", None)  # every JAX process sets its own simulated device count
+    return env
+
+
+def run_process(command: list[str], log: Path, timeout: float) -> tuple[int, float, bool]:
+    """Run `command` in its own process group with output to `log`; return (exit code, peak
+    RSS in bytes of the process and its waited-for children, timed out). The whole group is
+    ended on a timeout and when this runner is interrupted (SIGINT / SIGTERM)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        f.write(f"$ {shlex.join(command)}\n")
+        f.flush()
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: torch-ddp's workers end with it
+        )
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        try:
+            while True:
+                # wait4, not Popen.wait: it also returns the child's resource usage, whose
+                # ru_maxrss covers the child and its reaped descendants (torch-ddp's workers).
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    _kill_group(proc.pid)
+                    _, status, usage = os.wait4(proc.pid, 0)
+                    f.write(f"[throughput] killed after {timeout:g} s (--timeout)\n")
+                    break
+                time.sleep(0.2)
+        except BaseException:  # interrupted: leave nothing running behind
+            _kill_group(proc.pid)
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        _kill_group(proc.pid, grace=0)  # anything the leader left behind in its group
+    return proc.returncode, usage.ru_maxrss * 1024, timed_out
+
+
+def _kill_group(pgid: int, grace: float = 2.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(grace)
+
+
+def last_line(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> dict[str, Any]:
+    """One run of the framework module; its record's throughput figures."""
+    ns = plan.ns
+    framework = REGISTRY[fw]
+    tag = f"{fw}-{n}dev" + (f"-r{rep}" if ns.repeat > 1 else "") + ("-phases" if phases else "")
+    output = plan.out / "runs" / f"{tag}.json"
+    command = [
+        str(framework.python),
+        "-m",
+        framework.module,
+        "--preset",
+        "throughput",
+        "--dataset",
+        "synthetic",
+        "--model",
+        ns.model,
+        "--width",
+        f"{ns.width:g}",
+        "--image-size",
+        str(ns.image_size),
+        "--batch-size",
+        str(plan.global_batch(n)),
+        "--gpus",
+        str(n),
+        "--epochs",
+        str(ns.epochs),
+        "--max-steps-per-epoch",
+        str(ns.steps),
+        "--precision",
+        ns.precision,
+        "--channels-last" if ns.channels_last else "--no-channels-last",
+        "--compile" if ns.compile else "--no-compile",
+        "--output",
+        str(output),
+    ]
+    if phases:
+        command.append("--phase-timing")
+    log = plan.out / "logs" / f"{tag}.log"
+    code, rss, timed_out = run_process(command, log, ns.timeout)
+    out: dict[str, Any] = {
+        "command": command,
+        "log": str(log.relative_to(plan.out)),
+        "peak_rss_bytes": rss,
+    }
+    record: dict[str, Any] = {}
+    if output.exists():
+        record = json.loads(output.read_text())
+    if timed_out or code != 0 or record.get("status") != "ok":
+        why = (
+            f"killed after {ns.timeout:g} s"
+            if timed_out
+            else record.get("error") or f"exit code {code}: {last_line(log)}"
+        )
+        return {**out, "status": "failed", "error": why}
+    out.update(
+        status="ok",
+        images_per_sec=record["images_per_sec"],
+        first_epoch_sec=record["first_epoch_sec"],
+        device_kind=record["device_kind"],
+        timed_epochs=record["timed_epochs"],
+        steps_per_epoch=record["epochs"][0]["images"] // record["global_batch_size"],
+        record=str(output.relative_to(plan.out)),
+    )
+    if "peak_memory_bytes" in record:  # a trainer that reports its device's allocator peak
+        out["peak_memory_bytes"] = record["peak_memory_bytes"]
+    if phases:
+        out["phases_ms_per_step"] = record.get("phases_ms_per_step", {})
+        out["phase_note"] = record.get("phase_note", "")
+    return out
+
+
+def compute_only(plan: Plan, fw: str, batch: int, rep: int) -> dict[str, Any]:
+    """One run of benchmarks.compute_only for `fw`'s family at per-device batch `batch`."""
+    ns = plan.ns
+    family = family_of(fw)
+    tag = f"compute-{family}-b{batch}" + (f"-r{rep}" if ns.repeat > 1 else "")
+    command = [
+        str(REGISTRY[fw].python),
+        "-m",
+        "benchmarks.compute_only",
+        "--framework",
+        family,
+        "--model",
+        ns.model,
+        "--width",
+        f"{ns.width:g}",
+        "--image-size",
+        str(ns.image_size),
+        "--batch-size",
+        str(batch),
+        "--precision",
+        ns.precision,
+        "--channels-last" if ns.channels_last else "--no-channels-last",
+        "--compile" if ns.compile else "--no-compile",
+        "--steps",
+        str(ns.compute_steps or ns.steps * (ns.epochs - 1)),
+        "--warmup",
+        str(ns.warmup),
+    ]
+    log = plan.out / "logs" / f"{tag}.log"
+    code, _, timed_out = run_process(command, log, ns.timeout)
+    out: dict[str, Any] = {"command": command, "log": str(log.relative_to(plan.out))}
+    result = None
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith("{"):
+            result = json.loads(line)
+            break
+    if timed_out or code != 0 or result is None:
+        why = f"killed after {ns.timeout:g} s" if timed_out else f"exit code {code}: "
+        return {**out, "status": "failed", "error": why + ("" if timed_out else last_line(log))}
+    return {**out, "status": "ok", **result}
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get("status") == "ok" and r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+# -- the sweep ----------------------------------------------------------------------------------
+
+
+def plan_cells(plan: Plan) -> list[dict[str, Any]]:
+    cells = []
+    for fw in plan.frameworks:
+        why = REGISTRY[fw].multi_device_needs_cuda
+        for n in plan.counts:
+            if fw in plan.skipped:
+                status, note = "skipped", plan.skipped[fw]
+            elif n > 1 and why and not plan.gpus:
+                status, note = "n/a", why
+            else:
+                status, note = "planned", ""
+            batch = plan.global_batch(n)
+            cells.append(dict(framework=fw, devices=n, global_batch=batch,
+                              per_device_batch=batch // n, status=status, note=note,
+                              real=[], compute=[]))  # fmt: skip
+    return cells
+
+
+def sweep(plan: Plan, cells: list[dict[str, Any]], say: Any, save: Any) -> None:
+    """Measure every planned cell, saving the tables after each measurement. Compute-only runs
+    once per (family, per-device batch) and repetition; repetitions go round the whole sweep,
+    so a slow spell of a shared machine hits every cell rather than one."""
+    ns = plan.ns
+    todo = [c for c in cells if c["status"] == "planned"]
+    compute: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for rep in range(ns.repeat):
+        for cell in todo:
+            fw, n, b = cell["framework"], cell["devices"], cell["per_device_batch"]
+            cell["compute"] = compute.setdefault((family_of(fw), b), [])
+            if len(cell["compute"]) <= rep:
+                say(f"compute-only {family_of(fw)} batch {b} (repetition {rep + 1}/{ns.repeat})")
+                cell["compute"].append(compute_only(plan, fw, b, rep))
+            say(f"real loop {fw} x{n} (repetition {rep + 1}/{ns.repeat})")
+            cell["real"].append(real_loop(plan, fw, n, rep))
+            summarise(cell)
+            save()
+    for cell in todo if ns.phases else []:
+        say(f"phase timing {cell['framework']} x{cell['devices']}")
+        cell["phases"] = real_loop(plan, cell["framework"], cell["devices"], 0, phases=True)
+        save()
+
+
+def summarise(cell: dict[str, Any]) -> None:
+    """Medians over the repetitions, and the ratio."""
+    real, comp = cell["real"], cell["compute"]
+    failed = [r for r in real + comp if r["status"] != "ok"]
+    cell["status"] = "failed" if failed else "ok"
+    if failed:
+        cell["note"] = failed[0]["error"]
+    cell["real_images_per_sec"] = median_of(real, "images_per_sec")
+    cell["compute_images_per_sec"] = median_of(comp, "images_per_sec")
+    cell["first_epoch_sec"] = median_of(real, "first_epoch_sec")
+    cell["first_step_sec"] = median_of(comp, "first_step_sec")
+    cell["real_peak_rss_bytes"] = median_of(real, "peak_rss_bytes")
+    cell["real_peak_memory_bytes"] = median_of(real, "peak_memory_bytes")
+    cell["compute_peak_memory_bytes"] = median_of(comp, "peak_memory_bytes")
+    ok = [r for r in comp if r["status"] == "ok"]
+    cell["memory_source"] = ok[0]["memory_source"] if ok else ""
+    cell["precision_note"] = ok[0]["precision_note"] if ok else ""
+    cell["real_images_per_sec_all"] = [r.get("images_per_sec") for r in real]
+    cell["compute_images_per_sec_all"] = [r.get("images_per_sec") for r in comp]
+    r, c = cell["real_images_per_sec"], cell["compute_images_per_sec"]
+    cell["ratio"] = r / (cell["devices"] * c) if r and c else None
+    kinds = {x.get("device_kind") for x in real + comp if x.get("device_kind")}
+    cell["device_kind"] = ", ".join(sorted(kinds))
+
+
+# -- output -------------------------------------------------------------------------------------
+
+HEADERS = [
+    "framework",
+    "devices",
+    "batch",
+    "real img/s",
+    "compute img/s",
+    "ratio",
+    "1st epoch s",
+    "1st step s",
+    "mem compute MiB",
+    "RSS real MiB",
+    "status",
+]
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def table(cells: list[dict[str, Any]]) -> list[list[str]]:
+    mib = 1 / 2**20
+    return [
+        [
+            c["framework"],
+            str(c["devices"]),
+            str(c["global_batch"]),
+            _f(c.get("real_images_per_sec"), ".1f"),
+            _f(c.get("compute_images_per_sec"), ".1f"),
+            _f(c.get("ratio"), ".3f"),
+            _f(c.get("first_epoch_sec"), ".2f"),
+            _f(c.get("first_step_sec"), ".2f"),
+            _f(
+                c["compute_peak_memory_bytes"] * mib
+                if c.get("compute_peak_memory_bytes")
+                else None,
+                ".0f",
+            ),
+            _f(c["real_peak_rss_bytes"] * mib if c.get("real_peak_rss_bytes") else None, ".0f"),
+            c["status"],
+        ]
+        for c in cells
+    ]
+
+
+def title(plan: Plan) -> str:
+    ns = plan.ns
+    batch = "per-device" if ns.scaling == "weak" else "global"
+    return (
+        f"Throughput: {ns.model} (width {ns.width:g}) {ns.image_size}x{ns.image_size}, "
+        f"{batch} batch {ns.batch_size}, {ns.precision}, {plan.device_kind}"
+    )
+
+
+def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
+    ns = plan.ns
+    out = [
+        f"real = the framework module's training loop (`--preset throughput`, {ns.epochs} "
+        f"epochs of {ns.steps} steps, the first epoch untimed); compute-only = "
+        f"benchmarks.compute_only, one device, one device-resident batch of the per-device "
+        f"size, {ns.warmup} warm-up steps then {ns.compute_steps or ns.steps * (ns.epochs - 1)} "
+        "timed; ratio = real / (devices x compute-only). Medians of "
+        f"{ns.repeat} repetition(s). batch = the global batch.",
+        "1st epoch s = the real loop's first epoch (compilation/warm-up + its steps); 1st "
+        "step s = the compute-only loop's first step (compilation, autotuning).",
+        "mem compute = peak memory of the compute-only loop; RSS real = the trainer process "
+        "tree's peak resident set (os.wait4), host memory.",
+    ]
+    sources = sorted({c["memory_source"] for c in cells if c.get("memory_source")})
+    if sources:
+        out.append("mem compute from: " + "; ".join(sources) + ".")
+    precision = sorted(
+        {f"{c['framework']}: {c['precision_note']}" for c in cells if c.get("precision_note")}
+    )
+    if precision:
+        out.append("precision: " + "; ".join(precision) + ".")
+    if plan.device_kind == "cpu-simulated" and max(plan.counts) > 1:
+        out.append(
+            "cpu-simulated: N simulated devices share the same CPU cores, so the ratio "
+            "at N > 1 is about 1/N by construction; only the 1-device ratio is meaningful."
+        )
+    for c in cells:
+        if c["status"] != "ok" and c["note"]:
+            out.append(f"{c['framework']} x{c['devices']} {c['status']}: {c['note']}")
+    for c in cells:
+        if c.get("phases", {}).get("phases_ms_per_step"):
+            ph = ", ".join(f"{k} {v:.1f}" for k, v in c["phases"]["phases_ms_per_step"].items())
+            out.append(
+                f"phases {c['framework']} x{c['devices']} (ms/step, --phase-timing run): {ph}"
+            )
+    return out
+
+
+def markdown(plan: Plan, cells: list[dict[str, Any]], host: dict[str, Any]) -> str:
+    rows = [HEADERS, ["---"] * len(HEADERS), *table(cells)]
+    lines = [
+        f"# {title(plan)}",
+        "",
+        f"`{shlex.join(plan.command)}`",
+        "",
+        f"Host: {host.get('cpu', '?')} ({host.get('cpu_count')} cores)"
+        + (f"; GPUs: {', '.join(host['gpus'])}" if host.get("gpus") else ""),
+        "",
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+    ]
+    lines += [f"- {n}" for n in notes(plan, cells)]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(plan: Plan, cells: list[dict[str, Any]]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # plain python3 on a GPU machine may lack rich
+        print(title(plan))
+        for row in [HEADERS, *table(cells)]:
+            print("  ".join(row))
+    else:
+        t = Table(title=title(plan))
+        for h in HEADERS:
+            t.add_column(h, justify="left" if h in ("framework", "status") else "right")
+        for row in table(cells):
+            t.add_row(*row)
+        Console(width=max(140, Console().width)).print(t)
+    for n in notes(plan, cells):
+        print(f"- {n}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = make_plan(argv)
+    except UsageError as exc:
+        print(f"throughput: error: {exc}", file=sys.stderr)
+        return 2
+    plan.out.mkdir(parents=True, exist_ok=True)
+    host = host_info()
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    cells = plan_cells(plan)
+
+    def say(text: str) -> None:
+        print(f"[throughput] {text}", flush=True)
+
+    def save(interrupted: bool = False) -> None:  # after every measurement: nothing is lost
+        result = {"title": title(plan), "command": plan.command,
+                  "device_kind": plan.device_kind, "started": started, "host": host,
+                  "settings": vars(plan.ns), "skipped": plan.skipped,
+                  "interrupted": interrupted, "rows": cells}  # fmt: skip
+        write_json_atomic(plan.out / "throughput.json", result)
+        (plan.out / "throughput.md").write_text(markdown(plan, cells, host))
+
+    for fw, why in plan.skipped.items():
+        say(f"{fw}: skipped ({why})")
+    # SIGTERM (a time limit around the whole run) ends it like Ctrl-C: the measurement under
+    # way is stopped with its process group, the finished ones stay saved.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    save()
+    try:
+        sweep(plan, cells, say, save)
+    except (KeyboardInterrupt, SystemExit):
+        save(interrupted=True)
+        say(f"interrupted; finished measurements are in {plan.out / 'throughput.json'}")
+        return 130
+    print_table(plan, cells)
+    print(f"[throughput] wrote {plan.out / 'throughput.json'} and throughput.md")
+    return 1 if any(c["status"] == "failed" for c in cells) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
