@@ -30,6 +30,7 @@ import datetime
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 from contextlib import nullcontext
@@ -378,7 +379,8 @@ def launch_env() -> Launch | None:
                 "MASTER_PORT (a free port) in the batch script"
             )
         world = int(env["SLURM_NTASKS"])
-        tasks_per_node = int(env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0] or world)
+        per_node = re.match(r"\d+", env.get("SLURM_NTASKS_PER_NODE", ""))  # "8" or "8(x2)"
+        tasks_per_node = int(per_node.group()) if per_node else world
         os.environ.update(
             RANK=env["SLURM_PROCID"],
             WORLD_SIZE=str(world),
@@ -437,7 +439,8 @@ def train(cfg: Config) -> dict:
     injected_failure(FRAMEWORK)
     cuda = torch.cuda.is_available()
     if cuda:
-        device = torch.device("cuda", launch.local_rank)
+        # local rank k -> GPU k; modulo: srun --gpus-per-task leaves each task one visible GPU
+        device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest conv algorithms
     else:

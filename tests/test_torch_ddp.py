@@ -268,5 +268,27 @@ def test_failures_give_a_record_or_one_clear_line(tmp_path):
     ]
 
 
+def test_launcher_environments(monkeypatch):
+    from common.config import ConfigError
+    from frameworks.torch_ddp import Launch, launch_env
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(var, None)
+    monkeypatch.setattr(os, "environ", env)  # launch_env writes RANK etc.: keep it in here
+    assert launch_env() is None  # plain `python -m`: --gpus spawns the processes
+    env.update(SLURM_PROCID="0", SLURM_NTASKS="1")
+    assert launch_env() is None  # a 1-task SLURM job is not a multi-process launch
+    env.update(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_NTASKS_PER_NODE="4(x2)")
+    with pytest.raises(ConfigError, match="MASTER_ADDR"):
+        launch_env()
+    env.update(MASTER_ADDR="node0", MASTER_PORT="29500")
+    assert launch_env() == Launch(rank=5, world=8, local_rank=1, local_world=4)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("5", "8", "1")  # for env://
+    env.clear()
+    env.update(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")  # torchrun's
+    assert launch_env() == Launch(rank=3, world=4, local_rank=1, local_world=2)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

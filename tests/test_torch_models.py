@@ -29,6 +29,7 @@ def test_parameter_counts_at_full_width():
 
 def test_torchvision_resnet18_with_cifar_stem_gives_identical_outputs():
     import torchvision  # in the main environment (requirements/main.txt)
+
     torch.manual_seed(0)
     tv = torchvision.models.resnet18(num_classes=10)
     tv.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
