@@ -149,32 +149,19 @@ def run_jax(cfg: Config, batch: int, steps: int, warmup: int) -> dict[str, Any]:
     simulate_host_devices(1)  # before JAX's CPU backend starts: one device
     import jax
     import jax.numpy as jnp
+    from jax.sharding import Mesh
 
-    from frameworks.jax_models import (
-        TrainState,
-        compute_dtype,
-        count_params,
-        create_model,
-        cross_entropy,
-        init_variables,
-        make_optimizer,
-    )
+    from frameworks.jax_models import TrainState, compute_dtype, count_params, cross_entropy
+    from frameworks.jax_pmap import build_model, create_train_state
 
     device = jax.local_devices()[0]
     dtype = compute_dtype(cfg, device.platform)  # bf16 activations for --precision bf16 on GPU
-    model = create_model(cfg.model, cfg.synthetic_classes, cfg.width, cfg.dropout,
-                         cfg.bn_momentum, cfg.bn_eps, dtype=dtype)  # fmt: skip
-    init_key, dropout_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
+    model = build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, dtype)
+    # jax-pmap's builder on a 1-device mesh (the trainers' initialisation, optimiser and dropout
+    # key), then the replica axis it stacks for pmap is dropped: a plain state on one device.
     shape = (cfg.image_size, cfg.image_size, cfg.synthetic_channels)
-    variables = init_variables(model, init_key, shape)
-    state = TrainState.create(
-        apply_fn=model.apply,
-        params=variables["params"],
-        batch_stats=variables["batch_stats"],
-        tx=make_optimizer(cfg, variables["params"], 1),  # the trainers' optimiser
-        key=dropout_key,
-        label_smoothing=cfg.label_smoothing,
-    )
+    replicated = create_train_state(cfg, model, shape, Mesh(np.array([device]), ("batch",)), 1)
+    state = jax.tree.map(lambda a: a[0], replicated)
 
     def train_step(state: TrainState, x: jax.Array, y: jax.Array) -> TrainState:
         # The trainers' step without the pmean (one device) and without the metrics.

@@ -162,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SEC",
         help="time limit per measurement process (default 900)",
     )
+    p.add_argument(
+        "--wait-load",
+        type=float,
+        default=0.0,
+        metavar="L",
+        help="on a shared machine: before each measurement wait (up to 10 minutes) until the "
+        "1-minute load average is below L (0 = do not wait; the load is recorded either way)",
+    )
     return p
 
 
@@ -313,6 +321,15 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def settle(limit: float, max_wait: float = 600.0) -> float:
+    """Wait until the 1-minute load average is below `limit` (0: do not wait), at most
+    `max_wait` seconds; return the load average at the start of the measurement."""
+    deadline = time.monotonic() + max_wait
+    while limit > 0 and os.getloadavg()[0] >= limit and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
 def run_process(command: list[str], log: Path, timeout: float) -> tuple[int, float, bool]:
     """Run `command` in its own process group with output to `log`; return (exit code, peak
     RSS in bytes of the process and its waited-for children, timed out). The whole group is
@@ -406,10 +423,12 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
     if phases:
         command.append("--phase-timing")
     log = plan.out / "logs" / f"{tag}.log"
+    load = settle(ns.wait_load)
     code, rss, timed_out = run_process(command, log, ns.timeout)
     out: dict[str, Any] = {
         "command": command,
         "log": str(log.relative_to(plan.out)),
+        "load_before": load,
         "peak_rss_bytes": rss,
     }
     record: dict[str, Any] = {}
@@ -468,8 +487,13 @@ def compute_only(plan: Plan, fw: str, batch: int, rep: int) -> dict[str, Any]:
         str(ns.warmup),
     ]
     log = plan.out / "logs" / f"{tag}.log"
+    load = settle(ns.wait_load)
     code, _, timed_out = run_process(command, log, ns.timeout)
-    out: dict[str, Any] = {"command": command, "log": str(log.relative_to(plan.out))}
+    out: dict[str, Any] = {
+        "command": command,
+        "log": str(log.relative_to(plan.out)),
+        "load_before": load,
+    }
     result = None
     for line in reversed(log.read_text(errors="replace").splitlines()):
         if line.startswith("{"):
@@ -625,6 +649,15 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
         "mem compute = peak memory of the compute-only loop; RSS real = the trainer process "
         "tree's peak resident set (os.wait4), host memory.",
     ]
+    loads = [
+        m["load_before"] for c in cells for m in c["real"] + c["compute"] if "load_before" in m
+    ]
+    if loads:
+        out.append(
+            f"1-minute load average when the measurements started: {min(loads):.1f} to "
+            f"{max(loads):.1f} on {os.cpu_count()} CPU cores (other work on the machine "
+            "slows both loops, not always equally)."
+        )
     sources = sorted({c["memory_source"] for c in cells if c.get("memory_source")})
     if sources:
         out.append("mem compute from: " + "; ".join(sources) + ".")
