@@ -7,6 +7,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh all || exit 1
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
+# Tests run several framework processes at once on few cores: idle OpenMP threads must sleep,
+# not spin (spinning made an oversubscribed 1-process torch run 10x slower here).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 status=0
 echo "[test] main environment: .venv/bin/python -m pytest tests --ignore=tests/mxnet"
 .venv/bin/python -m pytest tests --ignore=tests/mxnet "$@" || status=1
