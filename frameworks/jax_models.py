@@ -218,8 +218,14 @@ def compute_dtype(cfg: Config, platform: str) -> Any:
                       "implement; use --precision bf16 (same speed on recent GPUs) or fp32")
 
 
-def init_variables(model: nn.Module, key: jax.Array, image_shape: Sequence[int]) -> Any:
-    """{"params", "batch_stats"} of `model` for (H, W, C) images, on the default device."""
+def init_variables(model: nn.Module, seed: int, image_shape: Sequence[int]) -> Any:
+    """{"params", "batch_stats"} of `model` for (H, W, C) images, on the default device.
+
+    The initialisers draw from an "rbg" key (XLA's RngBitGenerator): on CPU its init program
+    compiles about 4x faster than with the default threefry key (6 s instead of 24 s for
+    ResNet-18 on a busy 2-core host). The same seed gives the same weights at any device count;
+    the stream may differ between backends (CPU, GPU)."""
+    key = jax.random.key(seed, impl="rbg")
     return jax.jit(model.init, static_argnames="train")(
         key, jnp.zeros((1, *image_shape), jnp.float32), train=False)
 
@@ -316,7 +322,7 @@ def select_devices(n: int) -> tuple[list[jax.Device], str]:
     local = jax.local_devices()
     if len(local) < n:
         where = "GPUs" if local[0].platform == "gpu" else "devices"
-        fix = ("use --gpus %d or fewer" % len(local) if local[0].platform == "gpu"
+        fix = (f"use --gpus {len(local)} or fewer" if local[0].platform == "gpu"
                else "run through main(), which sets XLA_FLAGS before JAX starts")
         raise ConfigError(f"--gpus {n}: only {len(local)} {where} visible to JAX; {fix}")
     devices = [d for p in range(jax.process_count())

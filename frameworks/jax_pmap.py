@@ -50,12 +50,22 @@ from common.datasets import DatasetError, check_available, load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.runtime import (
-    atomic_write_bytes, injected_failure, printer, simulate_host_devices,
+    atomic_write_bytes,
+    injected_failure,
+    printer,
+    simulate_host_devices,
 )
 from common.timing import PhaseTimer, Timer
 from frameworks.jax_models import (
-    TrainState, compute_dtype, count_params, create_model, cross_entropy, init_distributed,
-    init_variables, make_optimizer, select_devices,
+    TrainState,
+    compute_dtype,
+    count_params,
+    create_model,
+    cross_entropy,
+    init_distributed,
+    init_variables,
+    make_optimizer,
+    select_devices,
 )
 
 FRAMEWORK = "jax-pmap"
@@ -73,11 +83,11 @@ def build_model(cfg: Config, in_channels: int, num_classes: int,
 def create_train_state(cfg: Config, model: nn.Module, image_shape: tuple[int, int, int],
                        mesh: Mesh, steps_per_epoch: int) -> TrainState:
     """Create the parameters, optimiser state and step counter; place them on the devices."""
-    init_key, dropout_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
-    variables = init_variables(model, init_key, image_shape)  # same seed: same weights anywhere
+    variables = init_variables(model, cfg.seed, image_shape)  # same seed: same weights anywhere
     state = TrainState.create(
         apply_fn=model.apply, params=variables["params"], batch_stats=variables["batch_stats"],
-        tx=make_optimizer(cfg, variables["params"], steps_per_epoch), key=dropout_key,
+        tx=make_optimizer(cfg, variables["params"], steps_per_epoch),
+        key=jax.random.PRNGKey(cfg.seed),  # dropout; raw uint32[2]: checkpoints as is
         label_smoothing=cfg.label_smoothing)
     return replicate(state, mesh)
 
@@ -219,7 +229,8 @@ def check_resume(cfg: Config) -> None:
     try:
         saved = json.loads(serialization.msgpack_restore(path.read_bytes())["config"])
     except Exception as exc:
-        raise ConfigError(f"cannot read checkpoint {path} ({exc}); delete it or drop --resume")
+        raise ConfigError(
+            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume") from None
     keys = ("model", "width", "dataset", "image_size", "synthetic_classes", "batch_size", "seed",
             "optimizer", "bn")
     diff = [f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
@@ -333,7 +344,7 @@ def failure_record(cfg: Config, error: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""
+    """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
     cfg = cli.parse_args(argv, FRAMEWORK)
     prog = f"python -m frameworks.{FRAMEWORK.replace('-', '_')}"
     # XLA reads XLA_FLAGS when JAX's CPU backend starts (the first device query, not the

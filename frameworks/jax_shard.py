@@ -1,0 +1,355 @@
+"""jax-shard: `jax.jit` over a 1-D device mesh, JAX's current way of data parallelism.
+
+    python -m frameworks.jax_shard --preset digits --gpus 2     # 2 GPUs, or 2 simulated CPU devices
+    JAX_COORDINATOR_ADDRESS=HOST:PORT JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
+        python -m frameworks.jax_shard --gpus 8 ...               # R = 0 on HOST, 1 elsewhere
+    srun --ntasks=2 --ntasks-per-node=1 python -m frameworks.jax_shard --gpus 8 ...   # SLURM
+
+The step is written for the global batch, as on one device. The parameters and optimiser state
+are replicated over a mesh with one axis, "batch" (NamedSharding(mesh, P())), the batch is split
+along it (NamedSharding(mesh, P("batch"))), and XLA's SPMD partitioner turns the gradient's sum
+over the batch into an all-reduce over the mesh. In a multi-process run (one process per host,
+`jax.distributed`), `--gpus` is the device count PER PROCESS and every process feeds its part of
+each global batch.
+
+BatchNorm: under jit its statistics are those of the global batch by construction (the mean over
+a sharded axis is a cross-device reduction), i.e. `--bn sync`, recorded as such. `--bn local`
+(the default, as in torch-ddp) runs the forward pass under `jax.shard_map`, one program per
+device on its shard, so each device normalises with its own statistics; the running statistics
+are pmean'd every step (the average of per-device running averages, as jax-pmap ends up with).
+The loss and the gradient stay outside the shard_map: differentiating through it, JAX
+(check_vma=True) sums the replicated parameters' gradient over devices itself, so no pmean may
+be added (one inside would be a no-op on the already-summed value, and the pmap idiom of a
+per-device mean loss plus pmean would scale the update by the device count; a test compares the
+step with jax-pmap's to catch either).
+
+Known differences from the other frameworks: running_var uses the biased batch variance (Flax);
+the test loss uses the training loss (label smoothing included), as in torch-ddp.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import serialization
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from common import cli
+from common.config import Config, ConfigError
+from common.datasets import DatasetError, load_for
+from common.pipeline import EvalLoader, TrainLoader
+from common.results import RunRecorder
+from common.runtime import atomic_write_bytes, injected_failure, printer, simulate_host_devices
+from common.timing import PhaseTimer, Timer
+from frameworks.jax_models import (
+    TrainState,
+    compute_dtype,
+    count_params,
+    create_model,
+    cross_entropy,
+    init_distributed,
+    init_variables,
+    make_optimizer,
+    select_devices,
+)
+from frameworks.jax_pmap import check_config, checkpoint_path, failure_record
+
+FRAMEWORK = "jax-shard"
+AXIS = "batch"  # the mesh axis the batch is split along
+
+
+def build_model(cfg: Config, in_channels: int, num_classes: int,
+                dtype: Any = jnp.float32) -> nn.Module:
+    """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
+    del in_channels  # Flax infers the input channels at init (create_train_state)
+    # No axis name: under jit, BN statistics span the global batch; per device, see per_device_bn.
+    return create_model(cfg.model, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum,
+                        cfg.bn_eps, bn_axis_name=None, dtype=dtype)
+
+
+def create_train_state(cfg: Config, model: nn.Module, image_shape: tuple[int, int, int],
+                       mesh: Mesh, steps_per_epoch: int) -> TrainState:
+    """Create the parameters, optimiser state and step counter; place them on the devices."""
+    variables = init_variables(model, cfg.seed, image_shape)  # same seed: same weights anywhere
+    state = TrainState.create(
+        apply_fn=per_device_bn(model, mesh) if cfg.bn == "local" else model.apply,
+        params=variables["params"], batch_stats=variables["batch_stats"],
+        tx=make_optimizer(cfg, variables["params"], steps_per_epoch),
+        key=jax.random.PRNGKey(cfg.seed),  # dropout; raw uint32[2]: checkpoints as is
+        label_smoothing=cfg.label_smoothing)
+    return replicate(state, mesh)
+
+
+def train_step(state: TrainState, batch: tuple[jax.Array, jax.Array]
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One synchronous data-parallel SGD step on a global batch.
+
+    Returns the new state and metrics {"loss_sum", "correct", "count"} summed over the global
+    batch and left on the device (read only at log points: no per-step host sync)."""
+    x, y = batch  # the global batch, split over the mesh: (B, H, W, C), (B,)
+    # Dropout masks differ per step and depend on (seed, step) only: resumable.
+    key = jax.random.fold_in(state.key, state.step)
+
+    def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array, Any]]:
+        logits, updates = state.apply_fn(
+            {"params": params, "batch_stats": state.batch_stats}, x, train=True,
+            rngs={"dropout": key}, mutable=["batch_stats"])
+        losses = cross_entropy(logits, y, state.label_smoothing)  # (B,)
+        return losses.mean(), (logits, losses, updates["batch_stats"])
+
+    # The all-reduce is implicit: the parameters are replicated and the batch is sharded, so
+    # XLA sums the per-device partial gradients over the mesh axis AXIS ("batch").
+    grads, (logits, losses, batch_stats) = jax.grad(loss_fn, has_aux=True)(state.params)
+    state = state.apply_gradients(grads=grads, batch_stats=batch_stats)
+    metrics = {
+        "loss_sum": losses.sum(),
+        "correct": (jnp.argmax(logits, -1) == y).sum().astype(jnp.float32),
+        "count": jnp.asarray(y.shape[0], jnp.float32),
+    }
+    return state, metrics  # global-batch sums, replicated
+
+
+def eval_step(state: TrainState, batch: tuple[jax.Array, jax.Array, jax.Array]
+              ) -> dict[str, jax.Array]:
+    """Metrics {"loss_sum", "correct", "count"} of a test batch; rows of weight 0 (padding) do
+    not count."""
+    x, y, w = batch  # the global test batch, split over the mesh: (B, H, W, C), (B,), (B,)
+    logits = state.apply_fn({"params": state.params, "batch_stats": state.batch_stats}, x,
+                            train=False)
+    return {
+        "loss_sum": (cross_entropy(logits, y, state.label_smoothing) * w).sum(),
+        "correct": ((jnp.argmax(logits, -1) == y) * w).sum(),
+        "count": w.sum(),
+    }
+
+
+def per_device_bn(model: nn.Module, mesh: Mesh) -> Callable[..., Any]:
+    """`model.apply` with per-device BatchNorm in training mode (`--bn local`).
+
+    The forward pass runs under jax.shard_map: each device applies the model to its shard
+    (B/N, ...) with the replicated variables, so BN normalises with that shard's statistics.
+    The running statistics come back pmean'd (replicated again). Gradients flow back through
+    the shard_map; with check_vma=True its transpose sums the replicated parameters' gradient
+    over the devices, so the caller's global-batch mean loss gets the right gradient unchanged.
+    """
+    def apply(variables: Any, x: jax.Array, train: bool = False, rngs: Any = None,
+              mutable: Any = False) -> Any:
+        if not train:  # running averages: nothing per device
+            return model.apply(variables, x, train=False)
+
+        def local(variables: Any, x: jax.Array, key: jax.Array) -> tuple[jax.Array, Any]:
+            key = jax.random.fold_in(key, lax.axis_index(AXIS))  # other masks on every device
+            logits, updates = model.apply(variables, x, train=True, rngs={"dropout": key},
+                                          mutable=mutable)
+            return logits, lax.pmean(updates, AXIS)  # (B/N, K), replicated statistics
+
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS), P()),
+                             out_specs=(P(AXIS), P()))(variables, x, rngs["dropout"])
+
+    return apply
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+    """The same value on every device of the mesh (NamedSharding(mesh, P()))."""
+    sharding = NamedSharding(mesh, P())
+    return jax.tree.map(
+        lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), tree)
+
+
+def unreplicate(tree: Any) -> Any:
+    """Host (numpy) copy of every (replicated) leaf: a host sync."""
+    return jax.tree.map(lambda a: np.asarray(a.addressable_shards[0].data), tree)
+
+
+def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...]:
+    """This process's rows of a global batch, (B_local, ...) numpy -> one (B, ...) array split
+    over the mesh, B/N rows per device. Asynchronous: no sync."""
+    sharding = NamedSharding(mesh, P(AXIS))
+    return tuple(jax.make_array_from_process_local_data(sharding, a) for a in batch)
+
+
+def prefetch_to_devices(batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh,
+                        phases: PhaseTimer, size: int = 2) -> Iterator[tuple[jax.Array, ...]]:
+    """Put batches on the devices `size` steps ahead (flax's prefetch_to_device): the copy of
+    batch k+2 overlaps step k. With phase timing each copy is waited for and timed as h2d."""
+    def put(batch: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
+        if not phases.enabled:
+            return to_device(batch, mesh)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(to_device(batch, mesh))
+        phases.add("h2d", time.perf_counter() - t0)
+        return out
+
+    batches = (b for b in batches)  # stays exhausted (a Prefetcher would block on a re-read)
+    queue = collections.deque(put(b) for b in itertools.islice(batches, size))
+    while queue:
+        yield queue.popleft()
+        queue.extend(put(b) for b in itertools.islice(batches, 1))
+
+
+def evaluate(j_eval_step: Any, state: TrainState, loader: EvalLoader, steps: int,
+             mesh: Mesh) -> dict[str, float]:
+    """Test sums over every test image exactly once: each process its part, padded rows of
+    weight 0; `steps` (the most batches any process has) keeps the processes in lockstep."""
+    n, shape = loader.padded, loader.ds.image_shape
+    padding = (np.zeros((n, *shape), np.float32), np.zeros(n, np.int32), np.zeros(n, np.float32))
+    totals: dict[str, jax.Array] = {}
+    for batch in itertools.islice(itertools.chain(loader, itertools.repeat(padding)), steps):
+        metrics = j_eval_step(state, to_device(batch, mesh))
+        totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+    return {k: float(v) for k, v in unreplicate(totals).items()}  # host sync, once
+
+
+def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int, cfg: Config) -> None:
+    """Write the state after `epoch` (0-based) atomically: msgpack bytes, temp file, rename."""
+    payload = {
+        "epoch": epoch + 1,
+        "state": serialization.to_state_dict(unreplicate(state)),
+        "recorder": json.dumps(recorder.state()),
+        "config": json.dumps(cfg.to_dict()),
+    }
+    atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
+
+
+def load_checkpoint(state: TrainState, recorder: RunRecorder, cfg: Config,
+                    mesh: Mesh) -> tuple[TrainState, int]:
+    """Restore the latest checkpoint (msgpack holds arrays and plain values only); return the
+    replicated state and the epoch to continue from."""
+    ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
+    template = unreplicate(state)
+    restored = serialization.from_state_dict(template, ckpt["state"])
+    if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, template):
+        raise ConfigError(f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
+                          "model; resume with the same settings or use a new --checkpoint-dir")
+    recorder.load_state(json.loads(ckpt["recorder"]))
+    return replicate(restored, mesh), int(ckpt["epoch"])
+
+
+def train(cfg: Config) -> dict:
+    """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
+    injected_failure(FRAMEWORK)
+    devices, kind = select_devices(cfg.gpus)  # cfg.gpus per process, all processes' devices
+    mesh = Mesh(np.array(devices), (AXIS,))
+    rank, world = jax.process_index(), jax.process_count()
+    is_main = rank == 0
+    ds = load_for(cfg)
+    model = build_model(cfg, ds.channels, ds.num_classes, compute_dtype(cfg, devices[0].platform))
+    loader = TrainLoader(ds, cfg.batch_size, cfg.seed, rank, world, augment=cfg.augment,
+                         layout="NHWC", max_steps=cfg.max_steps_per_epoch, prefetch=cfg.prefetch)
+    # Static shapes: every test batch is padded to a multiple of this process's device count.
+    eval_batch = max(1, cfg.eval_batch_size // world)
+    evals = EvalLoader(ds, eval_batch, rank, world, layout="NHWC", pad_to=cfg.gpus)
+    eval_steps = max(len(EvalLoader(ds, eval_batch, r, world)) for r in range(world))
+    state = create_train_state(cfg, model, ds.image_shape, mesh, len(loader))
+    recorder = RunRecorder(cfg, devices=len(devices), device_kind=kind,
+                           params=count_params(unreplicate(state.params)), is_main=is_main,
+                           packages=("jax", "jaxlib", "flax", "optax"), bn_mode=cfg.bn,
+                           n_test=len(ds.test_x))
+    # The parallel transform, applied once: jit with the state replicated and the batch split
+    # over the mesh; XLA inserts the collectives. The state is donated (updated in place).
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    j_train_step = jax.jit(train_step, in_shardings=(replicated, split),
+                           out_shardings=(replicated, replicated), donate_argnums=(0,))
+    j_eval_step = jax.jit(eval_step, in_shardings=(replicated, split), out_shardings=replicated)
+    # Phase timing only: an all-reduce of a gradient-sized tree (check_vma=False: every
+    # device's copy counts as its own partial sum, as the gradients inside the step do).
+    j_allreduce = jax.jit(jax.shard_map(lambda t: lax.psum(t, AXIS), mesh=mesh, in_specs=P(),
+                                        out_specs=P(), check_vma=False))
+    log = printer(is_main)
+    start = 0
+    if cfg.resume and checkpoint_path(cfg).exists():
+        state, start = load_checkpoint(state, recorder, cfg, mesh)
+        log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
+    elif cfg.resume:
+        log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
+
+    def sync() -> None:  # waits for the newest state (late binding: the loop's current value)
+        jax.block_until_ready(state)
+
+    timer = Timer(sync)
+    phases = PhaseTimer(sync, cfg.phase_timing)
+    try:
+        for epoch in range(start, cfg.epochs):
+            timer.start()
+            batches = loader.epoch(epoch)
+            totals: dict[str, jax.Array] = {}
+            for step, batch in enumerate(prefetch_to_devices(batches, mesh, phases)):
+                # One fused XLA program: forward, backward, all-reduce and update cannot be
+                # timed apart, so phase timing books the whole step as forward_backward and
+                # times a separate all-reduce of a gradient-sized tree (an estimate of the part
+                # inside the step; the optimiser stays inside it too).
+                with phases.phase("forward_backward"):
+                    state, metrics = j_train_step(state, batch)
+                if phases.enabled:
+                    with phases.phase("allreduce"):
+                        jax.block_until_ready(j_allreduce(state.params))
+                phases.steps += 1
+                totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+                if cfg.log_every and (step + 1) % cfg.log_every == 0:  # host sync: log point
+                    t = unreplicate(totals)
+                    log(f"step {step + 1} train_loss={t['loss_sum'] / t['count']:.4f}")
+            sec = timer.stop()
+            phases.add("data_wait", batches.wait_sec)
+            train_sums = unreplicate(totals)  # host sync, once per epoch
+            test = evaluate(j_eval_step, state, evals, eval_steps, mesh)
+            stop = recorder.end_epoch(epoch, sec, len(loader) * cfg.batch_size,
+                                      train_sums["loss_sum"] / train_sums["count"],
+                                      test["correct"], test["count"], test["loss_sum"])
+            if cfg.checkpoint_dir and is_main:
+                save_checkpoint(state, recorder, epoch, cfg)
+            injected_failure(FRAMEWORK, epoch + 1)
+            if stop:
+                break
+            if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
+                phases = PhaseTimer(sync, cfg.phase_timing)
+    except Exception as exc:  # keep what was measured; the record says why it stopped
+        traceback.print_exc()
+        recorder.fail(f"{type(exc).__name__}: {exc}")
+    if cfg.phase_timing:
+        recorder.phases = phases.per_step_ms()
+        recorder.extra["phase_note"] = (
+            "forward_backward = the whole compiled step (forward, backward, gradient "
+            "all-reduce, update: one XLA program); allreduce = a separate all-reduce of a "
+            "gradient-sized tree, also contained in forward_backward; optimizer is not "
+            "separable (0)")
+    return recorder.finish()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
+    cfg = cli.parse_args(argv, FRAMEWORK)
+    prog = f"python -m frameworks.{FRAMEWORK.replace('-', '_')}"
+    # XLA reads XLA_FLAGS when JAX's CPU backend starts (the first device query, not the
+    # import), so this gives `--gpus` simulated CPU devices; on a GPU machine only the unused
+    # CPU backend sees it and the GPUs are used.
+    simulate_host_devices(cfg.gpus)
+    try:
+        init_distributed()
+        check_config(cfg)
+        record = train(cfg)
+    except (ConfigError, DatasetError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        print(f"{prog}: failed: {error}", file=sys.stderr)
+        failure_record(cfg, error)
+        return 1
+    return 0 if record["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""jax-pmap on simulated CPU devices: an N-device step equals the 1-device step, same seed same
+losses, evaluation counts every test image once at 1, 2 and 3 devices, per-device BN statistics
+are reconciled, checkpoints resume to the uninterrupted weights, bad input and failures are
+reported, and a short run on real digits learns.
+
+One pytest process holds 4 simulated host devices and builds pmaps / meshes over the first 1, 2
+or 3 of them (XLA_FLAGS is read when JAX's CPU backend starts, i.e. at the first device query,
+which comes after collection). `stepped()` and `evaluated()` are shared with test_jax_shard.py
+and cache their compiled steps: XLA compiles on CPU are the expensive part of these tests.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from flax import serialization
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from common.config import ConfigError, preset
+from common.datasets import load_for
+from common.pipeline import EvalLoader, TrainLoader
+from common.runtime import simulate_host_devices
+from frameworks import jax_pmap, jax_shard
+from tests.conftest import read_json, run_module
+
+simulate_host_devices(4)  # before the first device query (see the module docstring)
+
+MODULES = {"jax-pmap": jax_pmap, "jax-shard": jax_shard}
+CFG = preset("smoke", eval_batch_size=4)  # ResNet-18 x 0.125 on 16x16 synthetic images
+
+
+def host_devices(n: int) -> list[jax.Device]:
+    devices = jax.devices()
+    assert len(devices) >= n, (
+        f"JAX's CPU backend started with {len(devices)} devices before this module set "
+        "XLA_FLAGS; run these tests in a fresh pytest process")
+    return devices[:n]
+
+
+@functools.cache
+def compiled(framework: str, n: int, bn: str) -> tuple[Any, Any, Any, Mesh, Any]:
+    """(train step, eval step, initial state on the devices, mesh, module) for `n` devices,
+    transformed the way train() does it and kept for reuse: one XLA compile per combination."""
+    mod = MODULES[framework]
+    devices = host_devices(n)
+    mesh = Mesh(np.array(devices), ("batch",))
+    cfg = CFG.replace(bn=bn, gpus=n)
+    ds = load_for(cfg)
+    model = mod.build_model(cfg, ds.channels, ds.num_classes)
+    state = mod.create_train_state(cfg, model, ds.image_shape, mesh, steps_per_epoch=4)
+    if mod is jax_pmap:
+        train = jax.pmap(mod.train_step, axis_name="batch", devices=devices, donate_argnums=(0,))
+        evaluate = jax.pmap(mod.eval_step, axis_name="batch", devices=devices)
+    else:
+        rep, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("batch"))
+        train = jax.jit(mod.train_step, in_shardings=(rep, split), out_shardings=(rep, rep),
+                        donate_argnums=(0,))
+        evaluate = jax.jit(mod.eval_step, in_shardings=(rep, split), out_shardings=rep)
+    return train, evaluate, mod.unreplicate(state), mesh, mod
+
+
+@functools.lru_cache(maxsize=1)
+def train_batches() -> list[tuple[np.ndarray, np.ndarray]]:
+    """The first two global batches (24 augmented images each) of epoch 0."""
+    loader = TrainLoader(load_for(CFG), CFG.batch_size, CFG.seed, prefetch=0)
+    return list(loader.epoch(0))[:2]
+
+
+def stepped(framework: str, n: int, bn: str, steps: int = 1) -> tuple[Any, list[dict]]:
+    """Host state and per-step metrics after `steps` steps from the seed's initial state
+    (jax-pmap --bn local: with the replicas' running statistics averaged, as train() does)."""
+    train, _, initial, mesh, mod = compiled(framework, n, bn)
+    state = mod.replicate(initial, mesh)  # a fresh copy: the steps donate theirs
+    metrics = []
+    for batch in train_batches()[:steps]:
+        state, m = train(state, mod.to_device(batch, mesh))
+        metrics.append(mod.unreplicate(m))
+    if mod is jax_pmap and bn == "local":  # what train() does at the end of every epoch
+        p_mean = jax.pmap(lambda t: jax.lax.pmean(t, "batch"), axis_name="batch",
+                          devices=host_devices(n))
+        state = state.replace(batch_stats=p_mean(state.batch_stats))
+    return mod.unreplicate(state), metrics
+
+
+def evaluated(framework: str, n: int) -> dict[str, float]:
+    """Test sums of the initial state over the 10 synthetic test images, batches of 4."""
+    _, evaluate, initial, mesh, mod = compiled(framework, n, "sync")
+    loader = EvalLoader(load_for(CFG), CFG.eval_batch_size, pad_to=n)
+    return mod.evaluate(evaluate, mod.replicate(initial, mesh), loader, len(loader), mesh)
+
+
+def max_diff(a: Any, b: Any) -> float:
+    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.abs(x - y).max()), a, b)))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_n_device_step_equals_1_device_step_with_sync_bn(n: int) -> None:
+    one, m1 = stepped("jax-pmap", 1, "sync")
+    many, mn = stepped("jax-pmap", n, "sync")
+    assert max_diff(one.params, many.params) <= 1e-5
+    assert max_diff(one.batch_stats, many.batch_stats) <= 1e-5
+    assert max_diff(one.opt_state, many.opt_state) <= 1e-5
+    assert int(many.step) == 1
+    assert mn[0]["count"] == CFG.batch_size and mn[0]["correct"] == m1[0]["correct"]
+    assert abs(mn[0]["loss_sum"] - m1[0]["loss_sum"]) <= 1e-4
+    # The step really moved the weights (a no-op step would pass the comparisons above).
+    _, _, initial, _, _ = compiled("jax-pmap", 1, "sync")
+    assert max_diff(initial.params, one.params) > 1e-3
+
+
+def test_same_seed_same_losses() -> None:
+    a, ma = stepped("jax-pmap", 2, "sync", steps=2)
+    b, mb = stepped("jax-pmap", 2, "sync", steps=2)
+    assert ma == mb and ma[0]["loss_sum"] != ma[1]["loss_sum"]
+    assert max_diff(a.params, b.params) == 0.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_evaluation_counts_every_test_image_once(n: int) -> None:
+    got = evaluated("jax-pmap", n)
+    want = evaluated("jax-pmap", 1)
+    assert got["count"] == 10  # 4 + 4 + 2 images, padded to 4 / 4 / 6 rows: padding weighs 0
+    assert got["correct"] == want["correct"]
+    assert abs(got["loss_sum"] - want["loss_sum"]) <= 1e-4
+
+
+def test_local_bn_statistics_are_per_device_then_averaged() -> None:
+    train, _, initial, mesh, mod = compiled("jax-pmap", 2, "local")
+    p_mean = jax.pmap(lambda t: jax.lax.pmean(t, "batch"), axis_name="batch",
+                      devices=host_devices(2))
+    state, _ = train(mod.replicate(initial, mesh), mod.to_device(train_batches()[0], mesh))
+    per_device = [np.asarray(s.data) for s in state.batch_stats["bn1"]["mean"].addressable_shards]
+    assert np.abs(per_device[0] - per_device[1]).max() > 1e-4  # each device saw its own half
+    params = [np.asarray(s.data) for s in state.params["fc"]["kernel"].addressable_shards]
+    np.testing.assert_array_equal(params[0], params[1])  # but the update is the same
+    synced = p_mean(state.batch_stats)["bn1"]["mean"]
+    for shard in synced.addressable_shards:
+        np.testing.assert_allclose(np.asarray(shard.data)[0], np.mean(per_device, axis=0)[0],
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_too_many_devices_is_one_clear_error() -> None:
+    host_devices(4)
+    with pytest.raises(ConfigError, match="--gpus 9: only 4 devices"):
+        jax_pmap.train(CFG.replace(gpus=9))
+
+
+def _final_params(path: Path) -> Any:
+    return serialization.msgpack_restore(path.read_bytes())["state"]["params"]
+
+
+@pytest.mark.parametrize("framework", ["jax-pmap", "jax-shard"])
+def test_resume_after_a_crash_ends_with_the_uninterrupted_weights(
+        framework: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    module = f"frameworks.{framework.replace('-', '_')}"
+    args = ["--preset", "smoke", "--gpus", "2", "--epochs", "2", "--max-steps-per-epoch", "2"]
+    if framework == "jax-shard":  # dropout: the masks must be redrawn identically on resume
+        args += ["--model", "wideresnet", "--width", "0.05", "--dropout", "0.3"]
+    # Persistent XLA cache: the three runs compile the same programs once.
+    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "xla-cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    whole = run_module(module, *args, "--checkpoint-dir", str(tmp_path / "a"), env=env)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    crash = run_module(module, *args, "--checkpoint-dir", str(tmp_path / "b"),
+                       env={**env, "DPBENCH_FAIL": f"{framework}@1"})
+    assert crash.returncode == 17 and "epoch 2/2" not in crash.stdout
+    resumed = run_module(module, *args, "--checkpoint-dir", str(tmp_path / "b"), "--resume",
+                         "--output", str(tmp_path / "r.json"), env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout and "epoch 1/2" not in resumed.stdout
+    record = read_json(tmp_path / "r.json")
+    assert [e["epoch"] for e in record["epochs"]] == [1, 2]  # epoch 1 from the checkpoint
+    name = f"{framework}.msgpack"
+    a, b = _final_params(tmp_path / "a" / name), _final_params(tmp_path / "b" / name)
+    assert max_diff(a, b) == 0.0
+    # A checkpoint of another run is refused with one line, exit 2.
+    other = run_module(module, *args, "--seed", "1", "--checkpoint-dir", str(tmp_path / "b"),
+                       "--resume")
+    assert other.returncode == 2
+    assert other.stderr.strip().count("\n") == 0 and "--seed 0 (now 1)" in other.stderr
+
+
+def test_startup_failure_writes_a_failed_record(tmp_path: Path) -> None:
+    out = tmp_path / "f.json"
+    r = run_module("frameworks.jax_pmap", "--preset", "smoke", "--output", str(out),
+                   env={"DPBENCH_FAIL": "jax-pmap"})
+    assert r.returncode == 1 and "failed: RuntimeError" in r.stderr
+    record = read_json(out)
+    assert record["status"] == "failed" and "DPBENCH_FAIL" in record["error"]
+
+
+def test_bad_input_is_one_line_exit_2() -> None:
+    r = run_module("frameworks.jax_pmap", "--preset", "smoke", "--gpus", "2", "--batch-size", "25")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "--batch-size 24 or 26" in r.stderr
+
+
+def test_digits_short_run_reaches_90_percent(tmp_path: Path) -> None:
+    out = tmp_path / "d.json"
+    r = run_module("frameworks.jax_pmap", "--preset", "digits", "--gpus", "2", "--width", "0.25",
+                   "--epochs", "3", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    record = read_json(out)
+    assert record["test_accuracy"] >= 0.90
+    assert record["test_examples"] == record["test_set_size"] == 360
+    assert record["devices"] == 2 and record["device_kind"] == "cpu-simulated"
+    assert record["bn_mode"] == "local" and record["first_epoch_sec"] is not None
