@@ -442,6 +442,7 @@ def execute_run(spec: RunSpec, plan: Plan, progress: Any) -> dict[str, Any]:
     tail: deque[str] = deque(maxlen=report.LOG_TAIL_LINES)
     epochs: list[dict[str, Any]] = []
     t0 = time.monotonic()
+    load_before = os.getloadavg()[0]
     label = f"{spec.framework} x{spec.devices}" + (f" seed {spec.seed}" if plan.repeat > 1 else "")
     progress.start_run(label, spec.cfg.epochs, str(spec.log.relative_to(plan.out)))
     with open(spec.log, "w") as log:
@@ -490,6 +491,8 @@ def execute_run(spec: RunSpec, plan: Plan, progress: Any) -> dict[str, Any]:
     wall = time.monotonic() - t0
     record = finish_record(spec, plan, proc.returncode, ended, list(tail), epochs)
     record["runner"]["wall_sec"] = wall
+    # Other work on the machine skews every timing: keep the 1-minute load average with the run.
+    record["runner"]["load_avg"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     write_json_atomic(spec.output, record)  # kept now, whatever happens to later runs
     return record
 

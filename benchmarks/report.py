@@ -223,14 +223,15 @@ def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None)
         from rich.table import Table
     except ImportError:
         print(f"\n{title}\n\n{markdown_table(headers, body)}", file=stream)
-        for line in notes(sweep, table):
+        for line in filter(None, [*notes(sweep, table), load_note(sweep, records)]):
             print(f"- {line}", file=stream)
         return
     console = Console(file=stream)
     if not console.is_terminal:
         console = Console(file=stream, width=max(console.width, 200))
     colour = {"ok": "green", "n/a": "dim", "skipped": "yellow"}
-    out = Table(title=title, caption="\n".join(notes(sweep, table)) or None)
+    caption = [*notes(sweep, table), load_note(sweep, records)]
+    out = Table(title=title, caption="\n".join(filter(None, caption)) or None)
     for h in headers:
         out.add_column(h, justify="left" if h in LEFT else "right")
     for r, cells in zip(table, body):
@@ -299,6 +300,8 @@ RUN_COLUMNS = [
     "epochs_to_target",
     "wall_sec",
     "runner_wall_sec",
+    "load_avg_before",
+    "load_avg_after",
     "bn_mode",
     "device_kind",
     "test_examples",
@@ -326,10 +329,24 @@ def run_row(record: dict[str, Any]) -> dict[str, Any]:
         "seed": runner.get("seed"),
         "peak_lr": runner.get("peak_lr"),
         "runner_wall_sec": runner.get("wall_sec"),
+        "load_avg_before": (runner.get("load_avg") or [None, None])[0],
+        "load_avg_after": (runner.get("load_avg") or [None, None])[1],
         "returncode": runner.get("returncode"),
         "log": runner.get("log"),
         "error": one_line(record) if record["status"] != "ok" else "",
     }
+
+
+def load_note(sweep: Sweep, records: list[dict[str, Any]]) -> str:
+    """A warning when other work competed for the CPUs during the runs (noisy timings)."""
+    loads = [x for r in records for x in r.get("runner", {}).get("load_avg", [])]
+    cpus = sweep.host.get("cpu_count") or 0
+    if not loads or not cpus or max(loads) <= cpus:
+        return ""
+    return (
+        f"Busy machine: the 1-minute load average reached {max(loads):.1f} on {cpus} logical "
+        "CPUs during the runs, so other work competed with them and the timings are noisy."
+    )
 
 
 def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plot_note: str) -> str:
@@ -344,6 +361,7 @@ def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plo
         f"- Machine: {host.get('cpu', '?')} ({host.get('cpu_count', '?')} logical CPUs); "
         f"GPUs: {gpus}; {host.get('platform', '')}",
         f"- Started {sweep.started}" + (f", finished {sweep.finished}" if sweep.finished else ""),
+        *([f"- {busy}"] if (busy := load_note(sweep, records)) else []),
         "- s/epoch = median of the timed epochs (the first epoch, with compilation and warm-up, "
         "is reported separately); images/s over the timed epochs; speed-up = images/s over the "
         "same framework's 1-device row; efficiency = speed-up / devices.",

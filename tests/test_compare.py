@@ -385,7 +385,8 @@ def _record(fw: str, n: int, seed: int, ips: float, acc: float, status: str = "o
         "error": "" if status == "ok" else "RuntimeError: boom",
         "runner": {"run_id": f"{fw}-{n}dev-seed{seed}", "seed": seed, "peak_lr": 0.05,
                    "returncode": 0 if status == "ok" else 1, "log": "logs/x.log",
-                   "wall_sec": 5.0, "log_tail": ["Traceback", "RuntimeError: boom"]},
+                   "wall_sec": 5.0, "log_tail": ["Traceback", "RuntimeError: boom"],
+                   "load_avg": [1.5, 3.0 if n == 2 else 1.0]},
     }  # fmt: skip
 
 
@@ -396,6 +397,7 @@ def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
         frameworks=["a", "b"],
         counts=[1, 2],
         planned={("a", 1): 2, ("a", 2): 2, ("b", 1): 2},
+        host={"cpu_count": 2},
         not_applicable={("b", 2): "needs CUDA"},
         target_accuracy=0.9,
     )
@@ -429,6 +431,7 @@ def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
     assert len(read_csv(tmp_path / "runs.csv")) == 5
     md = (tmp_path / "results.md").read_text()
     assert "## Failed runs" in md and "### a-2dev-seed1: failed" in md and "±" in md
+    assert "load average reached 3.0 on 2 logical CPUs" in md  # noisy timings are flagged
     printed = io.StringIO()
     report.print_table(sweep, records, stream=printed)
     assert "0.9200 ± 0.0283" in printed.getvalue() and "needs CUDA" in printed.getvalue()
