@@ -489,7 +489,7 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     ax.set_title(f"Test accuracy vs wall time, per run\n{title}", fontsize=8)
-    ax.set_xlabel("wall time since the run's start (s)")
+    ax.set_xlabel("wall time since training started (s; interpreter start-up and imports excluded)")
     ax.set_ylabel("test accuracy")
     ax.grid(alpha=0.3)
     styles = ["-", "--", ":", "-."]
