@@ -31,8 +31,9 @@ GPU path (mx.gpu contexts, pinned staging, SyncBatchNorm) follows the Gluon docu
 not been run: no GPU that MXNet 1.9.1 supports was available to this project.
 
 Where MXNet differs from the torch module (all stated, none hidden):
-- OpenMP threads are set explicitly before mxnet is imported (unset, MXNet used one core here):
-  cores / contexts per context, since every CPU context runs its own OpenMP team.
+- OpenMP is set explicitly before mxnet is imported (unset, MXNet used one core here): cores /
+  contexts threads per context, since every CPU context runs its own OpenMP team, and a passive
+  wait policy (spinning teams were up to 6x slower whenever another process held a core).
 - SGD is `TorchSGD` (torch's update rule, see frameworks/mxnet_models.py), not MXNet's built-in
   "sgd", which multiplies the LR into the momentum buffer and so differs whenever the LR changes
   (warm-up, cosine). NovoGrad, which MXNet 1.9.1 does not have, is implemented there too.
@@ -510,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
     # Every context has its own engine worker running its own OpenMP team, so the contexts
     # share the cores: 2 cores, 2 contexts -> 1 thread each (2 each was up to 1.5x slower).
     set_omp_threads(cpu_threads(cfg.gpus))
+    # MXNet runs every operator as its own OpenMP region. With the default (spinning) wait, a
+    # team thread that another process preempts stalls every barrier: on 2 shared cores a
+    # full-width ResNet-18 step took 1.9-2.9 s with 2 spinning threads, 0.54-0.80 s passive;
+    # on an idle machine the two measured the same (398 vs 405 ms). Overridable.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         check_config(cfg)
         record = train(cfg)
