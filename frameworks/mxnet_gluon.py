@@ -420,6 +420,7 @@ def train(cfg: Config) -> dict:
         n_test=len(ds.test_x),
     )
     recorder.extra["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS", "")
+    recorder.extra["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
     if ctx[0].device_type == "cpu" and (cfg.precision != "fp32" or cfg.compile):
         log("note: --precision and --compile apply on CUDA only; this run is fp32")
     start = 0

@@ -123,6 +123,7 @@ def test_runs_evaluate_every_test_image(n, tmp_path):
     assert len(rec["epochs"]) == 2 and rec["epochs"][0]["images"] == 96  # 4 steps x 24
     assert rec["params"] == count_params(create_model("resnet18", 3, 10, width=0.125))
     assert rec["omp_num_threads"] == str(max(1, (os.cpu_count() or 1) // n))  # cores shared
+    assert rec["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
     phases = rec["phases_ms_per_step"]
     assert set(phases) == {"data_wait", "h2d", "forward_backward", "allreduce", "optimizer"}
     assert phases["forward_backward"] > 0 and phases["optimizer"] > 0
