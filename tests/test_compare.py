@@ -315,7 +315,7 @@ def test_default_plan_is_every_framework_at_1_and_2_on_digits(
 ) -> None:
     plan = compare.make_plan(["--out", str(tmp_path / "out")])
     assert plan.frameworks == ["torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "mxnet-gluon"]
-    assert plan.counts == [1, 2] and plan.base.preset == "digits" and plan.base.width == 1.0
+    assert plan.counts == [1, 2] and plan.base.preset == "digits" and plan.base.width == 0.25
     assert plan.scaling == "strong" and plan.expected_kind == "cpu-simulated"
     # torch-dp without CUDA: only the 1-device cell, and the table says why
     assert plan.not_applicable == {
