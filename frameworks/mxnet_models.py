@@ -25,8 +25,9 @@ come from MXNet's generator, not torch's.
 Optimisers: `TorchSGD` follows torch's update rule (buf = m*buf + (g + wd*w); w -= lr*buf).
 MXNet's built-in "sgd" keeps lr inside the momentum buffer (mom = m*mom - lr*(g + wd*w);
 w += mom), which equals torch's form only while the LR is constant: under warm-up or a cosine
-schedule the old buffer is applied at the old LR (0.45 apart after six steps of a changing LR in
-the tests). `TorchSGD` drives the same fused kernel with the buffer rescaled to each new LR.
+schedule the old buffer is applied at the old LR (six steps of a changing LR leave the two more
+than 0.1 apart in the tests). `TorchSGD` drives the same fused kernel with the buffer rescaled to
+each new LR.
 MXNet 1.9.1 has no NovoGrad (its registry holds sgd, nag, signum, lamb, lars, adam, ...);
 `NovoGrad` here is the layer-wise form of torch_models.NovoGrad (the NVIDIA course; Ginsburg et
 al. 2019), written as NDArray ops.
