@@ -1,0 +1,53 @@
+"""Multi-process JAX on one host: 2 processes x 2 simulated CPU devices, joined through
+jax.distributed (coordinator on a free loopback port) with Gloo CPU collectives, exactly as two
+hosts would run it. One step over the 4 devices must equal the 1-device step, every test image
+must be counted once, and only process 0 prints and writes the record and the checkpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from flax import serialization
+
+from common.runtime import free_port
+from tests.conftest import ROOT, read_json
+from tests.test_jax_pmap import max_diff, stepped
+
+
+@pytest.mark.parametrize("framework", ["jax-shard"])
+def test_two_processes_of_two_devices_equal_one_device(framework: str, tmp_path: Path) -> None:
+    module = f"frameworks.{framework.replace('-', '_')}"
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+               "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
+               "JAX_PROCESS_ID": str(rank)}
+        env.pop("XLA_FLAGS", None)  # main() sets the per-process device count (--gpus 2)
+        args = [sys.executable, "-m", module, "--preset", "smoke", "--gpus", "2", "--bn", "sync",
+                "--epochs", "1", "--max-steps-per-epoch", "1",
+                "--checkpoint-dir", str(tmp_path / f"ckpt{rank}"),
+                "--output", str(tmp_path / f"record{rank}.json")]
+        procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=400))
+        finally:
+            p.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    assert "epoch 1/1" in outs[0][0] and "epoch 1/1" not in outs[1][0]  # only process 0 prints
+    assert not (tmp_path / "record1.json").exists() and not (tmp_path / "ckpt1").exists()
+    record = read_json(tmp_path / "record0.json")
+    assert record["devices"] == 4 and record["status"] == "ok"
+    assert record["test_examples"] == record["test_set_size"] == 10
+    ckpt = serialization.msgpack_restore((tmp_path / "ckpt0" / f"{framework}.msgpack").read_bytes())
+    one, _ = stepped("jax-pmap", 1, "sync")  # the same first global batch on one device
+    assert int(ckpt["state"]["step"]) == 1
+    assert max_diff(ckpt["state"]["params"], one.params) <= 1e-5
