@@ -67,13 +67,29 @@ def torch_linear_init(fan_in: int) -> Callable[..., jax.Array]:
 
 
 def conv3x3(features: int, stride: int, name: str, dtype: Any) -> nn.Conv:
-    return nn.Conv(features, (3, 3), strides=stride, padding=((1, 1), (1, 1)), use_bias=False,
-                   kernel_init=he_normal, dtype=dtype, name=name)
+    return nn.Conv(
+        features,
+        (3, 3),
+        strides=stride,
+        padding=((1, 1), (1, 1)),
+        use_bias=False,
+        kernel_init=he_normal,
+        dtype=dtype,
+        name=name,
+    )
 
 
 def conv1x1(features: int, stride: int, name: str, dtype: Any) -> nn.Conv:
-    return nn.Conv(features, (1, 1), strides=stride, padding=((0, 0), (0, 0)), use_bias=False,
-                   kernel_init=he_normal, dtype=dtype, name=name)
+    return nn.Conv(
+        features,
+        (1, 1),
+        strides=stride,
+        padding=((0, 0), (0, 0)),
+        use_bias=False,
+        kernel_init=he_normal,
+        dtype=dtype,
+        name=name,
+    )
 
 
 class Norm(struct.PyTreeNode):
@@ -88,10 +104,17 @@ class Norm(struct.PyTreeNode):
     axis_name: str | None = struct.field(pytree_node=False, default=None)
 
     def __call__(self, train: bool, name: str, dtype: Any) -> nn.BatchNorm:
-        return nn.BatchNorm(use_running_average=not train, momentum=1.0 - self.momentum,
-                            epsilon=self.eps, axis_name=self.axis_name, use_fast_variance=True,
-                            scale_init=nn.initializers.ones, bias_init=nn.initializers.zeros,
-                            dtype=dtype, name=name)
+        return nn.BatchNorm(
+            use_running_average=not train,
+            momentum=1.0 - self.momentum,
+            epsilon=self.eps,
+            axis_name=self.axis_name,
+            use_fast_variance=True,
+            scale_init=nn.initializers.ones,
+            bias_init=nn.initializers.zeros,
+            dtype=dtype,
+            name=name,
+        )
 
 
 class BasicBlock(nn.Module):
@@ -134,12 +157,17 @@ class ResNet18(nn.Module):
         for i, features in enumerate(widths):
             for j in range(2):
                 stride = 2 if i > 0 and j == 0 else 1
-                x = BasicBlock(features, stride, self.norm, self.dtype,
-                               name=f"layer{i + 1}_{j}")(x, train)
+                x = BasicBlock(features, stride, self.norm, self.dtype, name=f"layer{i + 1}_{j}")(
+                    x, train
+                )
         x = jnp.mean(x, axis=(1, 2))  # global average pool -> (N, 512w)
-        return nn.Dense(self.num_classes, kernel_init=torch_linear_init(x.shape[-1]),
-                        bias_init=torch_linear_init(x.shape[-1]), dtype=self.dtype,
-                        name="fc")(x).astype(jnp.float32)
+        return nn.Dense(
+            self.num_classes,
+            kernel_init=torch_linear_init(x.shape[-1]),
+            bias_init=torch_linear_init(x.shape[-1]),
+            dtype=self.dtype,
+            name="fc",
+        )(x).astype(jnp.float32)
 
 
 class WideBlock(nn.Module):
@@ -184,19 +212,31 @@ class WideResNet(nn.Module):
         x = conv3x3(stem, 1, "conv1", self.dtype)(x)
         x = nn.relu(self.norm(train, "bn1", self.dtype)(x))
         for i, features in enumerate(widths):
-            x = WideBlock(features, self.dropout, self.norm, self.dtype,
-                          name=f"layer{i + 1}")(x, train)
+            x = WideBlock(features, self.dropout, self.norm, self.dtype, name=f"layer{i + 1}")(
+                x, train
+            )
             if i in (1, 3):  # after layer2: (N, H/2, W/2, 160w); after layer4: (N, H/4, W/4, 320w)
                 x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="VALID")
         x = jnp.mean(x, axis=(1, 2))  # every pixel: (N, 640w)
-        return nn.Dense(self.num_classes, kernel_init=torch_linear_init(x.shape[-1]),
-                        bias_init=torch_linear_init(x.shape[-1]), dtype=self.dtype,
-                        name="fc")(x).astype(jnp.float32)
+        return nn.Dense(
+            self.num_classes,
+            kernel_init=torch_linear_init(x.shape[-1]),
+            bias_init=torch_linear_init(x.shape[-1]),
+            dtype=self.dtype,
+            name="fc",
+        )(x).astype(jnp.float32)
 
 
-def create_model(name: str, num_classes: int, width: float = 1.0, dropout: float = 0.01,
-                 bn_momentum: float = 0.1, bn_eps: float = 1e-5, bn_axis_name: str | None = None,
-                 dtype: Any = jnp.float32) -> nn.Module:
+def create_model(
+    name: str,
+    num_classes: int,
+    width: float = 1.0,
+    dropout: float = 0.01,
+    bn_momentum: float = 0.1,
+    bn_eps: float = 1e-5,
+    bn_axis_name: str | None = None,
+    dtype: Any = jnp.float32,
+) -> nn.Module:
     """Model `name` ("resnet18" or "wideresnet"); `bn_axis_name` syncs BN over that pmap axis.
     (Flax infers the input channels at `init`, so unlike torch they are not a constructor
     argument.)"""
@@ -214,8 +254,10 @@ def compute_dtype(cfg: Config, platform: str) -> Any:
         return jnp.float32  # CUDA fast paths are ignored on CPU (common/config.py)
     if cfg.precision == "bf16":
         return jnp.bfloat16
-    raise ConfigError("--precision fp16 needs loss scaling, which the JAX trainers do not "
-                      "implement; use --precision bf16 (same speed on recent GPUs) or fp32")
+    raise ConfigError(
+        "--precision fp16 needs loss scaling, which the JAX trainers do not "
+        "implement; use --precision bf16 (same speed on recent GPUs) or fp32"
+    )
 
 
 def init_variables(model: nn.Module, seed: int, image_shape: Sequence[int]) -> Any:
@@ -227,7 +269,8 @@ def init_variables(model: nn.Module, seed: int, image_shape: Sequence[int]) -> A
     the stream may differ between backends (CPU, GPU)."""
     key = jax.random.key(seed, impl="rbg")
     return jax.jit(model.init, static_argnames="train")(
-        key, jnp.zeros((1, *image_shape), jnp.float32), train=False)
+        key, jnp.zeros((1, *image_shape), jnp.float32), train=False
+    )
 
 
 def count_params(params: Any) -> int:
@@ -274,10 +317,13 @@ def make_optimizer(cfg: Config, params: Any, steps_per_epoch: int) -> optax.Grad
     b1, b2 = cfg.novograd_betas
     labels = jax.tree.map(lambda d: "decay" if d else "no_decay", mask)
     return optax.chain(
-        optax.partition({
-            "decay": optax.scale_by_novograd(b1, b2, eps=1e-8, weight_decay=cfg.weight_decay),
-            "no_decay": optax.scale_by_novograd(b1, b2, eps=1e-8, weight_decay=0.0),
-        }, labels),
+        optax.partition(
+            {
+                "decay": optax.scale_by_novograd(b1, b2, eps=1e-8, weight_decay=cfg.weight_decay),
+                "no_decay": optax.scale_by_novograd(b1, b2, eps=1e-8, weight_decay=0.0),
+            },
+            labels,
+        ),
         optax.scale_by_learning_rate(schedule),
     )
 
@@ -292,6 +338,7 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float) 
 
 
 # -- devices ------------------------------------------------------------------------------------
+
 
 def init_distributed() -> None:
     """Join a multi-process run when the launch environment asks for one; a no-op otherwise.
@@ -309,8 +356,10 @@ def init_distributed() -> None:
         try:
             n, rank = int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"])
         except (KeyError, ValueError):
-            raise ConfigError("JAX_COORDINATOR_ADDRESS is set: also set JAX_NUM_PROCESSES and "
-                              "JAX_PROCESS_ID (integers) for every process") from None
+            raise ConfigError(
+                "JAX_COORDINATOR_ADDRESS is set: also set JAX_NUM_PROCESSES and "
+                "JAX_PROCESS_ID (integers) for every process"
+            ) from None
         jax.distributed.initialize(explicit, num_processes=n, process_id=rank)
     else:
         jax.distributed.initialize()
@@ -321,18 +370,26 @@ def select_devices(n: int) -> tuple[list[jax.Device], str]:
     host devices), ordered by process, and the device kind for the run record."""
     local = jax.local_devices()
     if len(local) < n:
-        where = "GPUs" if local[0].platform == "gpu" else "devices"
-        fix = (f"use --gpus {len(local)} or fewer" if local[0].platform == "gpu"
-               else "run through main(), which sets XLA_FLAGS before JAX starts")
+        where = ("GPU" if local[0].platform == "gpu" else "device") + (
+            "s" if len(local) > 1 else ""
+        )
+        fix = (
+            f"use --gpus {len(local)} or fewer"
+            if local[0].platform == "gpu"
+            else "run through main(), which sets XLA_FLAGS before JAX starts"
+        )
         raise ConfigError(f"--gpus {n}: only {len(local)} {where} visible to JAX; {fix}")
-    devices = [d for p in range(jax.process_count())
-               for d in [d for d in jax.devices() if d.process_index == p][:n]]
-    kind = ("cpu-simulated" if local[0].platform == "cpu"
-            else f"cuda:{local[0].device_kind}")
+    devices = [
+        d
+        for p in range(jax.process_count())
+        for d in [d for d in jax.devices() if d.process_index == p][:n]
+    ]
+    kind = "cpu-simulated" if local[0].platform == "cpu" else f"cuda:{local[0].device_kind}"
     return devices, kind
 
 
 # -- torch weight port --------------------------------------------------------------------------
+
 
 def from_torch_state(flat: dict[str, np.ndarray]) -> dict[str, Any]:
     """Flax variables {"params", "batch_stats"} from a torch state dict (numpy, torch keys).
@@ -371,5 +428,7 @@ def from_torch_state(flat: dict[str, np.ndarray]) -> dict[str, Any]:
             stats[(*path, "var")] = v
         else:
             raise ValueError(f"unexpected torch state-dict entry {key!r} with shape {v.shape}")
-    return {"params": traverse_util.unflatten_dict(params),
-            "batch_stats": traverse_util.unflatten_dict(stats)}
+    return {
+        "params": traverse_util.unflatten_dict(params),
+        "batch_stats": traverse_util.unflatten_dict(stats),
+    }

@@ -72,28 +72,46 @@ FRAMEWORK = "jax-pmap"
 AXIS = "batch"  # the pmap axis: gradients, metrics and (--bn sync) BN statistics reduce over it
 
 
-def build_model(cfg: Config, in_channels: int, num_classes: int,
-                dtype: Any = jnp.float32) -> nn.Module:
+def build_model(
+    cfg: Config, in_channels: int, num_classes: int, dtype: Any = jnp.float32
+) -> nn.Module:
     """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
     del in_channels  # Flax infers the input channels at init (create_train_state)
-    return create_model(cfg.model, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum,
-                        cfg.bn_eps, bn_axis_name=AXIS if cfg.bn == "sync" else None, dtype=dtype)
+    return create_model(
+        cfg.model,
+        num_classes,
+        cfg.width,
+        cfg.dropout,
+        cfg.bn_momentum,
+        cfg.bn_eps,
+        bn_axis_name=AXIS if cfg.bn == "sync" else None,
+        dtype=dtype,
+    )
 
 
-def create_train_state(cfg: Config, model: nn.Module, image_shape: tuple[int, int, int],
-                       mesh: Mesh, steps_per_epoch: int) -> TrainState:
+def create_train_state(
+    cfg: Config,
+    model: nn.Module,
+    image_shape: tuple[int, int, int],
+    mesh: Mesh,
+    steps_per_epoch: int,
+) -> TrainState:
     """Create the parameters, optimiser state and step counter; place them on the devices."""
     variables = init_variables(model, cfg.seed, image_shape)  # same seed: same weights anywhere
     state = TrainState.create(
-        apply_fn=model.apply, params=variables["params"], batch_stats=variables["batch_stats"],
+        apply_fn=model.apply,
+        params=variables["params"],
+        batch_stats=variables["batch_stats"],
         tx=make_optimizer(cfg, variables["params"], steps_per_epoch),
         key=jax.random.PRNGKey(cfg.seed),  # dropout; raw uint32[2]: checkpoints as is
-        label_smoothing=cfg.label_smoothing)
+        label_smoothing=cfg.label_smoothing,
+    )
     return replicate(state, mesh)
 
 
-def train_step(state: TrainState, batch: tuple[jax.Array, jax.Array]
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+    state: TrainState, batch: tuple[jax.Array, jax.Array]
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """One synchronous data-parallel SGD step on a global batch.
 
     Returns the new state and metrics {"loss_sum", "correct", "count"} summed over the global
@@ -104,8 +122,12 @@ def train_step(state: TrainState, batch: tuple[jax.Array, jax.Array]
 
     def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array, Any]]:
         logits, updates = state.apply_fn(
-            {"params": params, "batch_stats": state.batch_stats}, x, train=True,
-            rngs={"dropout": key}, mutable=["batch_stats"])
+            {"params": params, "batch_stats": state.batch_stats},
+            x,
+            train=True,
+            rngs={"dropout": key},
+            mutable=["batch_stats"],
+        )
         losses = cross_entropy(logits, y, state.label_smoothing)  # (B/N,)
         return losses.mean(), (logits, losses, updates["batch_stats"])
 
@@ -122,13 +144,15 @@ def train_step(state: TrainState, batch: tuple[jax.Array, jax.Array]
     return state, lax.psum(metrics, axis_name=AXIS)  # global-batch sums, on every device
 
 
-def eval_step(state: TrainState, batch: tuple[jax.Array, jax.Array, jax.Array]
-              ) -> dict[str, jax.Array]:
+def eval_step(
+    state: TrainState, batch: tuple[jax.Array, jax.Array, jax.Array]
+) -> dict[str, jax.Array]:
     """Metrics {"loss_sum", "correct", "count"} of a test batch; rows of weight 0 (padding) do
     not count."""
     x, y, w = batch  # this device's shard: (B/N, H, W, C), (B/N,), (B/N,)
-    logits = state.apply_fn({"params": state.params, "batch_stats": state.batch_stats}, x,
-                            train=False)
+    logits = state.apply_fn(
+        {"params": state.params, "batch_stats": state.batch_stats}, x, train=False
+    )
     metrics = {
         "loss_sum": (cross_entropy(logits, y, state.label_smoothing) * w).sum(),
         "correct": ((jnp.argmax(logits, -1) == y) * w).sum(),
@@ -139,11 +163,16 @@ def eval_step(state: TrainState, batch: tuple[jax.Array, jax.Array, jax.Array]
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
     """A copy of every leaf per device, stacked on a leading device axis that pmap maps over:
-    (N, ...) arrays sharded over the mesh (jax.device_put_replicated is gone since JAX 0.8)."""
+    (N, ...) arrays sharded over the mesh (what jax.device_put_replicated did before its
+    deprecation in JAX 0.8.1; it is gone by 0.10)."""
     sharding = NamedSharding(mesh, P(AXIS))
     n_local = len(mesh.local_devices)
-    return jax.tree.map(lambda a: jax.make_array_from_process_local_data(
-        sharding, np.broadcast_to(np.asarray(a), (n_local, *np.shape(a)))), tree)
+    return jax.tree.map(
+        lambda a: jax.make_array_from_process_local_data(
+            sharding, np.broadcast_to(np.asarray(a), (n_local, *np.shape(a)))
+        ),
+        tree,
+    )
 
 
 def unreplicate(tree: Any) -> Any:
@@ -156,14 +185,20 @@ def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...
     the mesh, one slice per device. Asynchronous: no sync."""
     sharding = NamedSharding(mesh, P(AXIS))
     n_local = len(mesh.local_devices)
-    return tuple(jax.make_array_from_process_local_data(
-        sharding, a.reshape(n_local, a.shape[0] // n_local, *a.shape[1:])) for a in batch)
+    return tuple(
+        jax.make_array_from_process_local_data(
+            sharding, a.reshape(n_local, a.shape[0] // n_local, *a.shape[1:])
+        )
+        for a in batch
+    )
 
 
-def prefetch_to_devices(batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh,
-                        phases: PhaseTimer, size: int = 2) -> Iterator[tuple[jax.Array, ...]]:
+def prefetch_to_devices(
+    batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh, phases: PhaseTimer, size: int = 2
+) -> Iterator[tuple[jax.Array, ...]]:
     """Put batches on the devices `size` steps ahead (flax's prefetch_to_device): the copy of
     batch k+2 overlaps step k. With phase timing each copy is waited for and timed as h2d."""
+
     def put(batch: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
         if not phases.enabled:
             return to_device(batch, mesh)
@@ -179,8 +214,9 @@ def prefetch_to_devices(batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh,
         queue.extend(put(b) for b in itertools.islice(batches, 1))
 
 
-def evaluate(p_eval_step: Any, state: TrainState, loader: EvalLoader, steps: int,
-             mesh: Mesh) -> dict[str, float]:
+def evaluate(
+    p_eval_step: Any, state: TrainState, loader: EvalLoader, steps: int, mesh: Mesh
+) -> dict[str, float]:
     """Test sums over every test image exactly once: each process its part, padded rows of
     weight 0; `steps` (the most batches any process has) keeps the processes in lockstep."""
     n, shape = loader.padded, loader.ds.image_shape
@@ -207,16 +243,19 @@ def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int, cfg: C
     atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
 
 
-def load_checkpoint(state: TrainState, recorder: RunRecorder, cfg: Config,
-                    mesh: Mesh) -> tuple[TrainState, int]:
+def load_checkpoint(
+    state: TrainState, recorder: RunRecorder, cfg: Config, mesh: Mesh
+) -> tuple[TrainState, int]:
     """Restore the latest checkpoint (msgpack holds arrays and plain values only); return the
     replicated state and the epoch to continue from."""
     ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
     template = unreplicate(state)
     restored = serialization.from_state_dict(template, ckpt["state"])
     if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, template):
-        raise ConfigError(f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
-                          "model; resume with the same settings or use a new --checkpoint-dir")
+        raise ConfigError(
+            f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
+            "model; resume with the same settings or use a new --checkpoint-dir"
+        )
     recorder.load_state(json.loads(ckpt["recorder"]))
     return replicate(restored, mesh), int(ckpt["epoch"])
 
@@ -230,14 +269,29 @@ def check_resume(cfg: Config) -> None:
         saved = json.loads(serialization.msgpack_restore(path.read_bytes())["config"])
     except Exception as exc:
         raise ConfigError(
-            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume") from None
-    keys = ("model", "width", "dataset", "image_size", "synthetic_classes", "batch_size", "seed",
-            "optimizer", "bn")
-    diff = [f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
-            for k in keys if saved.get(k) != getattr(cfg, k)]
+            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
+        ) from None
+    keys = (
+        "model",
+        "width",
+        "dataset",
+        "image_size",
+        "synthetic_classes",
+        "batch_size",
+        "seed",
+        "optimizer",
+        "bn",
+    )
+    diff = [
+        f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
+        for k in keys
+        if saved.get(k) != getattr(cfg, k)
+    ]
     if diff:
-        raise ConfigError(f"checkpoint {path} is from another run: {', '.join(diff)}; "
-                          "resume with the same settings or use a new --checkpoint-dir")
+        raise ConfigError(
+            f"checkpoint {path} is from another run: {', '.join(diff)}; "
+            "resume with the same settings or use a new --checkpoint-dir"
+        )
 
 
 def train(cfg: Config) -> dict:
@@ -249,17 +303,32 @@ def train(cfg: Config) -> dict:
     is_main = rank == 0
     ds = load_for(cfg)
     model = build_model(cfg, ds.channels, ds.num_classes, compute_dtype(cfg, devices[0].platform))
-    loader = TrainLoader(ds, cfg.batch_size, cfg.seed, rank, world, augment=cfg.augment,
-                         layout="NHWC", max_steps=cfg.max_steps_per_epoch, prefetch=cfg.prefetch)
+    loader = TrainLoader(
+        ds,
+        cfg.batch_size,
+        cfg.seed,
+        rank,
+        world,
+        augment=cfg.augment,
+        layout="NHWC",
+        max_steps=cfg.max_steps_per_epoch,
+        prefetch=cfg.prefetch,
+    )
     # Static shapes: every test batch is padded to a multiple of this process's device count.
     eval_batch = max(1, cfg.eval_batch_size // world)
     evals = EvalLoader(ds, eval_batch, rank, world, layout="NHWC", pad_to=cfg.gpus)
     eval_steps = max(len(EvalLoader(ds, eval_batch, r, world)) for r in range(world))
     state = create_train_state(cfg, model, ds.image_shape, mesh, len(loader))
-    recorder = RunRecorder(cfg, devices=len(devices), device_kind=kind,
-                           params=count_params(unreplicate(state.params)), is_main=is_main,
-                           packages=("jax", "jaxlib", "flax", "optax"), bn_mode=cfg.bn,
-                           n_test=len(ds.test_x))
+    recorder = RunRecorder(
+        cfg,
+        devices=len(devices),
+        device_kind=kind,
+        params=count_params(unreplicate(state.params)),
+        is_main=is_main,
+        packages=("jax", "jaxlib", "flax", "optax"),
+        bn_mode=cfg.bn,
+        n_test=len(ds.test_x),
+    )
     # The parallel transform, applied once: one program per device, collectives over AXIS.
     # The state is donated (updated in place); a step is one fused XLA program.
     p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=(0,))
@@ -304,9 +373,15 @@ def train(cfg: Config) -> dict:
             phases.add("data_wait", batches.wait_sec)
             train_sums = unreplicate(totals)  # host sync, once per epoch
             test = evaluate(p_eval_step, state, evals, eval_steps, mesh)
-            stop = recorder.end_epoch(epoch, sec, len(loader) * cfg.batch_size,
-                                      train_sums["loss_sum"] / train_sums["count"],
-                                      test["correct"], test["count"], test["loss_sum"])
+            stop = recorder.end_epoch(
+                epoch,
+                sec,
+                len(loader) * cfg.batch_size,
+                train_sums["loss_sum"] / train_sums["count"],
+                test["correct"],
+                test["count"],
+                test["loss_sum"],
+            )
             if cfg.checkpoint_dir and is_main:
                 save_checkpoint(state, recorder, epoch, cfg)
             injected_failure(FRAMEWORK, epoch + 1)
@@ -322,7 +397,8 @@ def train(cfg: Config) -> dict:
         recorder.extra["phase_note"] = (
             "forward_backward = the whole compiled step (forward, backward, gradient pmean, "
             "update: one XLA program); allreduce = a separate pmean of a gradient-sized tree, "
-            "also contained in forward_backward; optimizer is not separable (0)")
+            "also contained in forward_backward; optimizer is not separable (0)"
+        )
     return recorder.finish()
 
 
@@ -337,8 +413,14 @@ def check_config(cfg: Config) -> None:
 def failure_record(cfg: Config, error: str) -> None:
     """Write a 'failed' run record (process 0 only) so the runner sees what went wrong."""
     rank = os.environ.get("JAX_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))
-    rec = RunRecorder(cfg, devices=cfg.gpus, device_kind="unknown", params=0,
-                      is_main=rank == "0", packages=("jax", "jaxlib", "flax", "optax"))
+    rec = RunRecorder(
+        cfg,
+        devices=cfg.gpus,
+        device_kind="unknown",
+        params=0,
+        is_main=rank == "0",
+        packages=("jax", "jaxlib", "flax", "optax"),
+    )
     rec.fail(error)
     rec.finish()
 

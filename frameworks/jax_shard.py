@@ -71,30 +71,47 @@ FRAMEWORK = "jax-shard"
 AXIS = "batch"  # the mesh axis the batch is split along
 
 
-def build_model(cfg: Config, in_channels: int, num_classes: int,
-                dtype: Any = jnp.float32) -> nn.Module:
+def build_model(
+    cfg: Config, in_channels: int, num_classes: int, dtype: Any = jnp.float32
+) -> nn.Module:
     """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
     del in_channels  # Flax infers the input channels at init (create_train_state)
     # No axis name: under jit, BN statistics span the global batch; per device, see per_device_bn.
-    return create_model(cfg.model, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum,
-                        cfg.bn_eps, bn_axis_name=None, dtype=dtype)
+    return create_model(
+        cfg.model,
+        num_classes,
+        cfg.width,
+        cfg.dropout,
+        cfg.bn_momentum,
+        cfg.bn_eps,
+        bn_axis_name=None,
+        dtype=dtype,
+    )
 
 
-def create_train_state(cfg: Config, model: nn.Module, image_shape: tuple[int, int, int],
-                       mesh: Mesh, steps_per_epoch: int) -> TrainState:
+def create_train_state(
+    cfg: Config,
+    model: nn.Module,
+    image_shape: tuple[int, int, int],
+    mesh: Mesh,
+    steps_per_epoch: int,
+) -> TrainState:
     """Create the parameters, optimiser state and step counter; place them on the devices."""
     variables = init_variables(model, cfg.seed, image_shape)  # same seed: same weights anywhere
     state = TrainState.create(
         apply_fn=per_device_bn(model, mesh) if cfg.bn == "local" else model.apply,
-        params=variables["params"], batch_stats=variables["batch_stats"],
+        params=variables["params"],
+        batch_stats=variables["batch_stats"],
         tx=make_optimizer(cfg, variables["params"], steps_per_epoch),
         key=jax.random.PRNGKey(cfg.seed),  # dropout; raw uint32[2]: checkpoints as is
-        label_smoothing=cfg.label_smoothing)
+        label_smoothing=cfg.label_smoothing,
+    )
     return replicate(state, mesh)
 
 
-def train_step(state: TrainState, batch: tuple[jax.Array, jax.Array]
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+    state: TrainState, batch: tuple[jax.Array, jax.Array]
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """One synchronous data-parallel SGD step on a global batch.
 
     Returns the new state and metrics {"loss_sum", "correct", "count"} summed over the global
@@ -105,8 +122,12 @@ def train_step(state: TrainState, batch: tuple[jax.Array, jax.Array]
 
     def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array, Any]]:
         logits, updates = state.apply_fn(
-            {"params": params, "batch_stats": state.batch_stats}, x, train=True,
-            rngs={"dropout": key}, mutable=["batch_stats"])
+            {"params": params, "batch_stats": state.batch_stats},
+            x,
+            train=True,
+            rngs={"dropout": key},
+            mutable=["batch_stats"],
+        )
         losses = cross_entropy(logits, y, state.label_smoothing)  # (B,)
         return losses.mean(), (logits, losses, updates["batch_stats"])
 
@@ -122,13 +143,15 @@ def train_step(state: TrainState, batch: tuple[jax.Array, jax.Array]
     return state, metrics  # global-batch sums, replicated
 
 
-def eval_step(state: TrainState, batch: tuple[jax.Array, jax.Array, jax.Array]
-              ) -> dict[str, jax.Array]:
+def eval_step(
+    state: TrainState, batch: tuple[jax.Array, jax.Array, jax.Array]
+) -> dict[str, jax.Array]:
     """Metrics {"loss_sum", "correct", "count"} of a test batch; rows of weight 0 (padding) do
     not count."""
     x, y, w = batch  # the global test batch, split over the mesh: (B, H, W, C), (B,), (B,)
-    logits = state.apply_fn({"params": state.params, "batch_stats": state.batch_stats}, x,
-                            train=False)
+    logits = state.apply_fn(
+        {"params": state.params, "batch_stats": state.batch_stats}, x, train=False
+    )
     return {
         "loss_sum": (cross_entropy(logits, y, state.label_smoothing) * w).sum(),
         "correct": ((jnp.argmax(logits, -1) == y) * w).sum(),
@@ -145,19 +168,23 @@ def per_device_bn(model: nn.Module, mesh: Mesh) -> Callable[..., Any]:
     the shard_map; with check_vma=True its transpose sums the replicated parameters' gradient
     over the devices, so the caller's global-batch mean loss gets the right gradient unchanged.
     """
-    def apply(variables: Any, x: jax.Array, train: bool = False, rngs: Any = None,
-              mutable: Any = False) -> Any:
+
+    def apply(
+        variables: Any, x: jax.Array, train: bool = False, rngs: Any = None, mutable: Any = False
+    ) -> Any:
         if not train:  # running averages: nothing per device
             return model.apply(variables, x, train=False)
 
         def local(variables: Any, x: jax.Array, key: jax.Array) -> tuple[jax.Array, Any]:
             key = jax.random.fold_in(key, lax.axis_index(AXIS))  # other masks on every device
-            logits, updates = model.apply(variables, x, train=True, rngs={"dropout": key},
-                                          mutable=mutable)
+            logits, updates = model.apply(
+                variables, x, train=True, rngs={"dropout": key}, mutable=mutable
+            )
             return logits, lax.pmean(updates, AXIS)  # (B/N, K), replicated statistics
 
-        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS), P()),
-                             out_specs=(P(AXIS), P()))(variables, x, rngs["dropout"])
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=(P(AXIS), P())
+        )(variables, x, rngs["dropout"])
 
     return apply
 
@@ -166,7 +193,8 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     """The same value on every device of the mesh (NamedSharding(mesh, P()))."""
     sharding = NamedSharding(mesh, P())
     return jax.tree.map(
-        lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), tree)
+        lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), tree
+    )
 
 
 def unreplicate(tree: Any) -> Any:
@@ -181,10 +209,12 @@ def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...
     return tuple(jax.make_array_from_process_local_data(sharding, a) for a in batch)
 
 
-def prefetch_to_devices(batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh,
-                        phases: PhaseTimer, size: int = 2) -> Iterator[tuple[jax.Array, ...]]:
+def prefetch_to_devices(
+    batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh, phases: PhaseTimer, size: int = 2
+) -> Iterator[tuple[jax.Array, ...]]:
     """Put batches on the devices `size` steps ahead (flax's prefetch_to_device): the copy of
     batch k+2 overlaps step k. With phase timing each copy is waited for and timed as h2d."""
+
     def put(batch: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
         if not phases.enabled:
             return to_device(batch, mesh)
@@ -200,8 +230,9 @@ def prefetch_to_devices(batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh,
         queue.extend(put(b) for b in itertools.islice(batches, 1))
 
 
-def evaluate(j_eval_step: Any, state: TrainState, loader: EvalLoader, steps: int,
-             mesh: Mesh) -> dict[str, float]:
+def evaluate(
+    j_eval_step: Any, state: TrainState, loader: EvalLoader, steps: int, mesh: Mesh
+) -> dict[str, float]:
     """Test sums over every test image exactly once: each process its part, padded rows of
     weight 0; `steps` (the most batches any process has) keeps the processes in lockstep."""
     n, shape = loader.padded, loader.ds.image_shape
@@ -224,16 +255,19 @@ def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int, cfg: C
     atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
 
 
-def load_checkpoint(state: TrainState, recorder: RunRecorder, cfg: Config,
-                    mesh: Mesh) -> tuple[TrainState, int]:
+def load_checkpoint(
+    state: TrainState, recorder: RunRecorder, cfg: Config, mesh: Mesh
+) -> tuple[TrainState, int]:
     """Restore the latest checkpoint (msgpack holds arrays and plain values only); return the
     replicated state and the epoch to continue from."""
     ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
     template = unreplicate(state)
     restored = serialization.from_state_dict(template, ckpt["state"])
     if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, template):
-        raise ConfigError(f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
-                          "model; resume with the same settings or use a new --checkpoint-dir")
+        raise ConfigError(
+            f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
+            "model; resume with the same settings or use a new --checkpoint-dir"
+        )
     recorder.load_state(json.loads(ckpt["recorder"]))
     return replicate(restored, mesh), int(ckpt["epoch"])
 
@@ -247,27 +281,49 @@ def train(cfg: Config) -> dict:
     is_main = rank == 0
     ds = load_for(cfg)
     model = build_model(cfg, ds.channels, ds.num_classes, compute_dtype(cfg, devices[0].platform))
-    loader = TrainLoader(ds, cfg.batch_size, cfg.seed, rank, world, augment=cfg.augment,
-                         layout="NHWC", max_steps=cfg.max_steps_per_epoch, prefetch=cfg.prefetch)
+    loader = TrainLoader(
+        ds,
+        cfg.batch_size,
+        cfg.seed,
+        rank,
+        world,
+        augment=cfg.augment,
+        layout="NHWC",
+        max_steps=cfg.max_steps_per_epoch,
+        prefetch=cfg.prefetch,
+    )
     # Static shapes: every test batch is padded to a multiple of this process's device count.
     eval_batch = max(1, cfg.eval_batch_size // world)
     evals = EvalLoader(ds, eval_batch, rank, world, layout="NHWC", pad_to=cfg.gpus)
     eval_steps = max(len(EvalLoader(ds, eval_batch, r, world)) for r in range(world))
     state = create_train_state(cfg, model, ds.image_shape, mesh, len(loader))
-    recorder = RunRecorder(cfg, devices=len(devices), device_kind=kind,
-                           params=count_params(unreplicate(state.params)), is_main=is_main,
-                           packages=("jax", "jaxlib", "flax", "optax"), bn_mode=cfg.bn,
-                           n_test=len(ds.test_x))
+    recorder = RunRecorder(
+        cfg,
+        devices=len(devices),
+        device_kind=kind,
+        params=count_params(unreplicate(state.params)),
+        is_main=is_main,
+        packages=("jax", "jaxlib", "flax", "optax"),
+        bn_mode=cfg.bn,
+        n_test=len(ds.test_x),
+    )
     # The parallel transform, applied once: jit with the state replicated and the batch split
     # over the mesh; XLA inserts the collectives. The state is donated (updated in place).
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-    j_train_step = jax.jit(train_step, in_shardings=(replicated, split),
-                           out_shardings=(replicated, replicated), donate_argnums=(0,))
+    j_train_step = jax.jit(
+        train_step,
+        in_shardings=(replicated, split),
+        out_shardings=(replicated, replicated),
+        donate_argnums=(0,),
+    )
     j_eval_step = jax.jit(eval_step, in_shardings=(replicated, split), out_shardings=replicated)
     # Phase timing only: an all-reduce of a gradient-sized tree (check_vma=False: every
     # device's copy counts as its own partial sum, as the gradients inside the step do).
-    j_allreduce = jax.jit(jax.shard_map(lambda t: lax.psum(t, AXIS), mesh=mesh, in_specs=P(),
-                                        out_specs=P(), check_vma=False))
+    j_allreduce = jax.jit(
+        jax.shard_map(
+            lambda t: lax.psum(t, AXIS), mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False
+        )
+    )
     log = printer(is_main)
     start = 0
     if cfg.resume and checkpoint_path(cfg).exists():
@@ -305,9 +361,15 @@ def train(cfg: Config) -> dict:
             phases.add("data_wait", batches.wait_sec)
             train_sums = unreplicate(totals)  # host sync, once per epoch
             test = evaluate(j_eval_step, state, evals, eval_steps, mesh)
-            stop = recorder.end_epoch(epoch, sec, len(loader) * cfg.batch_size,
-                                      train_sums["loss_sum"] / train_sums["count"],
-                                      test["correct"], test["count"], test["loss_sum"])
+            stop = recorder.end_epoch(
+                epoch,
+                sec,
+                len(loader) * cfg.batch_size,
+                train_sums["loss_sum"] / train_sums["count"],
+                test["correct"],
+                test["count"],
+                test["loss_sum"],
+            )
             if cfg.checkpoint_dir and is_main:
                 save_checkpoint(state, recorder, epoch, cfg)
             injected_failure(FRAMEWORK, epoch + 1)
@@ -324,7 +386,8 @@ def train(cfg: Config) -> dict:
             "forward_backward = the whole compiled step (forward, backward, gradient "
             "all-reduce, update: one XLA program); allreduce = a separate all-reduce of a "
             "gradient-sized tree, also contained in forward_backward; optimizer is not "
-            "separable (0)")
+            "separable (0)"
+        )
     return recorder.finish()
 
 

@@ -31,8 +31,9 @@ MODELS = ("resnet18", "wideresnet")
 def test_parameter_count_equals_torch_at_full_width(name: str) -> None:
     model = create_model(name, 10)
     # eval_shape traces init without computing it: full width costs nothing.
-    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
-                                               jnp.zeros((1, 32, 32, 3)), train=False))
+    shapes = jax.eval_shape(
+        lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False)
+    )
     n = count_params(shapes["params"])
     assert n == torch_models.count_params(torch_models.create_model(name, 3, 10))
     if name == "resnet18":
@@ -46,12 +47,12 @@ def test_torch_weights_give_torch_logits(name: str) -> None:
     ref = export(name, 0.125, 1, 7, 18, 4, seed=3)
     variables = from_torch_state(ref)
     model = create_model(name, 7, width=0.125)
-    fresh = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ref["__input__"],
-                                              train=False))
+    fresh = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ref["__input__"], train=False))
     # The port fills exactly the Flax variables, with the Flax shapes.
     assert jax.tree.map(np.shape, variables) == jax.tree.map(np.shape, fresh)
-    logits = np.asarray(jax.jit(model.apply, static_argnames="train")(
-        variables, ref["__input__"], train=False))
+    logits = np.asarray(
+        jax.jit(model.apply, static_argnames="train")(variables, ref["__input__"], train=False)
+    )
     assert logits.shape == ref["__logits__"].shape
     assert np.abs(logits - ref["__logits__"]).max() <= 1e-4
 
@@ -76,22 +77,30 @@ def test_initialisers_are_torchs() -> None:
 @pytest.mark.parametrize("name", MODELS)
 def test_weight_decay_mask_is_torchs(name: str) -> None:
     model = create_model(name, 10, width=0.25)
-    params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)),
-                                               train=False))["params"]
+    params = jax.eval_shape(
+        lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)), train=False)
+    )["params"]
     mask = decay_mask(params)
-    decayed = sum(int(np.prod(p.shape)) for p, m in zip(jax.tree.leaves(params),
-                                                          jax.tree.leaves(mask)) if m)
+    decayed = sum(
+        int(np.prod(p.shape)) for p, m in zip(jax.tree.leaves(params), jax.tree.leaves(mask)) if m
+    )
     decay, _ = torch_models.decay_parameters(torch_models.create_model(name, 3, 10, 0.25))
     assert decayed == sum(p.numel() for p in decay)
 
 
 def _tiny_problem() -> tuple[dict, list[dict]]:
     rng = np.random.default_rng(0)
-    params = {"conv": {"kernel": rng.standard_normal((3, 3, 2, 4)).astype(np.float32)},
-              "bn": {"scale": rng.standard_normal(4).astype(np.float32),
-                     "bias": rng.standard_normal(4).astype(np.float32)}}
-    grads = [jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(np.float32), params)
-             for _ in range(4)]
+    params = {
+        "conv": {"kernel": rng.standard_normal((3, 3, 2, 4)).astype(np.float32)},
+        "bn": {
+            "scale": rng.standard_normal(4).astype(np.float32),
+            "bias": rng.standard_normal(4).astype(np.float32),
+        },
+    }
+    grads = [
+        jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(np.float32), params)
+        for _ in range(4)
+    ]
     return params, grads
 
 
@@ -107,8 +116,12 @@ def _run_optax(tx: optax.GradientTransformation, params: dict, grads: list[dict]
 def _run_torch(make: object, params: dict, grads: list[dict]) -> dict:
     """The same steps with a torch optimiser over the (decay, no decay) groups."""
     tp = jax.tree.map(lambda a: torch.nn.Parameter(torch.tensor(np.array(a))), params)
-    opt = make([{"params": [tp["conv"]["kernel"]]},  # type: ignore[operator]
-                {"params": [tp["bn"]["scale"], tp["bn"]["bias"]], "weight_decay": 0.0}])
+    opt = make(
+        [
+            {"params": [tp["conv"]["kernel"]]},  # type: ignore[operator]
+            {"params": [tp["bn"]["scale"], tp["bn"]["bias"]], "weight_decay": 0.0},
+        ]
+    )
     for g in grads:
         for p, gv in zip(jax.tree.leaves(tp), jax.tree.leaves(g)):
             p.grad = torch.tensor(np.array(gv))
@@ -120,31 +133,52 @@ def _run_torch(make: object, params: dict, grads: list[dict]) -> dict:
 def test_sgd_is_torchs_with_masked_weight_decay_and_schedule(nesterov: bool) -> None:
     # Constant LR so torch needs no scheduler; the table lookup is exercised by the warm-up
     # test below.
-    cfg = preset("smoke", lr=0.1, lr_schedule="constant", momentum=0.9, nesterov=nesterov,
-                 weight_decay=0.05, epochs=1)
+    cfg = preset(
+        "smoke",
+        lr=0.1,
+        lr_schedule="constant",
+        momentum=0.9,
+        nesterov=nesterov,
+        weight_decay=0.05,
+        epochs=1,
+    )
     params, grads = _tiny_problem()
     got = _run_optax(make_optimizer(cfg, params, steps_per_epoch=4), params, grads)
-    want = _run_torch(lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, nesterov=nesterov,
-                                                weight_decay=0.05), params, grads)
+    want = _run_torch(
+        lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, nesterov=nesterov, weight_decay=0.05),
+        params,
+        grads,
+    )
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_novograd_is_torch_models_novograd() -> None:
-    cfg = preset("smoke", lr=0.05, lr_schedule="constant", optimizer="novograd",
-                 weight_decay=0.01, epochs=1)
+    cfg = preset(
+        "smoke", lr=0.05, lr_schedule="constant", optimizer="novograd", weight_decay=0.01, epochs=1
+    )
     params, grads = _tiny_problem()
     got = _run_optax(make_optimizer(cfg, params, steps_per_epoch=4), params, grads)
-    want = _run_torch(lambda g: torch_models.NovoGrad(g, lr=0.05, betas=cfg.novograd_betas,
-                                                      weight_decay=0.01), params, grads)
+    want = _run_torch(
+        lambda g: torch_models.NovoGrad(g, lr=0.05, betas=cfg.novograd_betas, weight_decay=0.01),
+        params,
+        grads,
+    )
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_schedule_follows_the_shared_lr_table() -> None:
     # Plain SGD without momentum or decay: each step moves a weight by exactly lr[step] * g.
-    cfg = preset("smoke", lr=0.2, lr_schedule="cosine", warmup_epochs=1, momentum=0.0,
-                 weight_decay=0.0, epochs=2)
+    cfg = preset(
+        "smoke",
+        lr=0.2,
+        lr_schedule="cosine",
+        warmup_epochs=1,
+        momentum=0.0,
+        weight_decay=0.0,
+        epochs=2,
+    )
     from common.schedule import lr_table_for
 
     table = lr_table_for(cfg, 3)
@@ -164,6 +198,10 @@ def test_cross_entropy_is_torchs(smoothing: float) -> None:
     logits = rng.standard_normal((6, 5)).astype(np.float32)
     labels = rng.integers(0, 5, 6).astype(np.int32)
     got = np.asarray(cross_entropy(jnp.asarray(logits), jnp.asarray(labels), smoothing))
-    want = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(labels).long(),
-                                             reduction="none", label_smoothing=smoothing)
+    want = torch.nn.functional.cross_entropy(
+        torch.tensor(logits),
+        torch.tensor(labels).long(),
+        reduction="none",
+        label_smoothing=smoothing,
+    )
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)

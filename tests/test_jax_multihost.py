@@ -24,16 +24,39 @@ def test_two_processes_of_two_devices_equal_one_device(framework: str, tmp_path:
     port = free_port()
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
-               "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
-               "JAX_PROCESS_ID": str(rank)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+            "JAX_NUM_PROCESSES": "2",
+            "JAX_PROCESS_ID": str(rank),
+        }
         env.pop("XLA_FLAGS", None)  # main() sets the per-process device count (--gpus 2)
-        args = [sys.executable, "-m", module, "--preset", "smoke", "--gpus", "2", "--bn", "sync",
-                "--epochs", "1", "--max-steps-per-epoch", "1",
-                "--checkpoint-dir", str(tmp_path / f"ckpt{rank}"),
-                "--output", str(tmp_path / f"record{rank}.json")]
-        procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        args = [
+            sys.executable,
+            "-m",
+            module,
+            "--preset",
+            "smoke",
+            "--gpus",
+            "2",
+            "--bn",
+            "sync",
+            "--epochs",
+            "1",
+            "--max-steps-per-epoch",
+            "1",
+            "--checkpoint-dir",
+            str(tmp_path / f"ckpt{rank}"),
+            "--output",
+            str(tmp_path / f"record{rank}.json"),
+        ]
+        procs.append(
+            subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     outs = []
     for p in procs:
         try:

@@ -39,7 +39,8 @@ def host_devices(n: int) -> list[jax.Device]:
     devices = jax.devices()
     assert len(devices) >= n, (
         f"JAX's CPU backend started with {len(devices)} devices before this module set "
-        "XLA_FLAGS; run these tests in a fresh pytest process")
+        "XLA_FLAGS; run these tests in a fresh pytest process"
+    )
     return devices[:n]
 
 
@@ -59,8 +60,9 @@ def compiled(framework: str, n: int, bn: str) -> tuple[Any, Any, Any, Mesh, Any]
         evaluate = jax.pmap(mod.eval_step, axis_name="batch", devices=devices)
     else:
         rep, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("batch"))
-        train = jax.jit(mod.train_step, in_shardings=(rep, split), out_shardings=(rep, rep),
-                        donate_argnums=(0,))
+        train = jax.jit(
+            mod.train_step, in_shardings=(rep, split), out_shardings=(rep, rep), donate_argnums=(0,)
+        )
         evaluate = jax.jit(mod.eval_step, in_shardings=(rep, split), out_shardings=rep)
     return train, evaluate, mod.unreplicate(state), mesh, mod
 
@@ -82,8 +84,9 @@ def stepped(framework: str, n: int, bn: str, steps: int = 1) -> tuple[Any, list[
         state, m = train(state, mod.to_device(batch, mesh))
         metrics.append(mod.unreplicate(m))
     if mod is jax_pmap and bn == "local":  # what train() does at the end of every epoch
-        p_mean = jax.pmap(lambda t: jax.lax.pmean(t, "batch"), axis_name="batch",
-                          devices=host_devices(n))
+        p_mean = jax.pmap(
+            lambda t: jax.lax.pmean(t, "batch"), axis_name="batch", devices=host_devices(n)
+        )
         state = state.replace(batch_stats=p_mean(state.batch_stats))
     return mod.unreplicate(state), metrics
 
@@ -132,8 +135,9 @@ def test_evaluation_counts_every_test_image_once(n: int) -> None:
 
 def test_local_bn_statistics_are_per_device_then_averaged() -> None:
     train, _, initial, mesh, mod = compiled("jax-pmap", 2, "local")
-    p_mean = jax.pmap(lambda t: jax.lax.pmean(t, "batch"), axis_name="batch",
-                      devices=host_devices(2))
+    p_mean = jax.pmap(
+        lambda t: jax.lax.pmean(t, "batch"), axis_name="batch", devices=host_devices(2)
+    )
     state, _ = train(mod.replicate(initial, mesh), mod.to_device(train_batches()[0], mesh))
     per_device = [np.asarray(s.data) for s in state.batch_stats["bn1"]["mean"].addressable_shards]
     assert np.abs(per_device[0] - per_device[1]).max() > 1e-4  # each device saw its own half
@@ -141,8 +145,9 @@ def test_local_bn_statistics_are_per_device_then_averaged() -> None:
     np.testing.assert_array_equal(params[0], params[1])  # but the update is the same
     synced = p_mean(state.batch_stats)["bn1"]["mean"]
     for shard in synced.addressable_shards:
-        np.testing.assert_allclose(np.asarray(shard.data)[0], np.mean(per_device, axis=0)[0],
-                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            np.asarray(shard.data)[0], np.mean(per_device, axis=0)[0], rtol=1e-6, atol=1e-7
+        )
 
 
 def test_too_many_devices_is_one_clear_error() -> None:
@@ -156,21 +161,52 @@ def _final_state(path: Path) -> Any:
 
 
 def test_resume_after_a_crash_ends_with_the_uninterrupted_weights(
-        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     # WideResNet with dropout: the masks must be redrawn identically after the restart.
-    args = ["--preset", "smoke", "--gpus", "2", "--epochs", "2", "--max-steps-per-epoch", "2",
-            "--model", "wideresnet", "--width", "0.05", "--dropout", "0.3"]
+    args = [
+        "--preset",
+        "smoke",
+        "--gpus",
+        "2",
+        "--epochs",
+        "2",
+        "--max-steps-per-epoch",
+        "2",
+        "--model",
+        "wideresnet",
+        "--width",
+        "0.05",
+        "--dropout",
+        "0.3",
+    ]
     # Persistent XLA cache: the three runs compile the same programs once.
-    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "xla-cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    whole = run_module("frameworks.jax_pmap", *args, "--checkpoint-dir", str(tmp_path / "a"),
-                       env=env)
+    env = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "xla-cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
+    whole = run_module(
+        "frameworks.jax_pmap", *args, "--checkpoint-dir", str(tmp_path / "a"), env=env
+    )
     assert whole.returncode == 0, whole.stderr[-2000:]
-    crash = run_module("frameworks.jax_pmap", *args, "--checkpoint-dir", str(tmp_path / "b"),
-                       env={**env, "DPBENCH_FAIL": "jax-pmap@1"})
+    crash = run_module(
+        "frameworks.jax_pmap",
+        *args,
+        "--checkpoint-dir",
+        str(tmp_path / "b"),
+        env={**env, "DPBENCH_FAIL": "jax-pmap@1"},
+    )
     assert crash.returncode == 17 and "epoch 2/2" not in crash.stdout
-    resumed = run_module("frameworks.jax_pmap", *args, "--checkpoint-dir", str(tmp_path / "b"),
-                         "--resume", "--output", str(tmp_path / "r.json"), env=env)
+    resumed = run_module(
+        "frameworks.jax_pmap",
+        *args,
+        "--checkpoint-dir",
+        str(tmp_path / "b"),
+        "--resume",
+        "--output",
+        str(tmp_path / "r.json"),
+        env=env,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout and "epoch 1/2" not in resumed.stdout
     record = read_json(tmp_path / "r.json")
@@ -179,16 +215,29 @@ def test_resume_after_a_crash_ends_with_the_uninterrupted_weights(
     b = _final_state(tmp_path / "b" / "jax-pmap.msgpack")
     assert int(b["step"]) == 4 and max_diff(a, b) == 0.0
     # A checkpoint of another run is refused with one line, exit 2.
-    other = run_module("frameworks.jax_pmap", *args, "--seed", "1", "--checkpoint-dir",
-                       str(tmp_path / "b"), "--resume")
+    other = run_module(
+        "frameworks.jax_pmap",
+        *args,
+        "--seed",
+        "1",
+        "--checkpoint-dir",
+        str(tmp_path / "b"),
+        "--resume",
+    )
     assert other.returncode == 2
     assert other.stderr.strip().count("\n") == 0 and "--seed 0 (now 1)" in other.stderr
 
 
 def test_startup_failure_writes_a_failed_record(tmp_path: Path) -> None:
     out = tmp_path / "f.json"
-    r = run_module("frameworks.jax_pmap", "--preset", "smoke", "--output", str(out),
-                   env={"DPBENCH_FAIL": "jax-pmap"})
+    r = run_module(
+        "frameworks.jax_pmap",
+        "--preset",
+        "smoke",
+        "--output",
+        str(out),
+        env={"DPBENCH_FAIL": "jax-pmap"},
+    )
     assert r.returncode == 1 and "failed: RuntimeError" in r.stderr
     record = read_json(out)
     assert record["status"] == "failed" and "DPBENCH_FAIL" in record["error"]
@@ -202,8 +251,19 @@ def test_bad_input_is_one_line_exit_2() -> None:
 
 def test_digits_short_run_reaches_90_percent(tmp_path: Path) -> None:
     out = tmp_path / "d.json"
-    r = run_module("frameworks.jax_pmap", "--preset", "digits", "--gpus", "2", "--width",
-                   "0.125", "--epochs", "4", "--output", str(out))
+    r = run_module(
+        "frameworks.jax_pmap",
+        "--preset",
+        "digits",
+        "--gpus",
+        "2",
+        "--width",
+        "0.125",
+        "--epochs",
+        "4",
+        "--output",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     record = read_json(out)
     assert record["test_accuracy"] >= 0.90

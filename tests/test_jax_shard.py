@@ -60,8 +60,21 @@ def test_evaluation_counts_every_test_image_once(n: int) -> None:
 
 def test_digits_short_run_reaches_90_percent_and_records_bn_truthfully(tmp_path: Path) -> None:
     out = tmp_path / "d.json"
-    r = run_module("frameworks.jax_shard", "--preset", "digits", "--gpus", "2", "--width",
-                   "0.125", "--epochs", "4", "--bn", "sync", "--output", str(out))
+    r = run_module(
+        "frameworks.jax_shard",
+        "--preset",
+        "digits",
+        "--gpus",
+        "2",
+        "--width",
+        "0.125",
+        "--epochs",
+        "4",
+        "--bn",
+        "sync",
+        "--output",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     record = read_json(out)
     assert record["test_accuracy"] >= 0.90
