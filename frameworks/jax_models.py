@@ -343,9 +343,11 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float) 
 def init_distributed() -> None:
     """Join a multi-process run when the launch environment asks for one; a no-op otherwise.
 
-    Explicit: JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES, JAX_PROCESS_ID (one process
-    per host). SLURM (SLURM_NTASKS > 1): jax.distributed.initialize() reads SLURM's variables.
-    Must run before the first device query. On CPU the collectives go through Gloo.
+    Explicit: JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES, JAX_PROCESS_ID (typically
+    one process per host, with all its devices). SLURM (SLURM_NTASKS > 1):
+    jax.distributed.initialize() reads SLURM's variables and gives each task the one GPU of its
+    SLURM_LOCALID (one task per GPU; JAX_LOCAL_DEVICE_IDS overrides). Must run before the first
+    device query. On CPU the collectives go through Gloo.
     """
     explicit = os.environ.get("JAX_COORDINATOR_ADDRESS")
     slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1

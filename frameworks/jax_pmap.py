@@ -3,15 +3,18 @@
     python -m frameworks.jax_pmap --preset digits --gpus 2     # 2 GPUs, or 2 simulated CPU devices
     JAX_COORDINATOR_ADDRESS=HOST:PORT JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
         python -m frameworks.jax_pmap --gpus 8 ...               # R = 0 on HOST, 1 elsewhere
-    srun --ntasks=2 --ntasks-per-node=1 python -m frameworks.jax_pmap --gpus 8 ...   # SLURM
+    srun --nodes=2 --ntasks-per-node=8 python -m frameworks.jax_pmap --gpus 1 ...
+        # SLURM: jax.distributed gives each task one GPU (its SLURM_LOCALID)
 
 One Python process drives all its devices: the state is replicated (a copy per device along the
 pmap axis), every global batch is reshaped to (devices, B / devices, ...) and put on the devices
 two steps ahead, and the pmapped step averages the gradients with `lax.pmean` over the axis
-named "batch". In a multi-process run (one process per host, `jax.distributed`), `--gpus` is
-the device count PER PROCESS, every process reads its part of each global batch, and the pmap
-axis spans all processes' devices. Since JAX 0.8 `jax.pmap` is implemented with `jax.jit` and
-`jax.shard_map` and is in maintenance mode; jax-shard is JAX's current way of doing the same.
+named "batch". In a multi-process run (`jax.distributed`: one process per host, or per GPU
+under SLURM), `--gpus` is the device count PER PROCESS, every process reads its part of each
+global batch, the pmap axis spans all processes' devices, and process 0 alone prints, writes the
+record and checkpoints (resuming needs --checkpoint-dir on a filesystem every host sees).
+Since JAX 0.8 `jax.pmap` is implemented with `jax.jit` and `jax.shard_map` and is in maintenance
+mode; jax-shard is JAX's current way of doing the same.
 
 `--bn sync` passes the axis name to BatchNorm (statistics pmean'd over the global batch).
 `--bn local` normalises with each device's own statistics; the running statistics drift apart
@@ -303,6 +306,9 @@ def train(cfg: Config) -> dict:
     is_main = rank == 0
     ds = load_for(cfg)
     model = build_model(cfg, ds.channels, ds.num_classes, compute_dtype(cfg, devices[0].platform))
+    log = printer(is_main)
+    if devices[0].platform != "gpu" and cfg.precision != "fp32":
+        log("note: --precision applies on GPUs only; this run is fp32")
     loader = TrainLoader(
         ds,
         cfg.batch_size,
@@ -334,7 +340,6 @@ def train(cfg: Config) -> dict:
     p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=(0,))
     p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)
     p_mean = jax.pmap(lambda tree: lax.pmean(tree, AXIS), axis_name=AXIS, devices=devices)
-    log = printer(is_main)
     start = 0
     if cfg.resume and checkpoint_path(cfg).exists():
         state, start = load_checkpoint(state, recorder, cfg, mesh)

@@ -3,14 +3,16 @@
     python -m frameworks.jax_shard --preset digits --gpus 2     # 2 GPUs, or 2 simulated CPU devices
     JAX_COORDINATOR_ADDRESS=HOST:PORT JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
         python -m frameworks.jax_shard --gpus 8 ...               # R = 0 on HOST, 1 elsewhere
-    srun --ntasks=2 --ntasks-per-node=1 python -m frameworks.jax_shard --gpus 8 ...   # SLURM
+    srun --nodes=2 --ntasks-per-node=8 python -m frameworks.jax_shard --gpus 1 ...
+        # SLURM: jax.distributed gives each task one GPU (its SLURM_LOCALID)
 
 The step is written for the global batch, as on one device. The parameters and optimiser state
 are replicated over a mesh with one axis, "batch" (NamedSharding(mesh, P())), the batch is split
 along it (NamedSharding(mesh, P("batch"))), and XLA's SPMD partitioner turns the gradient's sum
-over the batch into an all-reduce over the mesh. In a multi-process run (one process per host,
-`jax.distributed`), `--gpus` is the device count PER PROCESS and every process feeds its part of
-each global batch.
+over the batch into an all-reduce over the mesh. In a multi-process run (`jax.distributed`: one
+process per host, or per GPU under SLURM), `--gpus` is the device count PER PROCESS, every
+process feeds its part of each global batch, and process 0 alone prints, writes the record and
+checkpoints (resuming needs --checkpoint-dir on a filesystem every host sees).
 
 BatchNorm: under jit its statistics are those of the global batch by construction (the mean over
 a sharded axis is a cross-device reduction), i.e. `--bn sync`, recorded as such. `--bn local`
@@ -281,6 +283,9 @@ def train(cfg: Config) -> dict:
     is_main = rank == 0
     ds = load_for(cfg)
     model = build_model(cfg, ds.channels, ds.num_classes, compute_dtype(cfg, devices[0].platform))
+    log = printer(is_main)
+    if devices[0].platform != "gpu" and cfg.precision != "fp32":
+        log("note: --precision applies on GPUs only; this run is fp32")
     loader = TrainLoader(
         ds,
         cfg.batch_size,
@@ -324,7 +329,6 @@ def train(cfg: Config) -> dict:
             lambda t: lax.psum(t, AXIS), mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False
         )
     )
-    log = printer(is_main)
     start = 0
     if cfg.resume and checkpoint_path(cfg).exists():
         state, start = load_checkpoint(state, recorder, cfg, mesh)
