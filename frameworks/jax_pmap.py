@@ -48,7 +48,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from common import cli
-from common.config import Config, ConfigError
+from common.config import Config, ConfigError, per_device
 from common.datasets import DatasetError, check_available, load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
@@ -301,6 +301,7 @@ def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     injected_failure(FRAMEWORK)
     devices, kind = select_devices(cfg.gpus)  # cfg.gpus per process, all processes' devices
+    per_device(cfg.batch_size, len(devices))  # all processes' devices (ConfigError names a fix)
     mesh = Mesh(np.array(devices), (AXIS,))
     rank, world = jax.process_index(), jax.process_count()
     is_main = rank == 0
