@@ -292,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 1)")
+    p.add_argument(
+        "--lr", type=float, default=0.1, help="learning rate (speed does not depend on it)"
+    )
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -312,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             channels_last=ns.channels_last,
             compile=ns.compile,
             seed=ns.seed,
+            lr=ns.lr,
         )
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -130,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup", type=int, default=3, help="untimed compute-only steps (>= 1)")
     p.add_argument(
+        "--lr",
+        type=float,
+        default=0.01,
+        help="learning rate of both loops (default 0.01: speed does not depend on it, and a "
+        "small one keeps training on random labels finite; a diverged run stops early)",
+    )
+    p.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -413,6 +420,8 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
         str(ns.epochs),
         "--max-steps-per-epoch",
         str(ns.steps),
+        "--lr",
+        f"{ns.lr:g}",
         "--precision",
         ns.precision,
         "--channels-last" if ns.channels_last else "--no-channels-last",
@@ -485,6 +494,8 @@ def compute_only(plan: Plan, fw: str, batch: int, rep: int) -> dict[str, Any]:
         str(ns.compute_steps or ns.steps * (ns.epochs - 1)),
         "--warmup",
         str(ns.warmup),
+        "--lr",
+        f"{ns.lr:g}",
     ]
     log = plan.out / "logs" / f"{tag}.log"
     load = settle(ns.wait_load)
@@ -574,8 +585,16 @@ def summarise(cell: dict[str, Any]) -> None:
     cell["precision_note"] = ok[0]["precision_note"] if ok else ""
     cell["real_images_per_sec_all"] = [r.get("images_per_sec") for r in real]
     cell["compute_images_per_sec_all"] = [r.get("images_per_sec") for r in comp]
-    r, c = cell["real_images_per_sec"], cell["compute_images_per_sec"]
-    cell["ratio"] = r / (cell["devices"] * c) if r and c else None
+    # Each repetition measures the compute-only loop and then the real loop, back to back; the
+    # ratio is the median over repetitions of that pair's ratio, so a slow spell of a shared
+    # machine between repetitions cancels out instead of landing on one side of the ratio.
+    pairs = [
+        r["images_per_sec"] / (cell["devices"] * c["images_per_sec"])
+        for r, c in zip(real, comp)
+        if r["status"] == c["status"] == "ok"
+    ]
+    cell["ratio_all"] = pairs
+    cell["ratio"] = statistics.median(pairs) if pairs else None
     kinds = {x.get("device_kind") for x in real + comp if x.get("device_kind")}
     cell["device_kind"] = ", ".join(sorted(kinds))
 
@@ -642,8 +661,9 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
         f"epochs of {ns.steps} steps, the first epoch untimed); compute-only = "
         f"benchmarks.compute_only, one device, one device-resident batch of the per-device "
         f"size, {ns.warmup} warm-up steps then {ns.compute_steps or ns.steps * (ns.epochs - 1)} "
-        "timed; ratio = real / (devices x compute-only). Medians of "
-        f"{ns.repeat} repetition(s). batch = the global batch.",
+        "timed; ratio = real / (devices x compute-only), the median over repetitions of each "
+        f"repetition's pair; images/s are medians of {ns.repeat} repetition(s). batch = the "
+        "global batch.",
         "1st epoch s = the real loop's first epoch (compilation/warm-up + its steps); 1st "
         "step s = the compute-only loop's first step (compilation, autotuning).",
         "mem compute = peak memory of the compute-only loop; RSS real = the trainer process "
