@@ -315,3 +315,31 @@ __all__ = [
     "validate",
     "field",
 ]
+
+
+# Settings that make a checkpoint belong to a run: resuming with any of them changed is refused.
+RESUME_KEYS = (
+    "model",
+    "width",
+    "dataset",
+    "image_size",
+    "synthetic_classes",
+    "batch_size",
+    "seed",
+    "optimizer",
+    "bn",
+)
+
+
+def check_same_run(saved: dict[str, Any], cfg: Config, path: str) -> None:
+    """Raise ConfigError if checkpoint `path` (its saved config `saved`) is from another run."""
+    diff = [
+        f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
+        for k in RESUME_KEYS
+        if saved.get(k) != getattr(cfg, k)
+    ]
+    if diff:
+        raise ConfigError(
+            f"checkpoint {path} is from another run: {', '.join(diff)}; "
+            "resume with the same settings or use a new --checkpoint-dir"
+        )

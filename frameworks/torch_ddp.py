@@ -47,7 +47,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import cli
-from common.config import Config, ConfigError, resolve
+from common.config import Config, ConfigError, check_same_run, resolve
 from common.datasets import DatasetError, check_available, load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder, write_json_atomic
@@ -327,27 +327,7 @@ def check_resume(cfg: Config) -> None:
         raise ConfigError(
             f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
         ) from None
-    keys = (
-        "model",
-        "width",
-        "dataset",
-        "image_size",
-        "synthetic_classes",
-        "batch_size",
-        "seed",
-        "optimizer",
-        "bn",
-    )
-    diff = [
-        f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
-        for k in keys
-        if saved.get(k) != getattr(cfg, k)
-    ]
-    if diff:
-        raise ConfigError(
-            f"checkpoint {path} is from another run: {', '.join(diff)}; "
-            "resume with the same settings or use a new --checkpoint-dir"
-        )
+    check_same_run(saved, cfg, str(path))
 
 
 @dataclass(frozen=True)
