@@ -8,9 +8,18 @@ framework's own sync (torch.cuda.synchronize, jax.block_until_ready, mx.nd.waita
 asynchronous work is counted when it completes. The trainer's images/s divided by this is the
 share of the step's speed that the real loop keeps (benchmarks/throughput.py).
 
+`--interleave R` (with a framework name, e.g. `--framework torch-ddp`) also builds that
+trainer's own loop in the same process (its train_step, fed by the real input pipeline: the
+background prefetcher, to_device / device prefetch, metric sums on the device) and times R
+alternating rounds of bare steps and loop steps. On a shared machine, separate processes minutes
+apart see different loads; alternating rounds in one process do not, so this ratio is the one to
+trust there.
+
 Prints one JSON line: images_per_sec, step_ms, first_step_sec, peak_memory_bytes and where that
 figure comes from (memory_source), device_kind, precision (and a note where a requested fast path
-does not apply), params. Framework imports are lazy: each family runs in its own interpreter.
+does not apply), params, and with --interleave an "interleaved" entry (per-round step times of
+both loops and the median per-round ratio loop / bare in images/s). Framework imports are lazy:
+each family runs in its own interpreter.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -26,8 +36,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from common.config import PRECISIONS, Config, ConfigError, preset
-from common.runtime import cpu_threads, set_omp_threads, simulate_host_devices
+from common.config import FRAMEWORKS, PRECISIONS, Config, ConfigError, preset
+from common.runtime import cpu_threads, free_port, set_omp_threads, simulate_host_devices
 
 FAMILIES = ("torch", "jax", "mxnet")
 PROG = "python -m benchmarks.compute_only"
@@ -80,10 +90,97 @@ def timed_loop(
     return first, (time.perf_counter() - t0) / steps
 
 
+def interleaved(
+    bare: Callable[[], None],
+    loop: Callable[[], None],
+    sync: Callable[[], None],
+    rounds: int,
+    per_round: int,
+) -> dict[str, Any]:
+    """The bare step against the trainer's own step fed by the real input pipeline, in ONE
+    process, alternating rounds of `per_round` steps: a slow spell of a shared machine hits both
+    alike, so their ratio is robust where separate processes minutes apart are not."""
+    for f in (bare, loop, bare, loop):  # the loop's own compilation / warm-up
+        f()
+    bare_ms, loop_ms = [], []
+    for _ in range(rounds):
+        for f, times in ((bare, bare_ms), (loop, loop_ms)):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                f()
+            sync()
+            times.append(1000 * (time.perf_counter() - t0) / per_round)
+    return {
+        "rounds": rounds,
+        "steps_per_round": per_round,
+        "bare_step_ms": bare_ms,
+        "loop_step_ms": loop_ms,
+        # median over rounds of (loop images/s) / (bare images/s) of the same round
+        "ratio": statistics.median(b / lp for b, lp in zip(bare_ms, loop_ms)),
+    }
+
+
+def endless(epoch_batches: Callable[[int], Any]) -> Any:
+    """Batches of epoch 0, 1, 2, ... as the trainers iterate them (a new prefetcher per epoch)."""
+    epoch = 0
+    while True:
+        yield from epoch_batches(epoch)
+        epoch += 1
+
+
+def trainer_loader(cfg: Config, batch: int, layout: str) -> Any:
+    """The trainers' input pipeline on the synthetic throughput data, one rank of one."""
+    from common.datasets import load_for
+    from common.pipeline import TrainLoader
+
+    ds = load_for(cfg)
+    return TrainLoader(ds, batch, cfg.seed, 0, 1, augment=cfg.augment, layout=layout,
+                       prefetch=cfg.prefetch)  # fmt: skip
+
+
 # -- torch --------------------------------------------------------------------------------------
 
 
-def run_torch(cfg: Config, batch: int, steps: int, warmup: int) -> dict[str, Any]:
+def torch_loop(framework: str, cfg: Config, batch: int, n_steps: int) -> Callable[[], None]:
+    """One iteration of torch-ddp's / torch-dp's training loop: next prefetched batch,
+    to_device, train_step, metric sums kept on the device."""
+    import torch
+    import torch.distributed as dist
+
+    from frameworks import torch_ddp, torch_dp
+
+    cuda = torch.cuda.is_available()
+    loader = trainer_loader(cfg, batch, "NCHW")
+    torch.manual_seed(cfg.seed)
+    if framework == "torch-ddp":  # a world of one process, as `--gpus 1` runs it
+        if not dist.is_initialized():
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+        device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+        model = torch_ddp.build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes)
+        state = torch_ddp.create_train_state(cfg, model, device, n_steps)
+        train_step: Any = torch_ddp.train_step
+    else:
+        model = torch_dp.build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes)
+        state = torch_dp.create_train_state(cfg, model, [0] if cuda else [], n_steps)
+        train_step = torch_dp.train_step
+    state.model.train()
+    batches = endless(loader.epoch)
+    totals: dict[str, Any] = {}
+
+    def step() -> None:
+        nonlocal state
+        state, metrics = train_step(state, torch_ddp.to_device(next(batches), state))
+        for k, v in metrics.items():
+            totals[k] = totals[k] + v if k in totals else v
+
+    return step
+
+
+def run_torch(
+    cfg: Config, batch: int, steps: int, warmup: int, framework: str = "", rounds: int = 0
+) -> dict[str, Any]:
     import torch
 
     from frameworks.torch_ddp import autocast, loss_fn
@@ -139,13 +236,18 @@ def run_torch(cfg: Config, batch: int, steps: int, warmup: int) -> dict[str, Any
         out["peak_memory_bytes"] = peak_rss_bytes()
         out["memory_source"] = "peak RSS (resource.getrusage)"
         out["precision_note"] = "fp32 eager (CUDA fast paths do not apply on CPU)"
+    if rounds:
+        loop = torch_loop(framework, cfg, batch, 4 + rounds * steps)
+        out["interleaved"] = interleaved(step, loop, sync, rounds, steps)
     return {**out, "first_step_sec": first, "step_ms": per_step * 1000}
 
 
 # -- JAX ----------------------------------------------------------------------------------------
 
 
-def run_jax(cfg: Config, batch: int, steps: int, warmup: int) -> dict[str, Any]:
+def run_jax(
+    cfg: Config, batch: int, steps: int, warmup: int, framework: str = "", rounds: int = 0
+) -> dict[str, Any]:
     simulate_host_devices(1)  # before JAX's CPU backend starts: one device
     import jax
     import jax.numpy as jnp
@@ -206,13 +308,59 @@ def run_jax(cfg: Config, batch: int, steps: int, warmup: int) -> dict[str, Any]:
         out["precision_note"] = "fp32 (CUDA fast paths do not apply on CPU)"
     else:
         out["precision_note"] = f"{jnp.dtype(dtype).name} activations, XLA defaults"
+    if rounds:
+        loop, loop_state = jax_loop(framework, cfg, batch, device, dtype)
+
+        def sync_both() -> None:
+            jax.block_until_ready((holder[0], loop_state))
+
+        out["interleaved"] = interleaved(step, loop, sync_both, rounds, steps)
     return {**out, "first_step_sec": first, "step_ms": per_step * 1000}
+
+
+def jax_loop(framework: str, cfg: Config, batch: int, device: Any, dtype: Any) -> Any:
+    """One iteration of jax-pmap's / jax-shard's training loop on a 1-device mesh: next batch
+    from the device prefetch, the trainer's compiled step, metric sums kept on the device.
+    Returns the step and a list holding the live state (for the sync)."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from common.timing import PhaseTimer
+    from frameworks import jax_pmap, jax_shard
+
+    mesh = Mesh(np.array([device]), ("batch",))
+    loader = trainer_loader(cfg, batch, "NHWC")
+    shape = (cfg.image_size, cfg.image_size, cfg.synthetic_channels)
+    module: Any = jax_pmap if framework == "jax-pmap" else jax_shard
+    model = module.build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, dtype)
+    state = module.create_train_state(cfg, model, shape, mesh, 1)
+    if module is jax_pmap:  # the trainers' parallel transforms, as they apply them
+        step_fn = jax.pmap(jax_pmap.train_step, axis_name=jax_pmap.AXIS, devices=[device],
+                           donate_argnums=(0,))  # fmt: skip
+    else:
+        rep, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(jax_shard.AXIS))
+        step_fn = jax.jit(jax_shard.train_step, in_shardings=(rep, split),
+                          out_shardings=(rep, rep), donate_argnums=(0,))  # fmt: skip
+    off = PhaseTimer(lambda: None, False)
+    batches = endless(lambda e: module.prefetch_to_devices(loader.epoch(e), mesh, off))
+    live: list[Any] = [state]
+    totals: dict[str, Any] = {}
+
+    def step() -> None:
+        live[0], metrics = step_fn(live[0], next(batches))
+        for k, v in metrics.items():
+            totals[k] = totals[k] + v if k in totals else v
+
+    return step, live
 
 
 # -- MXNet --------------------------------------------------------------------------------------
 
 
-def run_mxnet(cfg: Config, batch: int, steps: int, warmup: int) -> dict[str, Any]:
+def run_mxnet(
+    cfg: Config, batch: int, steps: int, warmup: int, framework: str = "", rounds: int = 0
+) -> dict[str, Any]:
     set_omp_threads(cpu_threads())  # before mxnet loads, as the trainer's main() does
     import mxnet as mx
     from mxnet import autograd
@@ -236,7 +384,27 @@ def run_mxnet(cfg: Config, batch: int, steps: int, warmup: int) -> dict[str, Any
         state.trainer.step(batch)
 
     first, per_step = timed_loop(step, mx.nd.waitall, steps, warmup)
+    extra: dict[str, Any] = {}
+    if rounds:  # mxnet-gluon's loop: next batch, to_device (split_and_load), train_step
+        from frameworks import mxnet_gluon
+
+        loop_model = build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes)
+        loop_state = create_train_state(cfg, loop_model, ctx, 4 + rounds * steps)
+        batches = endless(trainer_loader(cfg, batch, "NCHW").epoch)
+        totals: dict[str, Any] = {}
+
+        def loop() -> None:
+            nonlocal loop_state
+            host = next(batches)
+            loop_state, metrics = mxnet_gluon.train_step(
+                loop_state, mxnet_gluon.to_device(host, loop_state)
+            )
+            for k, v in metrics.items():
+                totals[k] = totals[k] + v if k in totals else v
+
+        extra["interleaved"] = interleaved(step, loop, mx.nd.waitall, rounds, steps)
     return {
+        **extra,
         "device_kind": kind,
         "params": count_params(model),
         "packages": {"mxnet": mx.__version__},
@@ -257,10 +425,14 @@ def measure(
     batch: int,
     steps: int = 10,
     warmup: int = 3,
+    rounds: int = 0,
 ) -> dict[str, Any]:
     """Compute-only images/s of `framework`'s family on one device at per-device batch `batch`."""
     family = family_of(framework)
-    result = RUNNERS[family](cfg, batch, steps, warmup)
+    if rounds and framework not in FRAMEWORKS:
+        raise ConfigError(f"--interleave needs a framework name ({', '.join(FRAMEWORKS)}), "
+                          f"not the family {framework!r}")  # fmt: skip
+    result = RUNNERS[family](cfg, batch, steps, warmup, framework, rounds)
     return {
         "family": family,
         "model": cfg.model,
@@ -296,6 +468,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr", type=float, default=0.1, help="learning rate (speed does not depend on it)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="R",
+        help="also time the framework's own training loop (train_step fed by the real input "
+        "pipeline) in this process, alternating R rounds of --steps steps with the bare step; "
+        "needs a framework name, e.g. --framework torch-ddp",
+    )
     return p
 
 
@@ -303,8 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         family_of(ns.framework)
-        if ns.steps < 1 or ns.warmup < 1 or ns.batch_size < 1:
-            raise ConfigError("--steps, --warmup and --batch-size must be >= 1")
+        if ns.steps < 1 or ns.warmup < 1 or ns.batch_size < 1 or ns.interleave < 0:
+            raise ConfigError("--steps, --warmup and --batch-size must be >= 1, --interleave >= 0")
         cfg = preset(
             "throughput",
             model=ns.model,
@@ -322,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        result = measure(ns.framework, cfg, ns.batch_size, ns.steps, ns.warmup)
+        result = measure(ns.framework, cfg, ns.batch_size, ns.steps, ns.warmup, ns.interleave)
     except ConfigError as exc:  # e.g. JAX with --precision fp16
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

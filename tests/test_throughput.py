@@ -5,6 +5,7 @@ end-of-iteration behaviour that jax-pmap's device prefetch relies on."""
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,25 @@ def test_throughput_table_has_every_framework_and_device_count(tmp_path: Path) -
     md = (out / "throughput.md").read_text()
     assert "cpu-simulated" in md.splitlines()[0]
     assert md.count("| torch-ddp |") == 2 and md.count("| jax-pmap |") == 2
+
+
+def test_compute_only_interleaves_the_trainer_loop() -> None:
+    args = ["--framework", "torch-ddp", *TINY, "--batch-size", "8", "--steps", "2",
+            "--warmup", "1", "--interleave", "2"]  # fmt: skip
+    proc = run_module("benchmarks.compute_only", *args, python=MAIN_PYTHON, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["family"] == "torch" and result["images_per_sec"] > 0
+    inter = result["interleaved"]
+    assert inter["rounds"] == 2 and inter["steps_per_round"] == 2
+    assert len(inter["bare_step_ms"]) == len(inter["loop_step_ms"]) == 2
+    assert min(inter["bare_step_ms"] + inter["loop_step_ms"]) > 0
+    pairs = sorted(b / lp for b, lp in zip(inter["bare_step_ms"], inter["loop_step_ms"]))
+    assert inter["ratio"] == pytest.approx(sum(pairs) / 2)  # the median of two rounds
+    # A family name cannot say which trainer's loop to build: one line, exit 2.
+    bad = run_module("benchmarks.compute_only", "--framework", "torch", "--interleave", "2",
+                     python=MAIN_PYTHON, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_gradient_numel_matches_the_models() -> None:
