@@ -324,6 +324,9 @@ def child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))
+    # As the compare runner: idle OpenMP threads sleep instead of spinning (a spinning team
+    # stalls whenever anything else holds a core of a shared machine).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.pop("XLA_FLAGS", None)  # every JAX process sets its own simulated device count
     return env
 
