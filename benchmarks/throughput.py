@@ -700,8 +700,10 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
     for c in cells:
         if c.get("phases", {}).get("phases_ms_per_step"):
             ph = ", ".join(f"{k} {v:.1f}" for k, v in c["phases"]["phases_ms_per_step"].items())
+            note = c["phases"].get("phase_note")
             out.append(
                 f"phases {c['framework']} x{c['devices']} (ms/step, --phase-timing run): {ph}"
+                + (f" ({note})" if note else "")
             )
     return out
 
