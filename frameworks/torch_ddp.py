@@ -530,6 +530,7 @@ def train(cfg: Config) -> dict:
                 state.phases = PhaseTimer(sync, cfg.phase_timing)
         if cfg.phase_timing:
             recorder.phases = state.phases.per_step_ms()
+        dist.barrier()  # no rank tears gloo/NCCL down while another is still in a collective
         return recorder.finish()
     finally:
         dist.destroy_process_group()

@@ -104,6 +104,7 @@ def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(total.tolist(), f)
+    torch.distributed.barrier()  # no rank tears gloo down while another is still using it
     torch.distributed.destroy_process_group()
 
 
