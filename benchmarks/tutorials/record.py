@@ -9,6 +9,7 @@ otherwise look faster than it is); evaluation is timed separately.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from typing import Any
@@ -90,11 +91,11 @@ class TutorialRecorder:
             "global_batch_size": self.cfg.batch_size,
             "epochs": self.epochs,
             "first_epoch_sec": self.epochs[0]["sec"] if self.epochs else None,
-            "sec_per_epoch": sorted(secs)[len(secs) // 2] if secs else None,
+            "sec_per_epoch": statistics.median(secs) if secs else None,
             "images_per_sec": images / sum(secs) if secs and sum(secs) > 0 else None,
-            "eval_sec_per_epoch": (
-                sorted(e["eval_sec"] for e in timed)[len(timed) // 2] if timed else None
-            ),
+            "eval_sec_per_epoch": statistics.median(e["eval_sec"] for e in timed)
+            if timed
+            else None,
             "timed_epochs": len(timed) if len(self.epochs) > 1 else 0,
             "test_accuracy": last.get("test_accuracy"),
             "test_examples": last.get("test_examples"),
