@@ -37,14 +37,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
+from benchmarks.devices import UsageError, detect_gpus, parse_gpus
 from benchmarks.registry import REGISTRY, unavailable
-from benchmarks.throughput import (
-    UsageError,
-    detect_gpus,
-    parse_frameworks,
-    parse_gpus,
-    use_interpreter,
-)
+from benchmarks.throughput import parse_frameworks, use_interpreter
 from common.results import host_info, write_json_atomic
 from common.runtime import ROOT, cpu_threads, free_port, set_omp_threads, simulate_host_devices
 

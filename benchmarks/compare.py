@@ -20,9 +20,7 @@ import argparse
 import json
 import math
 import os
-import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +33,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from benchmarks import report
+from benchmarks.devices import UsageError, detect_gpus, parse_gpus
 from benchmarks.progress import make_progress, parse_epoch_line
 from benchmarks.registry import REGISTRY, unavailable
 from common import cli
@@ -66,10 +65,6 @@ run's record, written when it ends), logs/*.log, results.csv (one row per framew
 runs.csv (one row per run), results.md, throughput.png, efficiency.png, accuracy_vs_time.png.
 exit code: 0 all runs ok, 1 a run failed / diverged / timed out, 2 bad input (nothing ran).
 """
-
-
-class UsageError(Exception):
-    """Bad input found before any run starts; the message names the problem and the fix."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -208,46 +203,6 @@ def parse_frameworks(text: str) -> list[str]:
             )
     if not names:
         raise UsageError(f"--frameworks is empty; give one or more of {', '.join(REGISTRY)}")
-    return names
-
-
-def parse_gpus(text: str) -> list[int]:
-    """'4' -> [1, 2, 4]; '6' -> [1, 2, 4, 6]; '1,2,3' -> [1, 2, 3]."""
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise UsageError(
-            f"--gpus {text!r} is not a count or a list of counts; use e.g. --gpus 4 or --gpus 1,2,3"
-        ) from None
-    if not values or min(values) < 1:
-        raise UsageError(
-            f"--gpus {text} asks for {min(values, default=0)} devices; every device count must "
-            "be >= 1 (e.g. --gpus 1)"
-        )
-    if "," in text:
-        return sorted(set(values))
-    n = values[0]
-    return [2**k for k in range(n.bit_length()) if 2**k < n] + [n]
-
-
-def detect_gpus() -> list[str]:
-    """GPU names from `nvidia-smi -L` (honours CUDA_VISIBLE_DEVICES); [] without a working one."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    if out.returncode != 0:
-        return []
-    names = []
-    for line in out.stdout.splitlines():
-        m = re.match(r"GPU \d+: (.+?)(?: \(UUID: [^)]*\))?$", line.strip())
-        if m:
-            names.append(m.group(1))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        names = names[: len([v for v in visible.split(",") if v.strip()])]
     return names
 
 

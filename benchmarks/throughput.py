@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
-import shutil
 import signal
 import statistics
 import subprocess
@@ -39,6 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from benchmarks.compute_only import family_of
+from benchmarks.devices import UsageError, detect_gpus, parse_gpus
 from benchmarks.registry import PYTHON_ENV, REGISTRY, unavailable
 from common.config import FRAMEWORKS, PRECISIONS, PRESETS, ConfigError, per_device, preset
 from common.results import host_info, write_json_atomic
@@ -46,10 +45,6 @@ from common.runtime import ROOT, cpu_threads
 
 PROG = "python -m benchmarks.throughput"
 TRAIN_IMAGES = PRESETS["throughput"]["synthetic_train"]  # synthetic training-set size
-
-
-class UsageError(Exception):
-    """Bad input found before anything runs; the message names the problem and the fix."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -210,45 +205,6 @@ def parse_frameworks(text: str) -> list[str]:
             f"{', '.join(REGISTRY)} (comma-separated)"
         )
     return names
-
-
-def parse_gpus(text: str) -> list[int]:
-    """'4' -> [1, 2, 4]; '6' -> [1, 2, 4, 6]; '1,2,3' -> [1, 2, 3] (as the compare runner)."""
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise UsageError(
-            f"--gpus {text!r} is not a device count >= 1 or a list of them; "
-            "use e.g. --gpus 4 or --gpus 1,2"
-        )
-    if "," in text:
-        return sorted(set(values))
-    n = values[0]
-    return [2**k for k in range(n.bit_length()) if 2**k < n] + [n]
-
-
-def detect_gpus() -> list[str]:
-    """GPU names from `nvidia-smi -L`, limited by CUDA_VISIBLE_DEVICES; [] without GPUs."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    names = [
-        m.group(1)
-        for m in (
-            re.match(r"GPU \d+: (.+?)(?: \(UUID: [^)]*\))?$", line.strip())
-            for line in out.stdout.splitlines()
-        )
-        if m
-    ]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        names = names[: len([v for v in visible.split(",") if v.strip()])]
-    return names if out.returncode == 0 else []
 
 
 def use_interpreter(path: str) -> None:
