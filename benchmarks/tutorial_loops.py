@@ -1,0 +1,390 @@
+"""`python -m benchmarks.tutorial_loops`: our training loops against the seed tutorials' loops.
+
+Each trainer is timed against the tutorial loop it grew out of, on the same work: the same
+Config (the same flags go to both), the same arrays from `common.datasets`, the same model built
+by the trainer's own `build_model`. What differs is only the loop (benchmarks/tutorials/):
+
+    d2l-torch      d2l 13.6, PyTorch: nn.DataParallel, DataLoader(num_workers=4) + ToTensor,
+                   a host sync per evaluation batch                         vs  torch-dp
+    nvidia-course  NVIDIA DLI data-parallel course: DDP, DistributedSampler,
+                   DataLoader(num_workers=0) + ToTensor, drop_last test set   vs  torch-ddp
+    d2l-mxnet      d2l 13.6, MXNet: split_and_load, gluon DataLoader(num_workers=4), network
+                   not hybridized, float() per evaluation shard             vs  mxnet-gluon
+    flax-imagenet  Flax examples/imagenet: jax.pmap + lax.pmean, prefetch_to_device(2),
+                   per-step metrics fetched every log_every_steps            vs  jax-pmap
+
+Both sides run in their own processes, alternately (ours first in even repeats, the tutorial's
+first in odd ones, so a drift in the machine's load falls on both), with idle OpenMP threads
+sleeping. The figure compared is the record's `images_per_sec` (training images of the epochs
+after the first over their training seconds, ended by the framework's own sync, in both) and the
+per-repeat ratio ours / tutorial; `epoch_sec` adds evaluation (whole epoch, wall clock).
+Augmentation is off and the LR constant on both sides (the tutorials have neither).
+
+outputs (in --out DIR): tutorial_loops.json (every run and the summary), tutorial_loops.md,
+runs/*.json (each run's record), logs/*.log.
+exit code: 0 every run ok, 1 a run failed or timed out, 2 bad input (nothing ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NoReturn
+
+from benchmarks.devices import UsageError, detect_gpus, parse_gpus
+from benchmarks.registry import REGISTRY, unavailable
+from benchmarks.throughput import last_line, run_process, settle
+from common import cli
+from common.config import ConfigError, preset
+from common.results import host_info, write_json_atomic
+from common.runtime import ROOT
+
+PROG = "python -m benchmarks.tutorial_loops"
+
+
+@dataclass(frozen=True)
+class Tutorial:
+    name: str
+    module: str  # run as `python -m <module>` with the compared framework's interpreter
+    framework: str  # the trainer it is compared with
+    title: str
+
+
+TUTORIALS: dict[str, Tutorial] = {
+    t.name: t
+    for t in (
+        Tutorial("d2l-torch", "benchmarks.tutorials.d2l_torch", "torch-dp", "d2l 13.6 (PyTorch)"),
+        Tutorial(
+            "nvidia-course",
+            "benchmarks.tutorials.nvidia_course",
+            "torch-ddp",
+            "NVIDIA DLI data-parallel course (DDP)",
+        ),
+        Tutorial("d2l-mxnet", "benchmarks.tutorials.d2l_mxnet", "mxnet-gluon", "d2l 13.6 (MXNet)"),
+        Tutorial(
+            "flax-imagenet",
+            "benchmarks.tutorials.flax_imagenet",
+            "jax-pmap",
+            "Flax examples/imagenet (pmap)",
+        ),
+    )
+}
+
+# The work both sides do unless flags say otherwise: ResNet-18 at a quarter width on 4096
+# CIFAR-shaped synthetic images, global batch 256, 3 epochs (the first is warm-up).
+DEFAULT_WORK = dict(preset="throughput", width=0.25, train_limit=4096, epochs=3)
+# Flags the runner sets itself, and values forced on both sides (the tutorials have no
+# augmentation and a constant LR; our trainers would otherwise do more work).
+RUNNER_OWNED = ("gpus", "output", "checkpoint_dir", "resume", "log_every", "phase_timing")
+FORCED: dict[str, Any] = dict(augment=False, lr_schedule="constant", warmup_epochs=0.0)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one clear line, exit 2
+        self.exit(2, f"tutorial_loops: error: {message}; see {PROG} --help\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    shared = cli.build_parser(PROG, exclude=RUNNER_OWNED)
+    p = _Parser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+        parents=[shared],
+        conflict_handler="resolve",
+        allow_abbrev=False,
+        epilog="Shared training flags (--model, --width, --batch-size, ...) go to both sides. "
+        "Without --preset the work is: "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEFAULT_WORK.items())
+        + ". Both sides always run with --no-augment --lr-schedule constant --warmup-epochs 0.",
+    )
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="named preset for both sides (default: the work below)",
+    )
+    p.add_argument(
+        "--tutorials",
+        default=",".join(TUTORIALS),
+        metavar="LIST",
+        help=f"comma-separated, from: {', '.join(TUTORIALS)} (default: all)",
+    )
+    p.add_argument(
+        "--gpus",
+        default="2",
+        metavar="N|LIST",
+        help="device counts as in benchmarks.compare (default 2: 1 and 2); simulated on CPU",
+    )
+    p.add_argument("--repeat", type=int, default=2, help="runs of each side per cell (default 2)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
+    p.add_argument(
+        "--wait-load",
+        type=float,
+        default=0.0,
+        help="before each run wait until the 1-minute load average is below this (0: no wait)",
+    )
+    p.add_argument("--out", default=None, help="output directory (default results/tutorials-<UTC>)")
+    return p
+
+
+@dataclass
+class Plan:
+    tutorials: list[Tutorial]
+    counts: list[int]
+    gpus: list[str]
+    skipped: dict[str, str]  # tutorial name -> why it cannot run here
+    flags: list[str]  # the shared flags given to both sides
+    repeat: int
+    timeout: float
+    wait_load: float
+    out: Path
+    argv: list[str]
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + name.replace("_", "-")]
+    return [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+
+
+def plan_from(argv: list[str]) -> Plan:
+    ns = build_parser().parse_args(argv)
+    names = [t.strip() for t in ns.tutorials.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TUTORIALS]
+    if unknown or not names:
+        raise UsageError(
+            f"unknown tutorial {', '.join(unknown) or '(none given)'}; choose from "
+            f"{', '.join(TUTORIALS)} (e.g. --tutorials d2l-torch,flax-imagenet)"
+        )
+    if ns.repeat < 1:
+        raise UsageError(f"--repeat must be >= 1 (got {ns.repeat})")
+    if ns.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0 seconds (got {ns.timeout:g})")
+    counts = parse_gpus(ns.gpus)
+    gpus = detect_gpus()
+    if gpus and max(counts) > len(gpus):
+        raise UsageError(
+            f"--gpus {ns.gpus} asks for {max(counts)} devices but this machine has "
+            f"{len(gpus)} GPU(s); use --gpus {len(gpus)}"
+        )
+    own = ("preset", "tutorials", "gpus", "repeat", "timeout", "wait_load", "out")
+    given = {k: v for k, v in vars(ns).items() if k not in own}  # shared flags actually given
+    work = dict(DEFAULT_WORK) if ns.preset is None else {"preset": ns.preset}
+    work = {**work, **given, **FORCED}
+    name = work.pop("preset")
+    try:  # the same resolution both sides will do, at every device count: fail before any run
+        for n in counts:
+            preset(name, framework=TUTORIALS[names[0]].framework, gpus=n, **work)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    flags = ["--preset", name]
+    for key, value in work.items():
+        flags += _flag(key, value)
+    tutorials = [TUTORIALS[t] for t in names]
+    missing = unavailable(sorted({t.framework for t in tutorials}))
+    skipped = {t.name: missing[t.framework] for t in tutorials if t.framework in missing}
+    if ns.out:
+        out = Path(ns.out).resolve()
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out = ROOT / "results" / f"tutorials-{stamp}"
+    if (out / "tutorial_loops.json").exists():
+        raise UsageError(f"{out} already holds a tutorial_loops result; choose a new --out")
+    return Plan(
+        tutorials, counts, gpus, skipped, flags, ns.repeat, ns.timeout, ns.wait_load, out,
+        [*PROG.split(), *argv],
+    )  # fmt: skip
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str, Any]:
+    """One run of our trainer (side "ours") or of the tutorial loop (side "tutorial")."""
+    fw = REGISTRY[tut.framework]
+    module = fw.module if side == "ours" else tut.module
+    tag = f"{tut.name}-{n}dev-{side}-r{rep}"
+    output = plan.out / "runs" / f"{tag}.json"
+    command = [str(fw.python), "-m", module, *plan.flags, "--gpus", str(n), "--output", str(output)]
+    log = plan.out / "logs" / f"{tag}.log"
+    load = settle(plan.wait_load)
+    code, _, timed_out = run_process(command, log, plan.timeout)
+    row: dict[str, Any] = {
+        "tutorial": tut.name,
+        "framework": tut.framework,
+        "side": side,
+        "devices": n,
+        "repeat": rep,
+        "command": command,
+        "log": str(log.relative_to(plan.out)),
+        "load_before": load,
+        "exit_code": code,
+    }
+    record: dict[str, Any] = {}
+    if output.exists():
+        record = json.loads(output.read_text())
+    status = record.get("status", "failed")
+    if timed_out:
+        status, why = "timeout", f"killed after {plan.timeout:g} s"
+    elif code != 0 or status != "ok":
+        status = "failed" if status == "ok" else status
+        why = record.get("error") or last_line(log) or f"exit code {code}"
+    else:
+        why = ""
+    epochs = record.get("epochs", [])
+    walls = [e["wall_sec"] for e in epochs]
+    epoch_secs = [b - a for a, b in zip(walls, walls[1:])]  # whole epochs after the first
+    row.update(
+        status=status,
+        error=why,
+        record=str(output.relative_to(plan.out)) if output.exists() else None,
+        images_per_sec=record.get("images_per_sec") if status == "ok" else None,
+        epoch_sec=statistics.median(epoch_secs) if status == "ok" and epoch_secs else None,
+        first_epoch_sec=record.get("first_epoch_sec"),
+        wall_sec=record.get("wall_sec"),
+        test_examples=record.get("test_examples"),
+        test_accuracy=record.get("test_accuracy"),
+        device_kind=record.get("device_kind"),
+        deviations=record.get("deviations"),
+    )
+    print(
+        f"{tut.name:<14} {n} dev  {side:<8} r{rep}  {status:<7} "
+        + (f"images/s={row['images_per_sec']:.1f}" if row["images_per_sec"] else why),
+        flush=True,
+    )
+    return row
+
+
+def summarise(plan: Plan, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per tutorial x device count: medians over repeats and the median per-repeat
+    ratio ours / tutorial (a repeat counts only when both of its runs are ok)."""
+    rows = []
+    for tut in plan.tutorials:
+        for n in plan.counts:
+            cell = [r for r in runs if r["tutorial"] == tut.name and r["devices"] == n]
+            if not cell:
+                continue
+            side = {s: [r for r in cell if r["side"] == s] for s in ("ours", "tutorial")}
+            ratios, epoch_ratios = [], []
+            for rep in range(plan.repeat):
+                pair = {r["side"]: r for r in cell if r["repeat"] == rep}
+                if len(pair) == 2 and all(p["images_per_sec"] for p in pair.values()):
+                    ratios.append(
+                        pair["ours"]["images_per_sec"] / pair["tutorial"]["images_per_sec"]
+                    )
+                    if pair["ours"]["epoch_sec"] and pair["tutorial"]["epoch_sec"]:
+                        epoch_ratios.append(
+                            pair["tutorial"]["epoch_sec"] / pair["ours"]["epoch_sec"]
+                        )
+
+            def med(key: str, s: str, side: dict[str, list[dict[str, Any]]] = side) -> float | None:
+                vals = [r[key] for r in side[s] if r.get(key) is not None and r["status"] == "ok"]
+                return statistics.median(vals) if vals else None
+
+            rows.append(
+                {
+                    "tutorial": tut.name,
+                    "framework": tut.framework,
+                    "devices": n,
+                    "ours_images_per_sec": med("images_per_sec", "ours"),
+                    "tutorial_images_per_sec": med("images_per_sec", "tutorial"),
+                    "ratio": statistics.median(ratios) if ratios else None,
+                    "ratios": ratios,
+                    "epoch_speedup": statistics.median(epoch_ratios) if epoch_ratios else None,
+                    "ours_test_examples": med("test_examples", "ours"),
+                    "tutorial_test_examples": med("test_examples", "tutorial"),
+                    "status": "ok" if all(r["status"] == "ok" for r in cell) else "failed",
+                }
+            )
+    return rows
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def markdown(plan: Plan, rows: list[dict[str, Any]], host: dict[str, Any]) -> str:
+    lines = [
+        "# Our training loops vs the seed tutorials' loops",
+        "",
+        f"Command: `{' '.join(plan.argv)}`  ",
+        f"Machine: {host.get('cpu', '?')}, {host.get('cpu_count', '?')} CPU threads"
+        + (f", GPUs: {', '.join(plan.gpus)}" if plan.gpus else " (devices simulated on the CPU)")
+        + "  ",
+        f"Work (both sides): `{' '.join(plan.flags)}`; {plan.repeat} alternating run(s) per side.",
+        "",
+        "ratio = ours / tutorial training images/s (median of per-repeat ratios; > 1: ours is "
+        "faster); epoch speed-up = tutorial / ours whole-epoch seconds (training + evaluation).",
+        "",
+        "| tutorial | vs | devices | ours images/s | tutorial images/s | ratio | epoch speed-up "
+        "| test images ours / tutorial | status |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ours, theirs = r["ours_images_per_sec"], r["tutorial_images_per_sec"]
+        tests = (
+            f"{_fmt(r['ours_test_examples'], '.0f')} / {_fmt(r['tutorial_test_examples'], '.0f')}"
+        )
+        lines.append(
+            f"| {r['tutorial']} | {r['framework']} | {r['devices']} "
+            f"| {_fmt(ours, '.1f')} | {_fmt(theirs, '.1f')} "
+            f"| {_fmt(r['ratio'], '.3f')} | {_fmt(r['epoch_speedup'], '.3f')} | {tests} "
+            f"| {r['status']} |"
+        )
+    for name, why in plan.skipped.items():
+        lines.append(f"| {name} | {TUTORIALS[name].framework} | — | | | | | | skipped: {why} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = plan_from(argv)
+    except UsageError as exc:
+        print(f"tutorial_loops: error: {exc}", file=sys.stderr)
+        return 2
+    plan.out.mkdir(parents=True, exist_ok=True)
+    host = host_info()
+    runs: list[dict[str, Any]] = []
+
+    def save() -> list[dict[str, Any]]:  # after every run: an interrupted sweep keeps its runs
+        rows = summarise(plan, runs)
+        write_json_atomic(
+            plan.out / "tutorial_loops.json",
+            {"command": plan.argv, "flags": plan.flags, "host": host, "gpus": plan.gpus,
+             "skipped": plan.skipped, "summary": rows, "runs": runs},
+        )  # fmt: skip
+        text = markdown(plan, rows, host)
+        tmp = plan.out / "tutorial_loops.md.tmp"
+        tmp.write_text(text)
+        tmp.replace(plan.out / "tutorial_loops.md")
+        return rows
+
+    for name, why in plan.skipped.items():
+        print(f"{name}: skipped: {why}", flush=True)
+    for tut in plan.tutorials:
+        if tut.name in plan.skipped:
+            continue
+        counts = plan.counts
+        if not plan.gpus and REGISTRY[tut.framework].multi_device_needs_cuda:
+            counts = [1]  # both sides would run one replica: nothing more to compare
+        for n in counts:
+            for rep in range(plan.repeat):
+                order = ("ours", "tutorial") if rep % 2 == 0 else ("tutorial", "ours")
+                for side in order:
+                    runs.append(run_side(plan, tut, side, n, rep))
+                    save()
+    rows = save()
+    print()
+    print(markdown(plan, rows, host))
+    print(f"results in {plan.out}")
+    return 0 if runs and all(r["status"] == "ok" for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
