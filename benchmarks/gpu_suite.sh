@@ -6,7 +6,8 @@
 #
 # Writes, under OUT_DIR: machine.txt, commands.txt (every command and its seconds),
 # throughput-bf16/, throughput-bf16-compile/, throughput-fp32/ (each throughput.json,
-# throughput.md, runs/, logs/) and compare-digits/ (the compare runner's tables and records).
+# throughput.md, runs/, logs/), compare-digits/ (the compare runner's tables and records) and
+# tutorial-loops/ (ours against the seed tutorials' loops).
 # Throughput: ResNet-18, 32x32 synthetic data, global batch 512 on 1 GPU; the real loop runs
 # 4 epochs of 16 steps (all 8192 synthetic images per epoch), the last 3 timed.
 set -u -o pipefail
@@ -62,6 +63,12 @@ run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
     DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
     "$PY" -m benchmarks.compare --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard --gpus 1 \
     --preset digits --timeout 180 --out "$OUT/compare-digits"
+# 5. Our loops against the seed tutorials' loops (d2l, NVIDIA course, Flax example) on the same
+#    work: full-width ResNet-18 on 8192 CIFAR-shaped synthetic images, batch 256, 1 GPU.
+run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
+    --tutorials d2l-torch,nvidia-course,flax-imagenet --gpus 1 --repeat 2 \
+    --preset throughput --width 1 --train-limit 8192 --epochs 3 --timeout 120 \
+    --out "$OUT/tutorial-loops"
 
 echo "results in $OUT after $SECONDS s (exit $status)"
 exit $status

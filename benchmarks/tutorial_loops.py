@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 
 from benchmarks.devices import UsageError, detect_gpus, parse_gpus
 from benchmarks.registry import REGISTRY, unavailable
-from benchmarks.throughput import last_line, run_process, settle
+from benchmarks.throughput import last_line, run_process, settle, use_interpreter
 from common import cli
 from common.config import ConfigError, preset
 from common.results import host_info, write_json_atomic
@@ -127,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="before each run wait until the 1-minute load average is below this (0: no wait)",
     )
+    p.add_argument(
+        "--python",
+        default=None,
+        metavar="PATH",
+        help="run both sides of every pair with this interpreter (e.g. a GPU machine's python3 "
+        "holding torch and JAX) instead of the project's environments",
+    )
     p.add_argument("--out", default=None, help="output directory (default results/tutorials-<UTC>)")
     return p
 
@@ -172,7 +179,9 @@ def plan_from(argv: list[str]) -> Plan:
             f"--gpus {ns.gpus} asks for {max(counts)} devices but this machine has "
             f"{len(gpus)} GPU(s); use --gpus {len(gpus)}"
         )
-    own = ("preset", "tutorials", "gpus", "repeat", "timeout", "wait_load", "out")
+    own = ("preset", "tutorials", "gpus", "repeat", "timeout", "wait_load", "python", "out")
+    if ns.python:
+        use_interpreter(ns.python)
     given = {k: v for k, v in vars(ns).items() if k not in own}  # shared flags actually given
     work = dict(DEFAULT_WORK) if ns.preset is None else {"preset": ns.preset}
     work = {**work, **given, **FORCED}
