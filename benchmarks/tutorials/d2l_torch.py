@@ -1,0 +1,244 @@
+"""d2l-torch: the training loop of Dive into Deep Learning 13.6, "Concise Implementation for
+Multiple GPUs" (PyTorch), on this project's data, model and config; compared with torch-dp.
+
+    python -m benchmarks.tutorials.d2l_torch --preset throughput --no-augment --gpus 1
+
+The tutorial's loop, and what each part costs:
+- Input: `d2l.load_data_fashion_mnist(batch_size)` wraps a torchvision dataset whose transform
+  (`ToTensor`) runs per image, in `DataLoader(shuffle=True, num_workers=4)` for training and
+  `DataLoader(shuffle=False, num_workers=4)` for testing, both at the training batch size. The
+  four worker processes are started afresh at every epoch (no persistent workers) and collate
+  per-image tensors; the final partial batch is kept.
+- Step: `nn.DataParallel(net, device_ids=devices)` scatters each batch from GPU 0, replicates
+  the model and gathers the logits every step; zero_grad, `.to(devices[0])` of X and y (pageable
+  memory, synchronous copy), `nn.CrossEntropyLoss`, backward, `torch.optim.SGD.step`. No
+  per-step host sync in training.
+- Timing: the tutorial stops its timer right after the loop WITHOUT `torch.cuda.synchronize()`,
+  so queued kernels would be missed; this rebuild synchronises before reading the clock.
+- Evaluation: `d2l.evaluate_accuracy_gpu`: eval mode, no_grad, per batch `float()` of the number
+  correct (one host sync per test batch), every test image once (no drop, no padding).
+Timed like `common.results.RunRecorder`: the first epoch is warm-up; `images_per_sec` is the
+later epochs' images over their training seconds; evaluation is timed separately.
+
+Without CUDA, DataParallel runs the module directly on the CPU (one replica), exactly like our
+torch-dp: the record says devices 1, device_kind "cpu".
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms
+
+from benchmarks.tutorials.record import TutorialRecorder
+from common import cli
+from common.config import Config, ConfigError
+from common.datasets import DatasetError, check_available, load_for
+from common.runtime import cpu_threads
+from common.schedule import scaled_lr
+from frameworks.torch_dp import FRAMEWORK as COMPARED
+from frameworks.torch_dp import build_model
+from frameworks.torch_models import decay_parameters
+
+TUTORIAL = "d2l-torch"
+SOURCE = (
+    "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (PyTorch), "
+    "https://d2l.ai/chapter_computational-performance/multiple-gpus-concise.html"
+)
+DEVIATIONS: tuple[str, ...] = (
+    "data come from common.datasets arrays instead of torchvision.datasets.FashionMNIST "
+    "(no download here); ToTensor gets each uint8 (H, W, C) ndarray instead of a PIL image",
+    "images are normalised per item with the dataset mean/std (transforms.Normalize after "
+    "ToTensor) like our trainers; d2l does not normalise",
+    "the model is the compared trainer's (torch-dp build_model: our ResNet-18/WideResNet and "
+    "He-normal init) instead of d2l's resnet18 with normal(std 0.01) weights",
+    "SGD with momentum and weight decay from the config (weight decay on conv/linear weights "
+    "only, like our trainers); d2l uses plain SGD on net.parameters()",
+    "label smoothing from the config in nn.CrossEntropyLoss (0 unless asked)",
+    "torch.cuda.synchronize() before the epoch clock stops; d2l's timer omits it",
+    "the model is moved to devices[0] before DataParallel wraps it (DataParallel requires it)",
+    "torch seeded with --seed before the model is built (same initial weights as torch-dp)",
+    "CPU threads set as torch-dp sets them; --max-steps-per-epoch caps the loop when given",
+)
+
+PROG = "python -m benchmarks.tutorials.d2l_torch"
+
+
+class ImageArrays(Dataset):
+    """Stand-in for torchvision's FashionMNIST: item i is (transform(images[i]), int label)."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: transforms.Compose):
+        self.images = images  # (N, H, W, C) uint8
+        self.labels = labels  # (N,) int32
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.transform(self.images[i]), int(self.labels[i])
+
+
+def load_data(cfg: Config, ds) -> tuple[DataLoader, DataLoader]:  # type: ignore[no-untyped-def]
+    """d2l.load_data_fashion_mnist(batch_size): per-item transforms, 4 workers, one batch size."""
+    trans = transforms.Compose([transforms.ToTensor(), transforms.Normalize(ds.mean, ds.std)])
+    train_set = ImageArrays(ds.train_x, ds.train_y, trans)
+    test_set = ImageArrays(ds.test_x, ds.test_y, trans)
+    workers = 4  # d2l.get_dataloader_workers()
+    return (
+        DataLoader(train_set, cfg.batch_size, shuffle=True, num_workers=workers),
+        DataLoader(test_set, cfg.batch_size, shuffle=False, num_workers=workers),
+    )
+
+
+def evaluate_accuracy_gpu(net: nn.Module, data_iter: DataLoader) -> tuple[float, float]:
+    """d2l's accuracy loop: (correct, total), one host sync (`float`) per batch."""
+    net.eval()
+    device = next(iter(net.parameters())).device
+    correct, total = 0.0, 0.0
+    with torch.no_grad():
+        for X, y in data_iter:
+            X, y = X.to(device), y.to(device)
+            y_hat = net(X).argmax(dim=1)
+            correct += float((y_hat.type(y.dtype) == y).type(y.dtype).sum())  # host sync
+            total += float(y.numel())
+    return correct, total
+
+
+def sync() -> None:
+    """Wait for queued device work (CUDA kernels run asynchronously; CPU ops do not)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def train(cfg: Config) -> dict:
+    """The tutorial's train(net, num_gpus, batch_size, lr) on our data, model and config."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        devices = [torch.device("cuda", i) for i in range(cfg.gpus)]  # d2l.try_gpu(i)
+        kind = f"cuda:{torch.cuda.get_device_name(0)}"
+    else:
+        devices, kind = [torch.device("cpu")], "cpu"
+        torch.set_num_threads(cpu_threads(1))
+        asked = f" (--gpus {cfg.gpus} was asked)" if cfg.gpus > 1 else ""
+        print(
+            "warning: no CUDA device: nn.DataParallel runs a single replica on the CPU; "
+            f"this run used 1 device{asked}",
+            file=sys.stderr,
+            flush=True,
+        )
+    ds = load_for(cfg)
+    torch.manual_seed(cfg.seed)
+    train_iter, test_iter = load_data(cfg, ds)
+    net = build_model(cfg, ds.channels, ds.num_classes).to(devices[0])
+    recorder = TutorialRecorder(
+        cfg,
+        tutorial=TUTORIAL,
+        source=SOURCE,
+        deviations=DEVIATIONS,
+        devices=len(devices),
+        device_kind=kind,
+        packages=("torch", "torchvision"),
+        n_test=len(ds.test_x),
+    )
+    try:
+        # Scatter / replicate / gather every step; gradients summed onto GPU 0 in backward().
+        net = nn.DataParallel(net, device_ids=devices if cuda else None)
+        decay, no_decay = decay_parameters(net.module)
+        trainer = torch.optim.SGD(
+            [
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling),
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+        )
+        loss = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+        for _ in range(cfg.epochs):
+            net.train()
+            t0 = time.perf_counter()
+            images = 0
+            for step, (X, y) in enumerate(train_iter):  # workers start here, every epoch
+                if cfg.max_steps_per_epoch and step == cfg.max_steps_per_epoch:
+                    break
+                trainer.zero_grad()
+                X, y = X.to(devices[0]), y.to(devices[0])  # (B, C, H, W) float32, (B,) int64
+                l = loss(net(X), y)  # noqa: E741 (the tutorial's name)
+                l.backward()
+                trainer.step()
+                images += y.shape[0]  # host-side shape: no sync
+            sync()  # added: d2l stops its timer with kernels still queued
+            sec = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            correct, total = evaluate_accuracy_gpu(net, test_iter)
+            recorder.end_epoch(sec, images, time.perf_counter() - t1, correct, total)
+    except Exception as exc:
+        recorder.fail(f"{type(exc).__name__}: {exc}")
+        print(f"{PROG}: failed: {recorder.error}", file=sys.stderr)
+    return recorder.finish()
+
+
+def check_supported(cfg: Config) -> None:
+    """Options the tutorial's loop has no equivalent for (ConfigError, one line)."""
+    refused = [
+        (cfg.precision != "fp32", f"--precision {cfg.precision}", "--precision fp32"),
+        (cfg.optimizer != "sgd", f"--optimizer {cfg.optimizer}", "--optimizer sgd"),
+        (cfg.lr_schedule != "constant", f"--lr-schedule {cfg.lr_schedule}", "a constant LR"),
+        (cfg.warmup_epochs > 0, f"--warmup-epochs {cfg.warmup_epochs:g}", "--warmup-epochs 0"),
+        (cfg.augment, "--augment", "--no-augment"),
+        (cfg.resume, "--resume", "a run without --resume"),
+        (bool(cfg.checkpoint_dir), "--checkpoint-dir", "a run without --checkpoint-dir"),
+        (cfg.target_accuracy > 0, "--target-accuracy", "--target-accuracy 0 (no early stop)"),
+    ]
+    for bad, flag, fix in refused:
+        if bad:
+            raise ConfigError(f"{flag}: the d2l loop has no such option; use {fix}")
+    if torch.cuda.is_available():
+        if cfg.gpus > torch.cuda.device_count():
+            raise ConfigError(
+                f"--gpus {cfg.gpus} but only {torch.cuda.device_count()} CUDA devices are "
+                f"visible; use --gpus {torch.cuda.device_count()} or fewer"
+            )
+        if cfg.bn == "sync" and cfg.gpus > 1:
+            raise ConfigError(
+                "--bn sync is not possible with nn.DataParallel (each replica normalises its "
+                "own slice); use --bn local"
+            )
+    check_available(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: the trainers' flags. Exit 0 ok, 1 failed, 2 bad input."""
+    cfg = cli.parse_args(argv, framework=COMPARED, prog=PROG)
+    try:
+        check_supported(cfg)
+    except (ConfigError, DatasetError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        record = train(cfg)
+    except Exception as exc:  # before the loop started (data, model): still write a record
+        failed = TutorialRecorder(
+            cfg,
+            tutorial=TUTORIAL,
+            source=SOURCE,
+            deviations=DEVIATIONS,
+            devices=cfg.gpus if torch.cuda.is_available() else 1,
+            device_kind="cuda" if torch.cuda.is_available() else "cpu",
+            packages=("torch", "torchvision"),
+        )
+        failed.fail(f"{type(exc).__name__}: {exc}")
+        print(f"{PROG}: failed: {failed.error}", file=sys.stderr)
+        failed.finish()
+        return 1
+    return 0 if record["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
