@@ -187,7 +187,8 @@ def train(cfg: Config) -> dict:
 
     ctx, kind = select_devices(cfg.gpus)
     ds = load_for(cfg)
-    np.random.seed(cfg.seed)  # the DataLoader's RandomSampler shuffles with numpy's global RNG
+    # The DataLoader's RandomSampler shuffles with numpy's global generator.
+    np.random.seed(cfg.seed)  # noqa: NPY002
     mx.random.seed(cfg.seed)  # initial weights (and dropout masks)
     net = build_model(cfg, ds.channels, ds.num_classes)
     recorder = TutorialRecorder(
