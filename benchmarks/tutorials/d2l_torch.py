@@ -189,12 +189,20 @@ def check_supported(cfg: Config) -> None:
     refused = [
         (cfg.precision != "fp32", f"--precision {cfg.precision}", "--precision fp32"),
         (cfg.optimizer != "sgd", f"--optimizer {cfg.optimizer}", "--optimizer sgd"),
-        (cfg.lr_schedule != "constant", f"--lr-schedule {cfg.lr_schedule}", "a constant LR"),
+        (
+            cfg.lr_schedule != "constant",
+            f"--lr-schedule {cfg.lr_schedule}",
+            "--lr-schedule constant",
+        ),
         (cfg.warmup_epochs > 0, f"--warmup-epochs {cfg.warmup_epochs:g}", "--warmup-epochs 0"),
         (cfg.augment, "--augment", "--no-augment"),
         (cfg.resume, "--resume", "a run without --resume"),
         (bool(cfg.checkpoint_dir), "--checkpoint-dir", "a run without --checkpoint-dir"),
-        (cfg.target_accuracy > 0, "--target-accuracy", "--target-accuracy 0 (no early stop)"),
+        (
+            cfg.target_accuracy > 0,
+            f"--target-accuracy {cfg.target_accuracy:g}",
+            "--target-accuracy 0",
+        ),
     ]
     for bad, flag, fix in refused:
         if bad:
