@@ -26,10 +26,11 @@ The example's loop, kept here in its order (the lines that cost time are marked)
   `common_utils.get_metrics` [cost: a device_get, the host sync that drains the queue] and a
   log line.
 - Every `steps_per_epoch` steps: `sync_batch_stats` (a pmapped pmean of the BN statistics,
-  done even when BN is synchronised), then `steps_per_eval = n_test // batch_size` steps of the
-  pmapped `eval_step` over a repeated test iterator batched like training (the global TRAINING
-  batch, `drop_remainder=True`: the last n_test % batch_size test images are never evaluated,
-  and `test_examples` in the record says how many were), then `get_metrics` [one device_get].
+  done even when BN is synchronised; its axis is named 'batch' here, see DEVIATIONS), then
+  `steps_per_eval = n_test // batch_size` steps of the pmapped `eval_step` over a repeated
+  test iterator batched like training (the global TRAINING batch, `drop_remainder=True`: the
+  last n_test % batch_size test images are never evaluated, and `test_examples` in the record
+  says how many were), then `get_metrics` [one device_get].
 
 Timing, as for every tutorial loop (benchmarks/tutorials/record.py): an epoch's clock starts
 before its first step and stops after `jax.block_until_ready(state)` that follows
@@ -93,6 +94,11 @@ DEVIATIONS: tuple[str, ...] = (
     "WideResNet only: a dropout key folded from (seed, step, device) as in jax-pmap (the "
     "example's ResNet has no dropout)",
     "--gpus N pmaps over the first N local devices; the example uses every local device",
+    "sync_batch_stats' pmap names its axis 'batch' (the example: 'x'): since JAX 0.8 pmap is "
+    "jit + shard_map and its compile cache is keyed on the input shardings, which carry the "
+    "axis name, so with 'x' p_train_step compiles once more after the first sync, inside the "
+    "timed epoch 2 (measured: 8.6 s instead of 1.2 s for that epoch; epoch 3 unaffected), a "
+    "one-time cost JAX's pmap of the example's time did not have",
     "one process (no multi-host split of the data), fp32 only (no half_precision / "
     "DynamicScale), no checkpoints, no clu profiler hook or metric writer (log lines are "
     "printed instead)",
@@ -144,9 +150,7 @@ def train_step(
         )
         loss = cross_entropy_loss(logits, batch["label"])
         # Kernels (ndim > 1) only: conv and linear weights, as our trainers' decay mask.
-        weight_l2 = sum(
-            jnp.sum(x**2) for x in jax.tree_util.tree_leaves(params) if x.ndim > 1
-        )
+        weight_l2 = sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(params) if x.ndim > 1)
         return loss + weight_decay * 0.5 * weight_l2, (new_model_state, logits)
 
     lr = learning_rate_fn(state.step)
@@ -274,7 +278,7 @@ def train(cfg: Config) -> dict:
         devices=devices,
     )
     p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)
-    cross_replica_mean = jax.pmap(lambda x: lax.pmean(x, "x"), "x", devices=devices)
+    cross_replica_mean = jax.pmap(lambda x: lax.pmean(x, AXIS), AXIS, devices=devices)
     num_steps = steps * cfg.epochs
     try:
         train_metrics: list[dict[str, jax.Array]] = []
