@@ -202,6 +202,25 @@ def sync_batch_stats(state: TrainState, cross_replica_mean: Callable[[Any], Any]
     return state.replace(batch_stats=cross_replica_mean(state.batch_stats))
 
 
+def create_train_state(
+    cfg: Config,
+    model: Any,
+    image_shape: tuple[int, int, int],
+    learning_rate_fn: Callable[[jax.Array], jax.Array],
+) -> TrainState:
+    """The example's create_train_state: parameters, BN statistics and optax.sgd (on the host;
+    `jax_utils.replicate` puts it on the devices)."""
+    variables = init_variables(model, cfg.seed, image_shape)  # jax-pmap's weights for this seed
+    tx = optax.sgd(learning_rate_fn, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
+    return TrainState.create(
+        apply_fn=model.apply,
+        params=variables["params"],
+        tx=tx,
+        batch_stats=variables["batch_stats"],
+        dropout_rng=jax.random.PRNGKey(cfg.seed) if cfg.model == "wideresnet" else None,
+    )
+
+
 def check_config(cfg: Config) -> None:
     """Refuse what the example's loop has no equivalent for (ConfigError: one line, exit 2)."""
     unsupported = [
@@ -227,7 +246,6 @@ def check_config(cfg: Config) -> None:
 
 def train(cfg: Config) -> dict:
     """The example's train_and_evaluate on our work; returns the tutorial record."""
-    devices, kind = select_devices(cfg.gpus)
     ds = load_for(cfg)
     try:
         steps = steps_per_epoch(len(ds.train_x), cfg.batch_size, cfg.max_steps_per_epoch)
@@ -240,20 +258,13 @@ def train(cfg: Config) -> dict:
             f"{len(ds.test_x)} test images < --batch-size {cfg.batch_size}; use a smaller "
             "--batch-size or more test images"
         )
+    devices, kind = select_devices(cfg.gpus)  # the first device query: JAX's backend starts
     log = printer(True)
     model = build_model(cfg, ds.channels, ds.num_classes)
-    variables = init_variables(model, cfg.seed, ds.image_shape)
     learning_rate_fn = optax.constant_schedule(
         scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling)
     )
-    tx = optax.sgd(learning_rate_fn, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
-    state = TrainState.create(
-        apply_fn=model.apply,
-        params=variables["params"],
-        tx=tx,
-        batch_stats=variables["batch_stats"],
-        dropout_rng=jax.random.PRNGKey(cfg.seed) if cfg.model == "wideresnet" else None,
-    )
+    state = create_train_state(cfg, model, ds.image_shape, learning_rate_fn)
     state = jax_utils.replicate(state, devices)
     recorder = TutorialRecorder(
         cfg,
