@@ -36,7 +36,8 @@ DIGITS = ("--preset", "digits", "--width", "0.125", *FORCED)  # 1437 train, 360 
 def test_step_matches_jax_pmap() -> None:
     """Two steps of the example's step (L2 penalty in the loss, pmean'd metrics) give
     jax-pmap's weights (decay on the same kernels through optax, same optax.sgd)."""
-    cfg = preset("smoke", augment=False, gpus=1, framework="jax-pmap")
+    # A weight decay large enough that a wrong decay (or mask) moves weights by >> 1e-5.
+    cfg = preset("smoke", augment=False, weight_decay=0.05, gpus=1, framework="jax-pmap")
     ds = load_for(cfg)
     devices = jax.devices()[:1]
     loader = TrainLoader(ds, cfg.batch_size, cfg.seed, augment=False, prefetch=0)
