@@ -39,16 +39,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
+from benchmarks.tutorials.d2l_torch import ImageArrays  # torchvision-dataset stand-in
 from benchmarks.tutorials.record import TutorialRecorder
 from common import cli
 from common.config import Config, ConfigError, per_device
@@ -90,21 +90,6 @@ DEVIATIONS: tuple[str, ...] = (
 )
 
 PROG = "python -m benchmarks.tutorials.nvidia_course"
-
-
-class ImageArrays(Dataset):
-    """Stand-in for torchvision's FashionMNIST: item i is (transform(images[i]), int label)."""
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: transforms.Compose):
-        self.images = images  # (N, H, W, C) uint8
-        self.labels = labels  # (N,) int32
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return self.transform(self.images[i]), int(self.labels[i])
 
 
 def train_epoch(
