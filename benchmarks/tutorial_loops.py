@@ -79,9 +79,12 @@ TUTORIALS: dict[str, Tutorial] = {
 # CIFAR-shaped synthetic images, global batch 256, 3 epochs (the first is warm-up).
 DEFAULT_WORK = dict(preset="throughput", width=0.25, train_limit=4096, epochs=3)
 # Flags the runner sets itself, and values forced on both sides (the tutorials have no
-# augmentation and a constant LR; our trainers would otherwise do more work).
+# augmentation and a constant LR, and run NCHW on CUDA: channels-last is a layout choice, not a
+# loop one, so it stays off; cuDNN autotuning stays on in ours, part of its loop).
 RUNNER_OWNED = ("gpus", "output", "checkpoint_dir", "resume", "log_every", "phase_timing")
-FORCED: dict[str, Any] = dict(augment=False, lr_schedule="constant", warmup_epochs=0.0)
+FORCED: dict[str, Any] = dict(
+    augment=False, lr_schedule="constant", warmup_epochs=0.0, channels_last=False
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Shared training flags (--model, --width, --batch-size, ...) go to both sides. "
         "Without --preset the work is: "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEFAULT_WORK.items())
-        + ". Both sides always run with --no-augment --lr-schedule constant --warmup-epochs 0.",
+        + ". Both sides always run with --no-augment --lr-schedule constant --warmup-epochs 0 "
+        "--no-channels-last.",
     )
     p.add_argument(
         "--preset",
@@ -172,6 +176,12 @@ def plan_from(argv: list[str]) -> Plan:
         raise UsageError(f"--repeat must be >= 1 (got {ns.repeat})")
     if ns.timeout <= 0:
         raise UsageError(f"--timeout must be > 0 seconds (got {ns.timeout:g})")
+    epochs = getattr(ns, "epochs", None)
+    if epochs is not None and epochs < 2:
+        raise UsageError(
+            f"--epochs {epochs}: the first epoch (compilation, warm-up) is never timed, so a "
+            "comparison needs --epochs 2 or more"
+        )
     counts = parse_gpus(ns.gpus)
     gpus = detect_gpus()
     if gpus and max(counts) > len(gpus):

@@ -21,6 +21,7 @@ TINY = ["--preset", "smoke", "--epochs", "2", "--gpus", "1", "--repeat", "1"]
         (["--tutorials", "keras"], "unknown tutorial keras"),
         (["--gpus", "0"], "every device count must be >= 1"),
         (["--repeat", "0"], "--repeat must be >= 1"),
+        (["--epochs", "1"], "needs --epochs 2 or more"),
         (["--batch-size", "7", "--gpus", "2"], "does not divide"),
         (["--preset", "nope"], "unknown preset"),
         (["--python", "/nonexistent/python"], "--python /nonexistent/python"),
@@ -68,6 +69,7 @@ def test_both_sides_run_the_same_work_and_the_table_is_written(tmp_path: Path) -
     assert (ours["side"], theirs["side"]) == ("ours", "tutorial")
     rec_ours, rec_theirs = (read_json(out / r["record"]) for r in (ours, theirs))
     assert rec_ours["framework"] == "torch-dp" and rec_theirs["tutorial"] == "d2l-torch"
+    assert rec_ours["config"]["channels_last"] is False
     for key in WORK_KEYS:  # the comparison is only fair if this holds
         assert rec_ours["config"][key] == rec_theirs["config"][key], key
     assert (

@@ -207,6 +207,8 @@ def check_supported(cfg: Config) -> None:
     for bad, flag, fix in refused:
         if bad:
             raise ConfigError(f"{flag}: the d2l loop has no such option; use {fix}")
+    if cfg.nesterov and cfg.momentum <= 0:
+        raise ConfigError("--nesterov needs --momentum > 0")
     if torch.cuda.is_available():
         if cfg.gpus > torch.cuda.device_count():
             raise ConfigError(
@@ -238,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             source=SOURCE,
             deviations=DEVIATIONS,
             devices=cfg.gpus if torch.cuda.is_available() else 1,
-            device_kind="cuda" if torch.cuda.is_available() else "cpu",
+            device_kind=f"cuda:{torch.cuda.get_device_name(0)}"
+            if torch.cuda.is_available()
+            else "cpu",
             packages=("torch", "torchvision"),
         )
         failed.fail(f"{type(exc).__name__}: {exc}")

@@ -263,9 +263,15 @@ def spawn(cfg: Config) -> dict:
         result = Path(tmp) / "record.json"
         try:
             mp.spawn(worker, args=(cfg, free_port(), str(result), sys.argv), nprocs=cfg.gpus)
-        except Exception:
+        except Exception as exc:
             if not result.exists():  # another rank failed first: rank 0 never wrote
                 raise
+            with open(result) as f:  # rank 0 finished, another rank failed after it
+                record = json.load(f)
+            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+            record["status"] = "failed"
+            record["error"] = record.get("error") or (lines[-1] if lines else repr(exc))
+            return record
         with open(result) as f:
             return json.load(f)
 
@@ -333,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
             source=SOURCE,
             deviations=DEVIATIONS,
             devices=cfg.gpus,
-            device_kind="cuda" if torch.cuda.is_available() else "cpu-simulated",
+            device_kind=f"cuda:{torch.cuda.get_device_name(0)}"
+            if torch.cuda.is_available()
+            else "cpu-simulated",
             packages=("torch", "torchvision"),
         )
         failed.fail(f"{type(exc).__name__}: {lines[-1] if lines else exc!r}")
