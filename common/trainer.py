@@ -1,0 +1,153 @@
+"""Trainer glue that is the same in every framework: the command-line entry point and its error
+policy, the resume check, checkpoint metadata, log points and failure records.
+
+Each `frameworks/<name>.py` keeps what its framework makes it do (model, state, step, sharding,
+the training loop with its sync points) and calls these for the rest, so the five trainers
+behave the same wherever the framework is not the reason:
+
+- `run_main`: parse -> set up the process -> check -> train -> exit code. Exit 0 when the run
+  ended "ok", 1 when it failed or diverged (a failed run still leaves a record), 2 on bad input
+  (one line naming the problem and the fix, before any training).
+- `keep_measured_epochs`: a crash inside the training loop keeps the epochs measured so far;
+  the record says "failed" and why.
+- `should_log`: `--log-every N` counts the global step (the step number since the run began,
+  resumed runs included) in every trainer.
+- `checkpoint_meta` / `restore_meta`: what every checkpoint holds besides the framework's
+  tensors (epoch, step, the recorder's state, the config), and `check_resume`: a checkpoint of
+  another run is refused with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from common import cli
+from common.config import Config, ConfigError, check_same_run
+from common.datasets import DatasetError
+from common.results import RunRecorder
+
+BAD_INPUT = (ConfigError, DatasetError)
+
+
+def prog_name(framework: str) -> str:
+    """`python -m frameworks.<module>` of a framework name (torch-ddp -> torch_ddp)."""
+    return f"python -m frameworks.{framework.replace('-', '_')}"
+
+
+def describe(exc: BaseException) -> str:
+    """`TypeName: last line of the message` (a worker's traceback ends with its exception line)."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[-1].strip() if lines else repr(exc)}"
+
+
+def process_rank() -> int:
+    """This process's rank from the launcher's environment (torchrun, jax.distributed, SLURM);
+    0 when none is set. Used where the framework has not started yet (failure records)."""
+    for var in ("RANK", "JAX_PROCESS_ID", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def failure_record(cfg: Config, error: str, packages: tuple[str, ...]) -> dict[str, Any]:
+    """Write a 'failed' run record (rank 0 only) for a run that failed before its training loop
+    kept any epoch, so the runner sees what went wrong."""
+    rec = RunRecorder(
+        cfg,
+        devices=cfg.gpus,
+        device_kind="unknown",
+        params=0,
+        is_main=process_rank() == 0,
+        packages=packages,
+    )
+    rec.fail(error)
+    return rec.finish()
+
+
+def run_main(
+    argv: Sequence[str] | None,
+    framework: str,
+    *,
+    check: Callable[[Config], None],
+    train: Callable[[Config], dict[str, Any]],
+    packages: tuple[str, ...] = (),
+    setup: Callable[[Config], None] | None = None,
+    on_failure: Callable[[Config, str], Any] | None = None,
+    prog: str | None = None,
+) -> int:
+    """The command line of a trainer (or a tutorial loop): parse -> setup -> check -> train.
+
+    `setup(cfg)` prepares the process before the framework starts (thread counts, simulated
+    devices, the distributed runtime); `check(cfg)` refuses bad input before any work;
+    both may raise ConfigError / DatasetError (exit 2), as may `train` (a check that needs the
+    framework running). Any other exception from `train` is a failed run: one line on stderr,
+    a 'failed' record (`on_failure`, default `failure_record`), exit 1.
+    """
+    prog = prog or prog_name(framework)
+    cfg = cli.parse_args(argv, framework, prog=prog)
+    try:
+        if setup is not None:
+            setup(cfg)
+        check(cfg)
+        record = train(cfg)
+    except BAD_INPUT as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        error = describe(exc)
+        print(f"{prog}: failed: {error}", file=sys.stderr)
+        (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
+        return 1
+    if record.get("status") == "failed":
+        print(f"{prog}: failed: {record.get('error', '')}", file=sys.stderr)
+    return 0 if record.get("status") == "ok" else 1
+
+
+@contextmanager
+def keep_measured_epochs(recorder: RunRecorder, reraise: bool = False) -> Iterator[None]:
+    """Around a training loop: an exception marks the run failed and keeps the epochs measured
+    so far (the record is still written). `reraise` for a rank of a multi-process job, which
+    must exit so that the launcher stops the others (they would wait in a collective)."""
+    try:
+        yield
+    except Exception as exc:
+        traceback.print_exc()
+        recorder.fail(describe(exc))
+        if reraise:
+            raise
+
+
+def should_log(cfg: Config, step: int) -> bool:
+    """True at a `--log-every` point; `step` is the global step (1-based, since the run began)."""
+    return cfg.log_every > 0 and step % cfg.log_every == 0
+
+
+def checkpoint_meta(cfg: Config, recorder: RunRecorder, epoch: int, step: int) -> dict[str, Any]:
+    """What every checkpoint holds besides the framework's tensors, after `epoch` (0-based)."""
+    return {"epoch": epoch + 1, "step": step, "recorder": recorder.state(), "config": cfg.to_dict()}
+
+
+def restore_meta(meta: dict[str, Any], recorder: RunRecorder) -> tuple[int, int]:
+    """Restore the recorder from checkpoint metadata; return (epoch to continue from, step)."""
+    recorder.load_state(meta["recorder"])
+    return int(meta["epoch"]), int(meta["step"])
+
+
+def check_resume(cfg: Config, path: Path, read_config: Callable[[Path], dict[str, Any]]) -> None:
+    """Refuse to resume from checkpoint `path` of a different run (one clear error).
+    `read_config(path)` returns the config saved in it (the framework knows the format)."""
+    if not (cfg.resume and path.exists()):
+        return
+    try:
+        saved = read_config(path)
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
+        ) from None
+    check_same_run(saved, cfg, str(path))
