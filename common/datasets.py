@@ -260,6 +260,19 @@ def load_fashion_mnist(data_dir: str, download: bool) -> Dataset:
     return Dataset("fashion-mnist", tx, ty, vx, vy, 10, mean, std, flip=True)
 
 
+DIGITS_TEST = 360  # sklearn's 1797 digits: the last 360 of a fixed permutation are the test set
+# Training-set sizes (before --train-limit), known without reading a file: a runner rejects a
+# global batch larger than the training set before it starts any run.
+TRAIN_SIZES = {"cifar10": 50_000, "cifar100": 50_000, "fashion-mnist": 60_000,
+               "digits": 1797 - DIGITS_TEST}  # fmt: skip
+
+
+def train_size(cfg) -> int:  # type: ignore[no-untyped-def]
+    """Training images a run of `cfg` sees per epoch (synthetic: --synthetic-train)."""
+    n = cfg.synthetic_train if cfg.dataset == "synthetic" else TRAIN_SIZES[cfg.dataset]
+    return min(n, cfg.train_limit or n)
+
+
 def load_digits() -> Dataset:
     """scikit-learn's bundled 8x8 handwritten digits (1797 real images), split 80/20 by a fixed
     permutation (independent of the run seed, so every run tests on the same 360 images)."""
@@ -269,7 +282,7 @@ def load_digits() -> Dataset:
     x = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[..., None]  # (1797, 8, 8, 1)
     y = d.target.astype(np.int32)
     order = np.random.default_rng(20_26).permutation(len(x))
-    n_test = 360
+    n_test = DIGITS_TEST
     test, train = order[:n_test], order[n_test:]
     mean = float(x[train].mean() / 255.0)
     std = float(x[train].std() / 255.0)
