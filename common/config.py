@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,84 +27,126 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the problem and the fix."""
 
 
+def float_or_none(text: str) -> float | None:
+    """Parse a float, or 'none' for None."""
+    return None if text.lower() == "none" else float(text)
+
+
+def int_tuple(text: str) -> tuple[int, ...]:
+    """Parse a comma-separated list of ints ('' = empty)."""
+    return tuple(int(t) for t in text.split(",") if t.strip())
+
+
+def opt(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    parse: Callable[[str], Any] | None = None,
+    hidden: bool = False,
+) -> Any:
+    """A Config field with its command-line documentation beside it; `common.cli` builds the flag.
+
+    `help` is the flag's help text; `choices` the allowed values (also checked by `validate`);
+    `parse` turns the flag's text into the value where the default's type cannot (int, float,
+    str and bool are derived); `hidden` fields have no flag (set by presets, trainers or tests).
+    """
+    meta = {"help": help, "choices": choices, "parse": parse, "hidden": hidden}
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything that determines a run. Field names match the command-line flags."""
 
-    preset: str = "digits"
-    framework: str = ""
+    preset: str = opt("digits", "named preset", hidden=True)  # `--preset`, chosen first
+    framework: str = opt("", "the trainer that runs this config (set by it)", hidden=True)
     # Model. `width` multiplies every channel count (1.0 = the published architecture); tests use
     # narrow models. `dropout` applies to the WideResNet only (0.01 in the NVIDIA course).
-    model: str = "resnet18"
-    width: float = 1.0
-    dropout: float = 0.01
+    model: str = opt("resnet18", "model architecture", choices=MODELS)
+    width: float = opt(1.0, "channel-width multiplier (1.0 = the published model)")
+    dropout: float = opt(0.01, "dropout between the two units of a WideResNet block")
     # Data. `image_size` 0 keeps the dataset's native size. `train_limit`/`test_limit` 0 = all.
-    dataset: str = "digits"
-    data_dir: str = "data"
-    download: bool = True
-    image_size: int = 0
-    augment: bool = True
-    train_limit: int = 0
-    test_limit: int = 0
-    synthetic_train: int = 50_000
-    synthetic_test: int = 10_000
-    synthetic_classes: int = 10
-    synthetic_channels: int = 3
+    dataset: str = opt("digits", "dataset name", choices=DATASETS)
+    data_dir: str = opt("data", "directory holding (or receiving) the dataset files")
+    download: bool = opt(True, "download missing dataset files (verified by checksum) when online")
+    image_size: int = opt(0, "resize images to this side (0 = native size)")
+    augment: bool = opt(True, "random pad-and-crop (+ horizontal flip where it makes sense)")
+    train_limit: int = opt(0, "use only the first N training images (0 = all)")
+    test_limit: int = opt(0, "use only the first N test images (0 = all)")
+    synthetic_train: int = opt(50_000, "synthetic training images", hidden=True)
+    synthetic_test: int = opt(10_000, "synthetic test images", hidden=True)
+    synthetic_classes: int = opt(10, "synthetic classes", hidden=True)
+    synthetic_channels: int = opt(3, "synthetic image channels", hidden=True)
     # Devices: GPUs where present, otherwise N simulated CPU devices.
-    gpus: int = 1
+    gpus: int = opt(1, "number of devices: GPUs where present, otherwise N simulated CPU devices")
     # Optimisation. `batch_size` is the GLOBAL batch; a preset may instead fix the per-device
     # batch (`batch_per_device` > 0), and the global batch then grows with the device count.
-    epochs: int = 10
-    batch_size: int = 128
-    batch_per_device: int = 0
-    eval_batch_size: int = 256
-    lr: float = 0.1
-    lr_base_batch: int = 128
-    lr_scaling: str = "none"
-    lr_schedule: str = "cosine"
-    lr_step_epochs: tuple[int, ...] = ()
-    lr_step_factor: float = 0.1
-    warmup_epochs: float = 0.0
+    epochs: int = opt(10, "number of epochs")
+    batch_size: int = opt(128, "GLOBAL batch size (split evenly over the devices)")
+    batch_per_device: int = opt(
+        0, "fix the per-device batch instead (global = this x devices; 0 = off)"
+    )
+    eval_batch_size: int = opt(256, "global batch size for evaluation")
+    lr: float = opt(0.1, "learning rate at --lr-base-batch images per step")
+    lr_base_batch: int = opt(128, "global batch at which --lr is given (for --lr-scaling)")
+    lr_scaling: str = opt(
+        "none", "scale the LR with global batch / base batch", choices=LR_SCALINGS
+    )
+    lr_schedule: str = opt("cosine", "LR schedule after warm-up", choices=LR_SCHEDULES)
+    lr_step_epochs: tuple[int, ...] = opt(
+        (),
+        "comma-separated epochs at which the step schedule multiplies the LR by --lr-step-factor",
+        parse=int_tuple,
+    )
+    lr_step_factor: float = opt(0.1, "LR multiplier at each of --lr-step-epochs")
+    warmup_epochs: float = opt(0.0, "linear LR warm-up length in epochs")
     # Warm-up starts at lr * warmup_start_factor; None = the unscaled (1-device) LR, i.e. 1/N of a
     # linearly scaled LR (Goyal et al., the NVIDIA course).
-    warmup_start_factor: float | None = 0.0
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 5e-4
+    warmup_start_factor: float | None = opt(
+        0.0, "warm-up starts at LR x this ('none' = the unscaled 1-device LR)", parse=float_or_none
+    )
+    optimizer: str = opt("sgd", "optimiser", choices=OPTIMIZERS)
+    momentum: float = opt(0.9, "SGD momentum (0 = plain SGD)")
+    nesterov: bool = opt(False, "Nesterov momentum for SGD (needs --momentum > 0)")
+    weight_decay: float = opt(5e-4, "weight decay (conv and linear weights only)")
     # Weight decay applies to conv and linear weights only, never to BN scales/offsets or biases.
-    label_smoothing: float = 0.0
-    novograd_betas: tuple[float, float] = (0.95, 0.98)
+    label_smoothing: float = opt(0.0, "label smoothing of the cross-entropy loss (0 = off)")
+    novograd_betas: tuple[float, float] = opt((0.95, 0.98), "NovoGrad (beta1, beta2)", hidden=True)
     # BatchNorm, in torch's convention: running = (1 - momentum) * running + momentum * batch.
     # (Flax and Gluon call 1 - momentum "momentum": 0.9.)
-    bn: str = "local"
-    bn_momentum: float = 0.1
-    bn_eps: float = 1e-5
+    bn: str = opt(
+        "local",
+        "BatchNorm statistics: per device (local) or over the global batch (sync)",
+        choices=BN_MODES,
+    )
+    bn_momentum: float = opt(0.1, "BatchNorm running-average momentum in torch's convention")
+    bn_eps: float = opt(1e-5, "BatchNorm epsilon added to the variance")
     # Run control.
-    seed: int = 0
-    target_accuracy: float = 0.0
-    patience: int = 1
-    max_steps_per_epoch: int = 0
-    output: str = ""
-    checkpoint_dir: str = ""
-    resume: bool = False
-    log_every: int = 0
-    phase_timing: bool = False
-    prefetch: int = 2
+    seed: int = opt(0, "random seed (weights, data order, augmentation)")
+    target_accuracy: float = opt(
+        0.0, "stop once test accuracy reaches this for --patience epochs (0 = off)"
+    )
+    patience: int = opt(1, "epochs --target-accuracy must hold before the run stops")
+    max_steps_per_epoch: int = opt(0, "cap the training steps per epoch (0 = the whole epoch)")
+    output: str = opt("", "write the run-result JSON here")
+    checkpoint_dir: str = opt("", "save a checkpoint here after every epoch")
+    resume: bool = opt(False, "continue from the latest checkpoint in --checkpoint-dir")
+    log_every: int = opt(0, "print training metrics every N steps (0 = per epoch only)")
+    phase_timing: bool = opt(
+        False, "measure data / transfer / compute / communication / update time per phase"
+    )
+    prefetch: int = opt(2, "batches prepared ahead by the background loader")
     # CUDA fast paths (ignored on CPU): mixed precision, channels-last, torch.compile.
-    precision: str = "fp32"
-    channels_last: bool = True
-    compile: bool = False
+    precision: str = opt("fp32", "CUDA: fp32, or mixed precision bf16 / fp16", choices=PRECISIONS)
+    channels_last: bool = opt(True, "CUDA: channels-last memory format (torch)")
+    compile: bool = opt(False, "CUDA: torch.compile the model (torch)")
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @property
-    def global_batch(self) -> int:
-        return self.batch_size
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -240,13 +283,9 @@ def validate(cfg: Config) -> None:
 
     if cfg.framework:
         choice("framework", cfg.framework, FRAMEWORKS)
-    choice("model", cfg.model, MODELS)
-    choice("dataset", cfg.dataset, DATASETS)
-    choice("lr-scaling", cfg.lr_scaling, LR_SCALINGS)
-    choice("lr-schedule", cfg.lr_schedule, LR_SCHEDULES)
-    choice("optimizer", cfg.optimizer, OPTIMIZERS)
-    choice("bn", cfg.bn, BN_MODES)
-    choice("precision", cfg.precision, PRECISIONS)
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("choices"):
+            choice(f.name.replace("_", "-"), getattr(cfg, f.name), f.metadata["choices"])
     if cfg.gpus < 1:
         raise ConfigError(f"--gpus must be >= 1 (got {cfg.gpus}); use --gpus 1 for one device")
     if cfg.epochs < 1:
@@ -270,6 +309,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--image-size must be 0 (native) or >= 8 (got {cfg.image_size})")
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
+    if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
+        raise ConfigError("--nesterov needs --momentum > 0")
 
 
 def per_device(global_batch: int, devices: int) -> int:
@@ -309,11 +350,13 @@ __all__ = [
     "Config",
     "ConfigError",
     "config_from_dict",
+    "float_or_none",
+    "int_tuple",
+    "opt",
     "per_device",
     "preset",
     "resolve",
     "validate",
-    "field",
 ]
 
 
