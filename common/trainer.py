@@ -20,6 +20,7 @@ behave the same wherever the framework is not the reason:
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -35,15 +36,27 @@ from common.results import RunRecorder
 BAD_INPUT = (ConfigError, DatasetError)
 
 
+class RunFailed(RuntimeError):
+    """Training failed and its record (with the epochs measured so far) is already written."""
+
+
 def prog_name(framework: str) -> str:
     """`python -m frameworks.<module>` of a framework name (torch-ddp -> torch_ddp)."""
     return f"python -m frameworks.{framework.replace('-', '_')}"
 
 
 def describe(exc: BaseException) -> str:
-    """`TypeName: last line of the message` (a worker's traceback ends with its exception line)."""
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[-1].strip() if lines else repr(exc)}"
+    """`TypeName: message`, one line. An exception that carries a worker's traceback (torch's
+    ProcessRaisedException) is described by the traceback's last line, the worker's own error."""
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return f"{type(exc).__name__}: {exc!r}"
+    worker = re.match(r"^(?:\w+\.)*(\w+): (.*)$", lines[-1]) if "Traceback" in text else None
+    if worker:
+        name, message = worker.groups()
+        return message if name == RunFailed.__name__ else f"{name}: {message}"
+    return f"{type(exc).__name__}: {lines[-1]}"
 
 
 def process_rank() -> int:
@@ -99,6 +112,9 @@ def run_main(
     except BAD_INPUT as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:
+        print(f"{prog}: failed: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         error = describe(exc)
         print(f"{prog}: failed: {error}", file=sys.stderr)
@@ -113,14 +129,16 @@ def run_main(
 def keep_measured_epochs(recorder: RunRecorder, reraise: bool = False) -> Iterator[None]:
     """Around a training loop: an exception marks the run failed and keeps the epochs measured
     so far (the record is still written). `reraise` for a rank of a multi-process job, which
-    must exit so that the launcher stops the others (they would wait in a collective)."""
+    must exit so that the launcher stops the others (they would wait in a collective): the
+    record is written first and RunFailed raised."""
     try:
         yield
     except Exception as exc:
         traceback.print_exc()
         recorder.fail(describe(exc))
         if reraise:
-            raise
+            recorder.finish()
+            raise RunFailed(recorder.error) from exc
 
 
 def should_log(cfg: Config, step: int) -> bool:

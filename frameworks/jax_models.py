@@ -1,7 +1,8 @@
-"""Flax models shared by jax-pmap and jax-shard: CIFAR ResNet-18 and the NVIDIA course's
-WideResNet, with the submodule names every framework uses (`conv1`, `bn1`, `layer1_0`, `fc`;
-torch's `layer1.0.downsample.0` is Flax's `layer1_0/downsample_0`), plus what both JAX trainers
-share: the train state, the Optax optimiser, the loss, device selection and the torch weight port.
+"""What jax-pmap and jax-shard share: the Flax models (CIFAR ResNet-18 and the NVIDIA course's
+WideResNet, with the submodule names every framework uses: `conv1`, `bn1`, `layer1_0`, `fc`;
+torch's `layer1.0.downsample.0` is Flax's `layer1_0/downsample_0`), the train state, the Optax
+optimiser, the loss, device selection, prefetching to the devices, evaluation, checkpoint I/O
+and the torch weight port. The trainers keep only what differs between pmap and jit+sharding.
 
 Flax linen, not NNX. NNX is Flax's recommendation for new code, but its modules are mutable
 Python objects: under `jax.pmap` / `jax.jit` they have to be split into a graph definition and
@@ -30,8 +31,13 @@ Every default that differs between frameworks is spelled out here rather than in
 
 from __future__ import annotations
 
+import collections
+import itertools
+import json
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -39,11 +45,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import struct, traverse_util
+from flax import serialization, struct, traverse_util
 from flax.training import train_state
 
 from common.config import Config, ConfigError
+from common.pipeline import EvalLoader
+from common.results import RunRecorder
+from common.runtime import atomic_write_bytes
 from common.schedule import lr_table_for
+from common.timing import PhaseTimer
+from common.trainer import checkpoint_meta, restore_meta
 
 # torchvision's kaiming_normal_(mode="fan_out", nonlinearity="relu"): jax's variance_scaling
 # computes fan_out = prod(kernel_shape[:-2]) * out_channels for an HWIO kernel, "normal" is the
@@ -335,6 +346,90 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float) 
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), label_smoothing)
     return optax.softmax_cross_entropy(logits, targets)
+
+
+# -- device I/O, evaluation and checkpoints ----------------------------------------------------
+
+Batch = tuple[np.ndarray, ...]
+
+
+def prefetch_to_devices(
+    batches: Iterator[Batch],
+    put: Callable[[Batch], tuple[jax.Array, ...]],
+    phases: PhaseTimer,
+    size: int = 2,
+) -> Iterator[tuple[jax.Array, ...]]:
+    """Put batches on the devices `size` steps ahead with `put` (the trainer's `to_device`;
+    flax's prefetch_to_device): the copy of batch k+2 overlaps step k. With phase timing each
+    copy is waited for and timed as h2d."""
+
+    def timed_put(batch: Batch) -> tuple[jax.Array, ...]:
+        if not phases.enabled:
+            return put(batch)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(put(batch))
+        phases.add("h2d", time.perf_counter() - t0)
+        return out
+
+    batches = (b for b in batches)  # stays exhausted (a Prefetcher would block on a re-read)
+    queue = collections.deque(timed_put(b) for b in itertools.islice(batches, size))
+    while queue:
+        yield queue.popleft()
+        queue.extend(timed_put(b) for b in itertools.islice(batches, 1))
+
+
+def evaluate(
+    eval_fn: Callable[[Any, tuple[jax.Array, ...]], dict[str, jax.Array]],
+    state: Any,
+    loader: EvalLoader,
+    steps: int,
+    put: Callable[[Batch], tuple[jax.Array, ...]],
+    fetch: Callable[[Any], Any],
+) -> dict[str, float]:
+    """Test sums over every test image exactly once: each process its part, padded rows of
+    weight 0; `steps` (the most batches any process has) keeps the processes in lockstep.
+    `eval_fn` is the trainer's parallel eval step, `put` its to_device, `fetch` its unreplicate."""
+    n, shape = loader.padded, loader.ds.image_shape
+    padding = (np.zeros((n, *shape), np.float32), np.zeros(n, np.int32), np.zeros(n, np.float32))
+    totals: dict[str, jax.Array] = {}
+    for batch in itertools.islice(itertools.chain(loader, itertools.repeat(padding)), steps):
+        metrics = eval_fn(state, put(batch))
+        totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+    return {k: float(v) for k, v in fetch(totals).items()}  # host sync, once
+
+
+def checkpoint_path(cfg: Config) -> Path:
+    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.msgpack"
+
+
+def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
+    """Write the state after `epoch` (0-based) atomically: msgpack bytes, temp file, rename.
+    `state` is the host copy (the trainer's unreplicate)."""
+    meta = checkpoint_meta(cfg, recorder, epoch, int(state.step))
+    payload = {"state": serialization.to_state_dict(state), "meta": json.dumps(meta)}
+    atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
+
+
+def load_checkpoint(
+    cfg: Config, state: TrainState, recorder: RunRecorder
+) -> tuple[TrainState, int]:
+    """Restore the latest checkpoint (msgpack holds arrays and plain values only) into the host
+    template `state`; return the host state (the trainer replicates it) and the epoch to
+    continue from."""
+    ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
+    restored = serialization.from_state_dict(state, ckpt["state"])
+    if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, state):
+        raise ConfigError(
+            f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
+            "model; resume with the same settings or use a new --checkpoint-dir"
+        )
+    epoch, _ = restore_meta(json.loads(ckpt["meta"]), recorder)
+    return restored, epoch
+
+
+def checkpoint_config(path: Path) -> dict[str, Any]:
+    """The config saved in a checkpoint (for common.trainer.check_resume)."""
+    return json.loads(serialization.msgpack_restore(path.read_bytes())["meta"])["config"]
 
 
 # -- devices ------------------------------------------------------------------------------------

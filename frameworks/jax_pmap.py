@@ -27,52 +27,49 @@ the test loss uses the training loss (label smoothing included), as in torch-ddp
 
 from __future__ import annotations
 
-import collections
-import itertools
-import json
-import os
 import sys
-import time
-import traceback
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from common import cli
-from common.config import Config, ConfigError, check_same_run, per_device
-from common.datasets import DatasetError, check_available, load_for
+from common.config import Config, per_device
+from common.datasets import check_available, load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
-from common.runtime import (
-    atomic_write_bytes,
-    injected_failure,
-    printer,
-    simulate_host_devices,
-)
+from common.runtime import injected_failure, printer, simulate_host_devices
 from common.timing import PhaseTimer, Timer
+from common.trainer import check_resume, keep_measured_epochs, run_main, should_log
 from frameworks.jax_models import (
     TrainState,
+    checkpoint_config,
+    checkpoint_path,
     compute_dtype,
     count_params,
     create_model,
     cross_entropy,
+    evaluate,
     init_distributed,
     init_variables,
+    load_checkpoint,
     make_optimizer,
+    prefetch_to_devices,
+    save_checkpoint,
     select_devices,
 )
 
 FRAMEWORK = "jax-pmap"
+PACKAGES = ("jax", "jaxlib", "flax", "optax")
 AXIS = "batch"  # the pmap axis: gradients, metrics and (--bn sync) BN statistics reduce over it
+
+
+# ---- model ---------------------------------------------------------------------------------
 
 
 def build_model(
@@ -90,6 +87,9 @@ def build_model(
         bn_axis_name=AXIS if cfg.bn == "sync" else None,
         dtype=dtype,
     )
+
+
+# ---- state ---------------------------------------------------------------------------------
 
 
 def create_train_state(
@@ -110,6 +110,9 @@ def create_train_state(
         label_smoothing=cfg.label_smoothing,
     )
     return replicate(state, mesh)
+
+
+# ---- step: where gradients are averaged ----------------------------------------------------
 
 
 def train_step(
@@ -164,6 +167,33 @@ def eval_step(
     return lax.psum(metrics, axis_name=AXIS)
 
 
+def sync_batch_stats(state: TrainState, p_mean: Callable[[Any], Any]) -> TrainState:
+    """--bn local: every replica's running statistics -> their mean over the devices (Flax's
+    ImageNet example does the same before evaluating). The running average is linear, so
+    this equals averaging them after every step."""
+    return state.replace(batch_stats=p_mean(state.batch_stats))
+
+
+# ---- devices: where the state is replicated and a batch is sharded -------------------------
+
+
+def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The parallel transform, applied once: one program per device of the mesh, collectives
+    over AXIS. The train state is donated (updated in place); a step is one fused XLA program.
+    (`cfg` is unused here; jax-shard has the same hook.)"""
+    del cfg
+    devices = list(mesh.devices.flat)
+    p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=(0,))
+    p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)
+    return p_train_step, p_eval_step
+
+
+def cross_replica_mean(mesh: Mesh) -> Callable[[Any], Any]:
+    """pmean of a replicated tree over the devices (Flax's `cross_replica_mean`)."""
+    devices = list(mesh.devices.flat)
+    return jax.pmap(lambda tree: lax.pmean(tree, AXIS), axis_name=AXIS, devices=devices)
+
+
 def replicate(tree: Any, mesh: Mesh) -> Any:
     """A copy of every leaf per device, stacked on a leading device axis that pmap maps over:
     (N, ...) arrays sharded over the mesh (what jax.device_put_replicated did before its
@@ -196,85 +226,7 @@ def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...
     )
 
 
-def prefetch_to_devices(
-    batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh, phases: PhaseTimer, size: int = 2
-) -> Iterator[tuple[jax.Array, ...]]:
-    """Put batches on the devices `size` steps ahead (flax's prefetch_to_device): the copy of
-    batch k+2 overlaps step k. With phase timing each copy is waited for and timed as h2d."""
-
-    def put(batch: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
-        if not phases.enabled:
-            return to_device(batch, mesh)
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(to_device(batch, mesh))
-        phases.add("h2d", time.perf_counter() - t0)
-        return out
-
-    batches = (b for b in batches)  # stays exhausted (a Prefetcher would block on a re-read)
-    queue = collections.deque(put(b) for b in itertools.islice(batches, size))
-    while queue:
-        yield queue.popleft()
-        queue.extend(put(b) for b in itertools.islice(batches, 1))
-
-
-def evaluate(
-    p_eval_step: Any, state: TrainState, loader: EvalLoader, steps: int, mesh: Mesh
-) -> dict[str, float]:
-    """Test sums over every test image exactly once: each process its part, padded rows of
-    weight 0; `steps` (the most batches any process has) keeps the processes in lockstep."""
-    n, shape = loader.padded, loader.ds.image_shape
-    padding = (np.zeros((n, *shape), np.float32), np.zeros(n, np.int32), np.zeros(n, np.float32))
-    totals: dict[str, jax.Array] = {}
-    for batch in itertools.islice(itertools.chain(loader, itertools.repeat(padding)), steps):
-        metrics = p_eval_step(state, to_device(batch, mesh))
-        totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
-    return {k: float(v) for k, v in unreplicate(totals).items()}  # host sync, once
-
-
-def checkpoint_path(cfg: Config) -> Path:
-    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.msgpack"
-
-
-def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int, cfg: Config) -> None:
-    """Write the state after `epoch` (0-based) atomically: msgpack bytes, temp file, rename."""
-    payload = {
-        "epoch": epoch + 1,
-        "state": serialization.to_state_dict(unreplicate(state)),
-        "recorder": json.dumps(recorder.state()),
-        "config": json.dumps(cfg.to_dict()),
-    }
-    atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
-
-
-def load_checkpoint(
-    state: TrainState, recorder: RunRecorder, cfg: Config, mesh: Mesh
-) -> tuple[TrainState, int]:
-    """Restore the latest checkpoint (msgpack holds arrays and plain values only); return the
-    replicated state and the epoch to continue from."""
-    ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
-    template = unreplicate(state)
-    restored = serialization.from_state_dict(template, ckpt["state"])
-    if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, template):
-        raise ConfigError(
-            f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
-            "model; resume with the same settings or use a new --checkpoint-dir"
-        )
-    recorder.load_state(json.loads(ckpt["recorder"]))
-    return replicate(restored, mesh), int(ckpt["epoch"])
-
-
-def check_resume(cfg: Config) -> None:
-    """Refuse to resume from a checkpoint of a different run (one clear error)."""
-    path = checkpoint_path(cfg)
-    if not (cfg.resume and path.exists()):
-        return
-    try:
-        saved = json.loads(serialization.msgpack_restore(path.read_bytes())["config"])
-    except Exception as exc:
-        raise ConfigError(
-            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
-        ) from None
-    check_same_run(saved, cfg, str(path))
+# ---- train: where time is measured ---------------------------------------------------------
 
 
 def train(cfg: Config) -> dict:
@@ -312,18 +264,17 @@ def train(cfg: Config) -> dict:
         device_kind=kind,
         params=count_params(unreplicate(state.params)),
         is_main=is_main,
-        packages=("jax", "jaxlib", "flax", "optax"),
+        packages=PACKAGES,
         bn_mode=cfg.bn,
         n_test=len(ds.test_x),
     )
-    # The parallel transform, applied once: one program per device, collectives over AXIS.
-    # The state is donated (updated in place); a step is one fused XLA program.
-    p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=(0,))
-    p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)
-    p_mean = jax.pmap(lambda tree: lax.pmean(tree, AXIS), axis_name=AXIS, devices=devices)
+    p_train_step, p_eval_step = parallelize(cfg, mesh)
+    p_mean = cross_replica_mean(mesh)
+    put = lambda batch: to_device(batch, mesh)  # this run's mesh
     start = 0
     if cfg.resume and checkpoint_path(cfg).exists():
-        state, start = load_checkpoint(state, recorder, cfg, mesh)
+        host_state, start = load_checkpoint(cfg, unreplicate(state), recorder)
+        state = replicate(host_state, mesh)
         log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
     elif cfg.resume:
         log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
@@ -333,12 +284,12 @@ def train(cfg: Config) -> dict:
 
     timer = Timer(sync)
     phases = PhaseTimer(sync, cfg.phase_timing)
-    try:
+    with keep_measured_epochs(recorder, reraise=world > 1):
         for epoch in range(start, cfg.epochs):
             timer.start()
             batches = loader.epoch(epoch)
             totals: dict[str, jax.Array] = {}
-            for step, batch in enumerate(prefetch_to_devices(batches, mesh, phases)):
+            for i, batch in enumerate(prefetch_to_devices(batches, put, phases)):
                 # One fused XLA program: forward, backward, all-reduce and update cannot be
                 # timed apart, so phase timing books the whole step as forward_backward and
                 # times a separate pmean of a gradient-sized tree as the all-reduce (an
@@ -350,15 +301,16 @@ def train(cfg: Config) -> dict:
                         jax.block_until_ready(p_mean(state.params))
                 phases.steps += 1
                 totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
-                if cfg.log_every and (step + 1) % cfg.log_every == 0:  # host sync: log point
+                step = epoch * len(loader) + i + 1  # the global step, as in every trainer
+                if should_log(cfg, step):  # host sync: log point
                     t = unreplicate(totals)
-                    log(f"step {step + 1} train_loss={t['loss_sum'] / t['count']:.4f}")
+                    log(f"step {step} train_loss={t['loss_sum'] / t['count']:.4f}")
             if cfg.bn == "local":  # replicas' running statistics -> their mean (see docstring)
-                state = state.replace(batch_stats=p_mean(state.batch_stats))
+                state = sync_batch_stats(state, p_mean)
             sec = timer.stop()
             phases.add("data_wait", batches.wait_sec)
             train_sums = unreplicate(totals)  # host sync, once per epoch
-            test = evaluate(p_eval_step, state, evals, eval_steps, mesh)
+            test = evaluate(p_eval_step, state, evals, eval_steps, put, unreplicate)
             stop = recorder.end_epoch(
                 epoch,
                 sec,
@@ -369,15 +321,12 @@ def train(cfg: Config) -> dict:
                 test["loss_sum"],
             )
             if cfg.checkpoint_dir and is_main:
-                save_checkpoint(state, recorder, epoch, cfg)
+                save_checkpoint(cfg, unreplicate(state), recorder, epoch)
             injected_failure(FRAMEWORK, epoch + 1)
             if stop:
                 break
             if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
                 phases = PhaseTimer(sync, cfg.phase_timing)
-    except Exception as exc:  # keep what was measured; the record says why it stopped
-        traceback.print_exc()
-        recorder.fail(f"{type(exc).__name__}: {exc}")
     if cfg.phase_timing:
         recorder.phases = phases.per_step_ms()
         recorder.extra["phase_note"] = (
@@ -388,50 +337,28 @@ def train(cfg: Config) -> dict:
     return recorder.finish()
 
 
+# ---- main ----------------------------------------------------------------------------------
+
+
+def setup(cfg: Config) -> None:
+    """Before JAX starts: XLA reads XLA_FLAGS when its CPU backend starts (the first device
+    query, not the import), so this gives `--gpus` simulated CPU devices (on a GPU machine only
+    the unused CPU backend sees it); then join a multi-process run if one is configured."""
+    simulate_host_devices(cfg.gpus)
+    init_distributed()
+
+
 def check_config(cfg: Config) -> None:
     """JAX-specific checks before training starts (ConfigError / DatasetError)."""
-    if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
-        raise ConfigError("--nesterov needs --momentum > 0")
     check_available(cfg)
-    check_resume(cfg)
-
-
-def failure_record(cfg: Config, error: str) -> None:
-    """Write a 'failed' run record (process 0 only) so the runner sees what went wrong."""
-    rank = os.environ.get("JAX_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))
-    rec = RunRecorder(
-        cfg,
-        devices=cfg.gpus,
-        device_kind="unknown",
-        params=0,
-        is_main=rank == "0",
-        packages=("jax", "jaxlib", "flax", "optax"),
-    )
-    rec.fail(error)
-    rec.finish()
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
-    cfg = cli.parse_args(argv, FRAMEWORK)
-    prog = f"python -m frameworks.{FRAMEWORK.replace('-', '_')}"
-    # XLA reads XLA_FLAGS when JAX's CPU backend starts (the first device query, not the
-    # import), so this gives `--gpus` simulated CPU devices; on a GPU machine only the unused
-    # CPU backend sees it and the GPUs are used.
-    simulate_host_devices(cfg.gpus)
-    try:
-        init_distributed()
-        check_config(cfg)
-        record = train(cfg)
-    except (ConfigError, DatasetError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        print(f"{prog}: failed: {error}", file=sys.stderr)
-        failure_record(cfg, error)
-        return 1
-    return 0 if record["status"] == "ok" else 1
+    return run_main(
+        argv, FRAMEWORK, setup=setup, check=check_config, train=train, packages=PACKAGES
+    )
 
 
 if __name__ == "__main__":

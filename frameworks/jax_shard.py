@@ -31,46 +31,49 @@ the test loss uses the training loss (label smoothing included), as in torch-ddp
 
 from __future__ import annotations
 
-import collections
-import itertools
-import json
 import sys
-import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from common import cli
-from common.config import Config, ConfigError, per_device
-from common.datasets import DatasetError, load_for
+from common.config import Config, per_device
+from common.datasets import check_available, load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
-from common.runtime import atomic_write_bytes, injected_failure, printer, simulate_host_devices
+from common.runtime import injected_failure, printer, simulate_host_devices
 from common.timing import PhaseTimer, Timer
+from common.trainer import check_resume, keep_measured_epochs, run_main, should_log
 from frameworks.jax_models import (
     TrainState,
+    checkpoint_config,
+    checkpoint_path,
     compute_dtype,
     count_params,
     create_model,
     cross_entropy,
+    evaluate,
     init_distributed,
     init_variables,
+    load_checkpoint,
     make_optimizer,
+    prefetch_to_devices,
+    save_checkpoint,
     select_devices,
 )
-from frameworks.jax_pmap import check_config, checkpoint_path, failure_record
 
 FRAMEWORK = "jax-shard"
+PACKAGES = ("jax", "jaxlib", "flax", "optax")
 AXIS = "batch"  # the mesh axis the batch is split along
+
+
+# ---- model ---------------------------------------------------------------------------------
 
 
 def build_model(
@@ -91,6 +94,9 @@ def build_model(
     )
 
 
+# ---- state ---------------------------------------------------------------------------------
+
+
 def create_train_state(
     cfg: Config,
     model: nn.Module,
@@ -109,6 +115,9 @@ def create_train_state(
         label_smoothing=cfg.label_smoothing,
     )
     return replicate(state, mesh)
+
+
+# ---- step: where gradients are averaged ----------------------------------------------------
 
 
 def train_step(
@@ -166,9 +175,11 @@ def per_device_bn(model: nn.Module, mesh: Mesh) -> Callable[..., Any]:
 
     The forward pass runs under jax.shard_map: each device applies the model to its shard
     (B/N, ...) with the replicated variables, so BN normalises with that shard's statistics.
-    The running statistics come back pmean'd (replicated again). Gradients flow back through
-    the shard_map; with check_vma=True its transpose sums the replicated parameters' gradient
-    over the devices, so the caller's global-batch mean loss gets the right gradient unchanged.
+    The running statistics come back pmean'd (replicated again): this is jax-shard's
+    `sync_batch_stats`, done inside every step rather than once per epoch. Gradients flow back
+    through the shard_map; with check_vma=True its transpose sums the replicated parameters'
+    gradient over the devices, so the caller's global-batch mean loss gets the right gradient
+    unchanged.
     """
 
     def apply(
@@ -191,6 +202,35 @@ def per_device_bn(model: nn.Module, mesh: Mesh) -> Callable[..., Any]:
     return apply
 
 
+# ---- devices: where the state is replicated and a batch is sharded -------------------------
+
+
+def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The parallel transform, applied once: jit with the state replicated and the batch split
+    over the mesh; XLA inserts the collectives. The train state is donated (updated in place).
+    (`cfg` is unused here; jax-pmap has the same hook.)"""
+    del cfg
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    j_train_step = jax.jit(
+        train_step,
+        in_shardings=(replicated, split),
+        out_shardings=(replicated, replicated),
+        donate_argnums=(0,),
+    )
+    j_eval_step = jax.jit(eval_step, in_shardings=(replicated, split), out_shardings=replicated)
+    return j_train_step, j_eval_step
+
+
+def cross_device_sum(mesh: Mesh) -> Callable[[Any], Any]:
+    """Phase timing only: an all-reduce of a replicated tree (check_vma=False: every device's
+    copy counts as its own partial sum, as the gradients inside the step do)."""
+    return jax.jit(
+        jax.shard_map(
+            lambda t: lax.psum(t, AXIS), mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False
+        )
+    )
+
+
 def replicate(tree: Any, mesh: Mesh) -> Any:
     """The same value on every device of the mesh (NamedSharding(mesh, P()))."""
     sharding = NamedSharding(mesh, P())
@@ -211,67 +251,7 @@ def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...
     return tuple(jax.make_array_from_process_local_data(sharding, a) for a in batch)
 
 
-def prefetch_to_devices(
-    batches: Iterator[tuple[np.ndarray, ...]], mesh: Mesh, phases: PhaseTimer, size: int = 2
-) -> Iterator[tuple[jax.Array, ...]]:
-    """Put batches on the devices `size` steps ahead (flax's prefetch_to_device): the copy of
-    batch k+2 overlaps step k. With phase timing each copy is waited for and timed as h2d."""
-
-    def put(batch: tuple[np.ndarray, ...]) -> tuple[jax.Array, ...]:
-        if not phases.enabled:
-            return to_device(batch, mesh)
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(to_device(batch, mesh))
-        phases.add("h2d", time.perf_counter() - t0)
-        return out
-
-    batches = (b for b in batches)  # stays exhausted (a Prefetcher would block on a re-read)
-    queue = collections.deque(put(b) for b in itertools.islice(batches, size))
-    while queue:
-        yield queue.popleft()
-        queue.extend(put(b) for b in itertools.islice(batches, 1))
-
-
-def evaluate(
-    j_eval_step: Any, state: TrainState, loader: EvalLoader, steps: int, mesh: Mesh
-) -> dict[str, float]:
-    """Test sums over every test image exactly once: each process its part, padded rows of
-    weight 0; `steps` (the most batches any process has) keeps the processes in lockstep."""
-    n, shape = loader.padded, loader.ds.image_shape
-    padding = (np.zeros((n, *shape), np.float32), np.zeros(n, np.int32), np.zeros(n, np.float32))
-    totals: dict[str, jax.Array] = {}
-    for batch in itertools.islice(itertools.chain(loader, itertools.repeat(padding)), steps):
-        metrics = j_eval_step(state, to_device(batch, mesh))
-        totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
-    return {k: float(v) for k, v in unreplicate(totals).items()}  # host sync, once
-
-
-def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int, cfg: Config) -> None:
-    """Write the state after `epoch` (0-based) atomically: msgpack bytes, temp file, rename."""
-    payload = {
-        "epoch": epoch + 1,
-        "state": serialization.to_state_dict(unreplicate(state)),
-        "recorder": json.dumps(recorder.state()),
-        "config": json.dumps(cfg.to_dict()),
-    }
-    atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
-
-
-def load_checkpoint(
-    state: TrainState, recorder: RunRecorder, cfg: Config, mesh: Mesh
-) -> tuple[TrainState, int]:
-    """Restore the latest checkpoint (msgpack holds arrays and plain values only); return the
-    replicated state and the epoch to continue from."""
-    ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
-    template = unreplicate(state)
-    restored = serialization.from_state_dict(template, ckpt["state"])
-    if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, template):
-        raise ConfigError(
-            f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
-            "model; resume with the same settings or use a new --checkpoint-dir"
-        )
-    recorder.load_state(json.loads(ckpt["recorder"]))
-    return replicate(restored, mesh), int(ckpt["epoch"])
+# ---- train: where time is measured ---------------------------------------------------------
 
 
 def train(cfg: Config) -> dict:
@@ -309,30 +289,17 @@ def train(cfg: Config) -> dict:
         device_kind=kind,
         params=count_params(unreplicate(state.params)),
         is_main=is_main,
-        packages=("jax", "jaxlib", "flax", "optax"),
+        packages=PACKAGES,
         bn_mode=cfg.bn,
         n_test=len(ds.test_x),
     )
-    # The parallel transform, applied once: jit with the state replicated and the batch split
-    # over the mesh; XLA inserts the collectives. The state is donated (updated in place).
-    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-    j_train_step = jax.jit(
-        train_step,
-        in_shardings=(replicated, split),
-        out_shardings=(replicated, replicated),
-        donate_argnums=(0,),
-    )
-    j_eval_step = jax.jit(eval_step, in_shardings=(replicated, split), out_shardings=replicated)
-    # Phase timing only: an all-reduce of a gradient-sized tree (check_vma=False: every
-    # device's copy counts as its own partial sum, as the gradients inside the step do).
-    j_allreduce = jax.jit(
-        jax.shard_map(
-            lambda t: lax.psum(t, AXIS), mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False
-        )
-    )
+    j_train_step, j_eval_step = parallelize(cfg, mesh)
+    j_allreduce = cross_device_sum(mesh)
+    put = lambda batch: to_device(batch, mesh)  # this run's mesh
     start = 0
     if cfg.resume and checkpoint_path(cfg).exists():
-        state, start = load_checkpoint(state, recorder, cfg, mesh)
+        host_state, start = load_checkpoint(cfg, unreplicate(state), recorder)
+        state = replicate(host_state, mesh)
         log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
     elif cfg.resume:
         log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
@@ -342,12 +309,12 @@ def train(cfg: Config) -> dict:
 
     timer = Timer(sync)
     phases = PhaseTimer(sync, cfg.phase_timing)
-    try:
+    with keep_measured_epochs(recorder, reraise=world > 1):
         for epoch in range(start, cfg.epochs):
             timer.start()
             batches = loader.epoch(epoch)
             totals: dict[str, jax.Array] = {}
-            for step, batch in enumerate(prefetch_to_devices(batches, mesh, phases)):
+            for i, batch in enumerate(prefetch_to_devices(batches, put, phases)):
                 # One fused XLA program: forward, backward, all-reduce and update cannot be
                 # timed apart, so phase timing books the whole step as forward_backward and
                 # times a separate all-reduce of a gradient-sized tree (an estimate of the part
@@ -359,13 +326,15 @@ def train(cfg: Config) -> dict:
                         jax.block_until_ready(j_allreduce(state.params))
                 phases.steps += 1
                 totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
-                if cfg.log_every and (step + 1) % cfg.log_every == 0:  # host sync: log point
+                step = epoch * len(loader) + i + 1  # the global step, as in every trainer
+                if should_log(cfg, step):  # host sync: log point
                     t = unreplicate(totals)
-                    log(f"step {step + 1} train_loss={t['loss_sum'] / t['count']:.4f}")
+                    log(f"step {step} train_loss={t['loss_sum'] / t['count']:.4f}")
+            # BN statistics: already replicated (global by construction, or pmean'd per step).
             sec = timer.stop()
             phases.add("data_wait", batches.wait_sec)
             train_sums = unreplicate(totals)  # host sync, once per epoch
-            test = evaluate(j_eval_step, state, evals, eval_steps, mesh)
+            test = evaluate(j_eval_step, state, evals, eval_steps, put, unreplicate)
             stop = recorder.end_epoch(
                 epoch,
                 sec,
@@ -376,15 +345,12 @@ def train(cfg: Config) -> dict:
                 test["loss_sum"],
             )
             if cfg.checkpoint_dir and is_main:
-                save_checkpoint(state, recorder, epoch, cfg)
+                save_checkpoint(cfg, unreplicate(state), recorder, epoch)
             injected_failure(FRAMEWORK, epoch + 1)
             if stop:
                 break
             if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
                 phases = PhaseTimer(sync, cfg.phase_timing)
-    except Exception as exc:  # keep what was measured; the record says why it stopped
-        traceback.print_exc()
-        recorder.fail(f"{type(exc).__name__}: {exc}")
     if cfg.phase_timing:
         recorder.phases = phases.per_step_ms()
         recorder.extra["phase_note"] = (
@@ -396,27 +362,28 @@ def train(cfg: Config) -> dict:
     return recorder.finish()
 
 
+# ---- main ----------------------------------------------------------------------------------
+
+
+def setup(cfg: Config) -> None:
+    """Before JAX starts: XLA reads XLA_FLAGS when its CPU backend starts (the first device
+    query, not the import), so this gives `--gpus` simulated CPU devices (on a GPU machine only
+    the unused CPU backend sees it); then join a multi-process run if one is configured."""
+    simulate_host_devices(cfg.gpus)
+    init_distributed()
+
+
+def check_config(cfg: Config) -> None:
+    """JAX-specific checks before training starts (ConfigError / DatasetError)."""
+    check_available(cfg)
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
-    cfg = cli.parse_args(argv, FRAMEWORK)
-    prog = f"python -m frameworks.{FRAMEWORK.replace('-', '_')}"
-    # XLA reads XLA_FLAGS when JAX's CPU backend starts (the first device query, not the
-    # import), so this gives `--gpus` simulated CPU devices; on a GPU machine only the unused
-    # CPU backend sees it and the GPUs are used.
-    simulate_host_devices(cfg.gpus)
-    try:
-        init_distributed()
-        check_config(cfg)
-        record = train(cfg)
-    except (ConfigError, DatasetError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        print(f"{prog}: failed: {error}", file=sys.stderr)
-        failure_record(cfg, error)
-        return 1
-    return 0 if record["status"] == "ok" else 1
+    return run_main(
+        argv, FRAMEWORK, setup=setup, check=check_config, train=train, packages=PACKAGES
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ the test loss uses the training loss (label smoothing included).
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import os
 import re
@@ -36,27 +35,50 @@ import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common import cli
-from common.config import Config, ConfigError, check_same_run, resolve
-from common.datasets import DatasetError, check_available, load_for
+from common.config import Config, ConfigError, resolve
+from common.datasets import check_available, load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder, write_json_atomic
-from common.runtime import atomic_write_bytes, cpu_threads, free_port, injected_failure, printer
+from common.runtime import cpu_threads, free_port, injected_failure, printer
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
-from frameworks.torch_models import NovoGrad, count_params, create_model, decay_parameters
+from common.trainer import (
+    RunFailed,
+    check_resume,
+    describe,
+    keep_measured_epochs,
+    run_main,
+    should_log,
+)
+from frameworks.torch_models import (
+    TrainState,
+    autocast,
+    checkpoint_config,
+    checkpoint_path,
+    count_params,
+    create_model,
+    evaluate,
+    load_checkpoint,
+    loss_fn,
+    make_optimizer,
+    save_checkpoint,
+    seed_for,
+    sync,
+    to_device,
+)
 
 FRAMEWORK = "torch-ddp"
+PACKAGES = ("torch",)
+
+
+# ---- model ---------------------------------------------------------------------------------
 
 
 class AllReduceSum(torch.autograd.Function):
@@ -103,23 +125,6 @@ class CpuSyncBatchNorm(nn.BatchNorm2d):
         return x * scale[None, :, None, None] + (self.bias - mean * scale)[None, :, None, None]
 
 
-@dataclass
-class TrainState:
-    """Everything a step changes or reads. torch updates in place; the step returns it anyway."""
-
-    model: nn.Module  # the DDP wrapper (no_sync, train/eval); the bare model in a world of one
-    forward: Any  # what the step calls: the DDP wrapper, or torch.compile of it
-    module: nn.Module  # the bare model: evaluation and checkpoints
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    lr: np.ndarray  # LR of every step (common.schedule)
-    step: int
-    cfg: Config
-    device: torch.device
-    world: int
-    phases: PhaseTimer
-
-
 def build_model(cfg: Config, in_channels: int, num_classes: int) -> nn.Module:
     """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
     norm = None
@@ -138,6 +143,9 @@ def build_model(cfg: Config, in_channels: int, num_classes: int) -> nn.Module:
     )
 
 
+# ---- state ---------------------------------------------------------------------------------
+
+
 def create_train_state(
     cfg: Config, model: nn.Module, device: torch.device, steps_per_epoch: int
 ) -> TrainState:
@@ -146,15 +154,7 @@ def create_train_state(
     model = model.to(device)
     if cuda and cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    decay, no_decay = decay_parameters(model)  # weight decay: conv and linear weights only
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    if cfg.optimizer == "sgd":  # buf = m * buf + (g + wd * w); w -= lr * buf
-        optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    else:
-        optimizer = NovoGrad(groups, lr=cfg.lr, betas=cfg.novograd_betas)
+    optimizer = make_optimizer(cfg, model)
     # DDP broadcasts rank 0's parameters now and averages gradients bucket by bucket during
     # backward(), overlapping the all-reduce with the rest of the backward pass. A world of one
     # has nothing to average: the bare model trains identically without DDP's per-step bucket
@@ -179,6 +179,9 @@ def create_train_state(
         world=world,
         phases=PhaseTimer(sync, False),
     )
+
+
+# ---- step: where gradients are averaged ----------------------------------------------------
 
 
 def train_step(
@@ -221,7 +224,7 @@ def train_step(
 def eval_step(state: TrainState, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
     """Metrics {"loss_sum", "correct", "count"} of a test batch; rows of weight 0 (padding) do
     not count."""
-    x, y, w = batch
+    x, y, w = batch  # this rank's part of the test set
     with autocast(state):
         logits = state.module(x)  # the bare model: no DDP buffer broadcast, no gradients
     return {
@@ -231,21 +234,9 @@ def eval_step(state: TrainState, batch: tuple[torch.Tensor, ...]) -> dict[str, t
     }
 
 
-def loss_fn(cfg: Config, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-example softmax cross-entropy with label smoothing, in float32."""
-    return F.cross_entropy(logits.float(), y, reduction="none", label_smoothing=cfg.label_smoothing)
-
-
-def autocast(state: TrainState) -> torch.autocast:
-    """Mixed precision on CUDA (--precision bf16/fp16); fp32 elsewhere."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(state.cfg.precision)
-    return torch.autocast(
-        state.device.type, dtype=dtype, enabled=state.device.type == "cuda" and dtype is not None
-    )
-
-
 def allreduce_gradients(module: nn.Module, world: int) -> None:
-    """Average gradients over ranks in one flat all-reduce (what DDP does in buckets)."""
+    """Average gradients over ranks in one flat all-reduce (what DDP does in buckets); used
+    under --phase-timing only, to time the all-reduce apart from backward()."""
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
@@ -256,84 +247,16 @@ def allreduce_gradients(module: nn.Module, world: int) -> None:
         offset += g.numel()
 
 
-def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[torch.Tensor, ...]:
-    """numpy batch -> device tensors, once: pinned host memory and an asynchronous copy on CUDA
-    (no sync); labels as int64, images channels-last where enabled."""
-    cuda = state.device.type == "cuda"
-    out = []
-    for i, a in enumerate(batch):
-        t = torch.from_numpy(a)
-        if cuda:
-            t = t.pin_memory().to(state.device, non_blocking=True)
-        if i == 0 and cuda and state.cfg.channels_last:
-            t = t.contiguous(memory_format=torch.channels_last)
-        out.append(t.long() if i == 1 else t)
-    return tuple(out)
+def sync_batch_stats(state: TrainState) -> None:
+    """--bn local: every rank takes rank 0's BN running statistics (DDP's own convention: it
+    broadcasts them at every forward), so that every rank evaluates, and rank 0 checkpoints,
+    the same model. A no-op in a world of one."""
+    if state.world > 1:
+        for buf in state.module.buffers():
+            dist.broadcast(buf, 0)
 
 
-def evaluate(state: TrainState, loader: EvalLoader) -> dict[str, torch.Tensor]:
-    """This rank's test sums (every test image is on exactly one rank), left on the device."""
-    state.model.eval()
-    totals: dict[str, torch.Tensor] = {}
-    for batch in loader:
-        for k, v in eval_step(state, to_device(batch, state)).items():
-            totals[k] = totals[k] + v if k in totals else v
-    state.model.train()
-    return totals
-
-
-def sync() -> None:
-    """Wait for queued device work (CUDA kernels run asynchronously; CPU ops do not)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def checkpoint_path(cfg: Config) -> Path:
-    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.pt"
-
-
-def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int) -> None:
-    """Write the state after `epoch` (0-based) atomically: temp file, then rename."""
-    buf = io.BytesIO()
-    torch.save(
-        {
-            "epoch": epoch + 1,
-            "step": state.step,
-            "model": state.module.state_dict(),
-            "optimizer": state.optimizer.state_dict(),
-            "scaler": state.scaler.state_dict(),
-            "recorder": recorder.state(),
-            "config": state.cfg.to_dict(),
-        },
-        buf,
-    )
-    atomic_write_bytes(checkpoint_path(state.cfg), buf.getvalue())
-
-
-def load_checkpoint(state: TrainState, recorder: RunRecorder) -> int:
-    """Restore the latest checkpoint (tensors and plain containers only: weights_only=True);
-    return the epoch to continue from."""
-    ckpt = torch.load(checkpoint_path(state.cfg), map_location=state.device, weights_only=True)
-    state.module.load_state_dict(ckpt["model"])
-    state.optimizer.load_state_dict(ckpt["optimizer"])
-    state.scaler.load_state_dict(ckpt["scaler"])
-    state.step = int(ckpt["step"])
-    recorder.load_state(ckpt["recorder"])
-    return int(ckpt["epoch"])
-
-
-def check_resume(cfg: Config) -> None:
-    """Refuse to resume from a checkpoint of a different run (one clear error)."""
-    path = checkpoint_path(cfg)
-    if not (cfg.resume and path.exists()):
-        return
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)["config"]
-    except Exception as exc:
-        raise ConfigError(
-            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
-        ) from None
-    check_same_run(saved, cfg, str(path))
+# ---- devices: one process per device -------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -380,15 +303,27 @@ def launch_env() -> Launch | None:
 
 def spawn(cfg: Config) -> dict:
     """Start `cfg.gpus` processes on this node, each running train(cfg) as one rank with the
-    environment torchrun would give it (rendezvous on a free loopback port)."""
+    environment torchrun would give it (rendezvous on a free loopback port). Rank 0 leaves its
+    record after every epoch, so a run whose rank fails keeps the epochs measured so far."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "record.json"
-        mp.start_processes(
-            _spawned, args=(cfg, port, str(result), sys.argv), nprocs=cfg.gpus, start_method="spawn"
-        )
-        with open(result) as f:
-            return json.load(f)
+        try:
+            mp.start_processes(
+                _spawned,
+                args=(cfg, port, str(result), sys.argv),
+                nprocs=cfg.gpus,
+                start_method="spawn",
+            )
+        except Exception as exc:
+            if not result.exists():
+                raise
+            record = json.loads(result.read_text())
+            record.update(status="failed", error=describe(exc))
+            if cfg.output:
+                write_json_atomic(cfg.output, record)
+            raise RunFailed(record["error"]) from exc
+        return json.loads(result.read_text())
 
 
 def _spawned(local_rank: int, cfg: Config, port: int, result: str, argv: list[str]) -> None:
@@ -401,17 +336,13 @@ def _spawned(local_rank: int, cfg: Config, port: int, result: str, argv: list[st
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    record = train(cfg)
-    if local_rank == 0:
-        write_json_atomic(result, record)
+    train(cfg, record_path=result)
 
 
-def seed_for(seed: int, epoch: int, rank: int) -> int:
-    """Torch RNG seed (dropout) of one rank's epoch: reproducible after --resume."""
-    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+# ---- train: where time is measured ---------------------------------------------------------
 
 
-def train(cfg: Config) -> dict:
+def train(cfg: Config, record_path: str = "") -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     launch = launch_env()
     if launch is None and cfg.gpus > 1:
@@ -445,6 +376,8 @@ def train(cfg: Config) -> dict:
         ds = load_for(cfg)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = build_model(cfg, ds.channels, ds.num_classes)
+        # The data is sharded here: this rank reads only its contiguous part of every global
+        # batch (the sharding DistributedSampler + set_epoch gives, minus padding).
         loader = TrainLoader(
             ds,
             cfg.batch_size,
@@ -465,7 +398,7 @@ def train(cfg: Config) -> dict:
             device_kind=kind,
             params=count_params(model),
             is_main=is_main,
-            packages=("torch",),
+            packages=PACKAGES,
             bn_mode=cfg.bn,
             n_test=len(ds.test_x),
         )
@@ -473,129 +406,97 @@ def train(cfg: Config) -> dict:
             log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
         start = 0
         if cfg.resume and checkpoint_path(cfg).exists():
-            start = load_checkpoint(state, recorder)
+            state, start = load_checkpoint(cfg, state, recorder)
             log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
         elif cfg.resume:
             log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
         timer = Timer(sync)
         state.phases = PhaseTimer(sync, cfg.phase_timing)
-        for epoch in range(start, cfg.epochs):
-            torch.manual_seed(seed_for(cfg.seed, epoch, rank))  # dropout masks
-            state.model.train()
-            timer.start()
-            batches = loader.epoch(epoch)
-            totals: dict[str, torch.Tensor] = {}
-            for host_batch in batches:
-                with state.phases.phase("h2d"):
-                    batch = to_device(host_batch, state)
-                state, metrics = train_step(state, batch)
-                state.phases.steps += 1
-                for k, v in metrics.items():
-                    totals[k] = totals[k] + v if k in totals else v
-                if cfg.log_every and state.step % cfg.log_every == 0:  # host sync: log point
-                    running = float(totals["loss_sum"] / totals["count"])
-                    log(f"step {state.step} train_loss={running:.4f} (rank 0's shard)")
-            sec = timer.stop()
-            state.phases.add("data_wait", batches.wait_sec)
-            if cfg.bn == "local":  # every rank evaluates rank 0's BN statistics
-                for buf in state.module.buffers():
-                    dist.broadcast(buf, 0)
-            test = evaluate(state, evals)
-            # The epoch's only reductions (sync points): sums over ranks, and the slowest rank's
-            # time (the epoch is over when the last rank is done).
-            sums = torch.stack(
-                [
-                    totals["loss_sum"],
-                    totals["count"],
-                    test["correct"],
-                    test["count"],
-                    test["loss_sum"],
-                ]
-            ).double()
-            slowest = torch.tensor([sec], dtype=torch.float64, device=device)
-            dist.all_reduce(sums)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            loss_sum, count, correct, n_test, test_loss = sums.tolist()
-            stop = recorder.end_epoch(
-                epoch,
-                slowest.item(),
-                len(loader) * cfg.batch_size,
-                loss_sum / count,
-                correct,
-                n_test,
-                test_loss,
-            )
-            if cfg.checkpoint_dir:
-                if is_main:
-                    save_checkpoint(state, recorder, epoch)
-                dist.barrier()  # the checkpoint is on disk before any rank may be killed
-            injected_failure(FRAMEWORK, epoch + 1)
-            if stop:
-                break
-            if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
-                state.phases = PhaseTimer(sync, cfg.phase_timing)
+        with keep_measured_epochs(recorder, reraise=world > 1):
+            for epoch in range(start, cfg.epochs):
+                torch.manual_seed(seed_for(cfg.seed, epoch, rank))  # dropout masks
+                state.model.train()
+                timer.start()
+                batches = loader.epoch(epoch)
+                totals: dict[str, torch.Tensor] = {}
+                for host_batch in batches:
+                    with state.phases.phase("h2d"):
+                        batch = to_device(host_batch, state)
+                    state, metrics = train_step(state, batch)
+                    state.phases.steps += 1
+                    totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+                    if should_log(cfg, state.step):  # host sync: log point
+                        running = float(totals["loss_sum"] / totals["count"])
+                        log(f"step {state.step} train_loss={running:.4f} (rank 0's shard)")
+                if cfg.bn == "local":  # every rank takes rank 0's BN statistics (see docstring)
+                    sync_batch_stats(state)
+                sec = timer.stop()
+                state.phases.add("data_wait", batches.wait_sec)
+                test = evaluate(eval_step, state, evals)
+                # The epoch's only reductions (sync points): sums over ranks, and the slowest
+                # rank's time (the epoch is over when the last rank is done).
+                sums = torch.stack(
+                    [
+                        totals["loss_sum"],
+                        totals["count"],
+                        test["correct"],
+                        test["count"],
+                        test["loss_sum"],
+                    ]
+                ).double()
+                slowest = torch.tensor([sec], dtype=torch.float64, device=device)
+                dist.all_reduce(sums)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                loss_sum, count, correct, n_test, test_loss = sums.tolist()
+                stop = recorder.end_epoch(
+                    epoch,
+                    slowest.item(),
+                    len(loader) * cfg.batch_size,
+                    loss_sum / count,
+                    correct,
+                    n_test,
+                    test_loss,
+                )
+                if is_main and record_path:  # the epochs so far, should a rank fail later
+                    write_json_atomic(record_path, recorder.result())
+                if cfg.checkpoint_dir:
+                    if is_main:
+                        save_checkpoint(cfg, state, recorder, epoch)
+                    dist.barrier()  # the checkpoint is on disk before any rank may be killed
+                injected_failure(FRAMEWORK, epoch + 1)
+                if stop:
+                    break
+                if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
+                    state.phases = PhaseTimer(sync, cfg.phase_timing)
         if cfg.phase_timing:
             recorder.phases = state.phases.per_step_ms()
         dist.barrier()  # no rank tears gloo/NCCL down while another is still in a collective
-        return recorder.finish()
+        record = recorder.finish()
+        if is_main and record_path:
+            write_json_atomic(record_path, record)
+        return record
     finally:
         dist.destroy_process_group()
 
 
+# ---- main ----------------------------------------------------------------------------------
+
+
 def check_config(cfg: Config) -> None:
     """torch-specific checks before any process starts (ConfigError / DatasetError)."""
+    launch_env()  # under srun: MASTER_ADDR / MASTER_PORT must be set
     if torch.cuda.is_available() and launch_env() is None and cfg.gpus > torch.cuda.device_count():
         raise ConfigError(
             f"--gpus {cfg.gpus} but only {torch.cuda.device_count()} CUDA devices "
             f"are visible; use --gpus {torch.cuda.device_count()} or fewer"
         )
-    if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
-        raise ConfigError("--nesterov needs --momentum > 0")
     check_available(cfg)
-    check_resume(cfg)
-
-
-def failure_record(cfg: Config, error: str) -> None:
-    """Write a 'failed' run record (rank 0 only) so the runner sees what went wrong."""
-    launch = None
-    try:
-        launch = launch_env()
-    except ConfigError:
-        pass
-    rec = RunRecorder(
-        cfg,
-        devices=launch.world if launch else cfg.gpus,
-        device_kind="cuda" if torch.cuda.is_available() else "cpu-simulated",
-        params=0,
-        is_main=launch is None or launch.rank == 0,
-        packages=("torch",),
-    )
-    rec.fail(error)
-    rec.finish()
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
-    cfg = cli.parse_args(argv, FRAMEWORK)
-    prog = f"python -m frameworks.{FRAMEWORK.replace('-', '_')}"
-    try:
-        launch_env()
-        check_config(cfg)
-    except (ConfigError, DatasetError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        record = train(cfg)
-    except ConfigError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a worker's traceback ends with its exception line
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        error = f"{type(exc).__name__}: {lines[-1] if lines else exc!r}"
-        print(f"{prog}: failed: {error}", file=sys.stderr)
-        failure_record(cfg, error)
-        return 1
-    return 0 if record["status"] == "ok" else 1
+    return run_main(argv, FRAMEWORK, check=check_config, train=train, packages=PACKAGES)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ BatchNorm is per replica (each GPU normalises its own slice; the running statist
 `--bn sync` is refused with more than one GPU (use torch-ddp). Without CUDA, DataParallel runs
 the module directly on the CPU: the run records devices 1, device_kind "cpu", and says so once.
 
-Everything else (model, optimiser, loss, checkpoints, mixed precision) is torch-ddp's; see there.
+Everything else (model, optimiser, loss, checkpoints, mixed precision) is shared with torch-ddp
+in frameworks/torch_models.py.
 """
 
 from __future__ import annotations
@@ -23,29 +24,36 @@ import sys
 import torch
 from torch import nn
 
-from common import cli
 from common.config import Config, ConfigError
-from common.datasets import DatasetError, check_available, load_for
+from common.datasets import check_available, load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.runtime import cpu_threads, injected_failure, printer
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
-from frameworks.torch_ddp import (
+from common.trainer import check_resume, keep_measured_epochs, run_main, should_log
+from frameworks.torch_models import (
     TrainState,
     autocast,
-    check_resume,
+    checkpoint_config,
     checkpoint_path,
+    count_params,
+    create_model,
+    evaluate,
     load_checkpoint,
     loss_fn,
+    make_optimizer,
     save_checkpoint,
     seed_for,
     sync,
     to_device,
 )
-from frameworks.torch_models import NovoGrad, count_params, create_model, decay_parameters
 
 FRAMEWORK = "torch-dp"
+PACKAGES = ("torch",)
+
+
+# ---- model ---------------------------------------------------------------------------------
 
 
 def build_model(cfg: Config, in_channels: int, num_classes: int) -> nn.Module:
@@ -53,6 +61,9 @@ def build_model(cfg: Config, in_channels: int, num_classes: int) -> nn.Module:
     return create_model(
         cfg.model, in_channels, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum, cfg.bn_eps
     )
+
+
+# ---- state ---------------------------------------------------------------------------------
 
 
 def create_train_state(
@@ -64,15 +75,7 @@ def create_train_state(
     model = model.to(device)  # GPU 0 holds the master copy; replicas are made every step
     if cuda and cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    decay, no_decay = decay_parameters(model)  # weight decay: conv and linear weights only
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    if cfg.optimizer == "sgd":  # buf = m * buf + (g + wd * w); w -= lr * buf
-        optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    else:
-        optimizer = NovoGrad(groups, lr=cfg.lr, betas=cfg.novograd_betas)
+    optimizer = make_optimizer(cfg, model)
     # Scatter / replicate / gather every step; gradients are summed onto GPU 0 in backward().
     dp = nn.DataParallel(model, device_ids=device_ids or None)
     # torch.compile cannot trace DataParallel's replicas: compile only the single-GPU case.
@@ -91,6 +94,9 @@ def create_train_state(
         world=max(1, len(device_ids)),
         phases=PhaseTimer(sync, False),
     )
+
+
+# ---- step: where gradients are averaged ----------------------------------------------------
 
 
 def train_step(
@@ -125,7 +131,7 @@ def train_step(
 def eval_step(state: TrainState, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
     """Metrics {"loss_sum", "correct", "count"} of a test batch; rows of weight 0 (padding) do
     not count."""
-    x, y, w = batch
+    x, y, w = batch  # a global test batch, on GPU 0
     with autocast(state):
         logits = state.model(x)  # scattered over the GPUs like a training batch
     return {
@@ -135,15 +141,25 @@ def eval_step(state: TrainState, batch: tuple[torch.Tensor, ...]) -> dict[str, t
     }
 
 
-def evaluate(state: TrainState, loader: EvalLoader) -> dict[str, torch.Tensor]:
-    """Test sums over the whole test set (one process sees every image once), on the device."""
-    state.model.eval()
-    totals: dict[str, torch.Tensor] = {}
-    for batch in loader:
-        for k, v in eval_step(state, to_device(batch, state)).items():
-            totals[k] = totals[k] + v if k in totals else v
-    state.model.train()
-    return totals
+# ---- devices: one process, DataParallel's threads ------------------------------------------
+
+
+def select_devices(n: int) -> tuple[list[int], str]:
+    """GPU ids 0..n-1 and the device kind; no CUDA: no ids (DataParallel then runs the module
+    itself on the CPU, one replica) and "cpu", said once on stderr."""
+    if torch.cuda.is_available():
+        return list(range(n)), f"cuda:{torch.cuda.get_device_name(0)}"
+    asked = f" (--gpus {n} was asked)" if n > 1 else ""
+    print(
+        "warning: no CUDA device: nn.DataParallel runs a single replica on the CPU; "
+        f"this run used 1 device{asked}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return [], "cpu"
+
+
+# ---- train: where time is measured ---------------------------------------------------------
 
 
 def train(cfg: Config) -> dict:
@@ -151,23 +167,15 @@ def train(cfg: Config) -> dict:
     injected_failure(FRAMEWORK)
     log = printer(True)
     cuda = torch.cuda.is_available()
+    device_ids, kind = select_devices(cfg.gpus)  # check_config: that many are visible
     if cuda:
-        device_ids = list(range(cfg.gpus))  # check_config: that many are visible
-        kind = f"cuda:{torch.cuda.get_device_name(0)}"
         torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest conv algorithms
     else:
-        device_ids, kind = [], "cpu"
         torch.set_num_threads(cpu_threads(1))
-        asked = f" (--gpus {cfg.gpus} was asked)" if cfg.gpus > 1 else ""
-        print(
-            "warning: no CUDA device: nn.DataParallel runs a single replica on the CPU; "
-            f"this run used 1 device{asked}",
-            file=sys.stderr,
-            flush=True,
-        )
     ds = load_for(cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, ds.channels, ds.num_classes)
+    # One process reads every global batch; DataParallel shards it in the step (scatter).
     loader = TrainLoader(
         ds,
         cfg.batch_size,
@@ -187,7 +195,7 @@ def train(cfg: Config) -> dict:
         device_kind=kind,
         params=count_params(model),
         is_main=True,
-        packages=("torch",),
+        packages=PACKAGES,
         bn_mode=cfg.bn,
         n_test=len(ds.test_x),
     )
@@ -197,48 +205,64 @@ def train(cfg: Config) -> dict:
         log("note: --compile is not applied: torch.compile cannot trace nn.DataParallel")
     start = 0
     if cfg.resume and checkpoint_path(cfg).exists():
-        start = load_checkpoint(state, recorder)
+        state, start = load_checkpoint(cfg, state, recorder)
         log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
     elif cfg.resume:
         log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
     timer = Timer(sync)
     state.phases = PhaseTimer(sync, cfg.phase_timing)
-    for epoch in range(start, cfg.epochs):
-        torch.manual_seed(seed_for(cfg.seed, epoch, 0))  # dropout masks
-        state.model.train()
-        timer.start()
-        batches = loader.epoch(epoch)
-        totals: dict[str, torch.Tensor] = {}
-        for host_batch in batches:
-            with state.phases.phase("h2d"):
-                batch = to_device(host_batch, state)
-            state, metrics = train_step(state, batch)
-            state.phases.steps += 1
-            for k, v in metrics.items():
-                totals[k] = totals[k] + v if k in totals else v
-            if cfg.log_every and state.step % cfg.log_every == 0:  # host sync: log point
-                running = float(totals["loss_sum"] / totals["count"])
-                log(f"step {state.step} train_loss={running:.4f}")
-        sec = timer.stop()
-        state.phases.add("data_wait", batches.wait_sec)
-        test = evaluate(state, evals)
-        sums = torch.stack(
-            [totals["loss_sum"], totals["count"], test["correct"], test["count"], test["loss_sum"]]
-        )
-        loss_sum, count, correct, n_test, test_loss = sums.double().tolist()  # the sync point
-        stop = recorder.end_epoch(
-            epoch, sec, len(loader) * cfg.batch_size, loss_sum / count, correct, n_test, test_loss
-        )
-        if cfg.checkpoint_dir:
-            save_checkpoint(state, recorder, epoch)
-        injected_failure(FRAMEWORK, epoch + 1)
-        if stop:
-            break
-        if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
-            state.phases = PhaseTimer(sync, cfg.phase_timing)
+    with keep_measured_epochs(recorder):
+        for epoch in range(start, cfg.epochs):
+            torch.manual_seed(seed_for(cfg.seed, epoch, 0))  # dropout masks
+            state.model.train()
+            timer.start()
+            batches = loader.epoch(epoch)
+            totals: dict[str, torch.Tensor] = {}
+            for host_batch in batches:
+                with state.phases.phase("h2d"):
+                    batch = to_device(host_batch, state)
+                state, metrics = train_step(state, batch)
+                state.phases.steps += 1
+                totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+                if should_log(cfg, state.step):  # host sync: log point
+                    running = float(totals["loss_sum"] / totals["count"])
+                    log(f"step {state.step} train_loss={running:.4f}")
+            # BN statistics: GPU 0's module holds the only copy (replicas are rebuilt every step).
+            sec = timer.stop()
+            state.phases.add("data_wait", batches.wait_sec)
+            test = evaluate(eval_step, state, evals)
+            sums = torch.stack(
+                [
+                    totals["loss_sum"],
+                    totals["count"],
+                    test["correct"],
+                    test["count"],
+                    test["loss_sum"],
+                ]
+            )
+            loss_sum, count, correct, n_test, test_loss = sums.double().tolist()  # the sync point
+            stop = recorder.end_epoch(
+                epoch,
+                sec,
+                len(loader) * cfg.batch_size,
+                loss_sum / count,
+                correct,
+                n_test,
+                test_loss,
+            )
+            if cfg.checkpoint_dir:
+                save_checkpoint(cfg, state, recorder, epoch)
+            injected_failure(FRAMEWORK, epoch + 1)
+            if stop:
+                break
+            if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
+                state.phases = PhaseTimer(sync, cfg.phase_timing)
     if cfg.phase_timing:
         recorder.phases = state.phases.per_step_ms()
     return recorder.finish()
+
+
+# ---- main ----------------------------------------------------------------------------------
 
 
 def check_config(cfg: Config) -> None:
@@ -254,38 +278,13 @@ def check_config(cfg: Config) -> None:
                 "--bn sync is not possible with nn.DataParallel (each replica normalises its "
                 "own slice); use --bn local, or torch-ddp for synchronised BatchNorm"
             )
-    if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
-        raise ConfigError("--nesterov needs --momentum > 0")
     check_available(cfg)
-    check_resume(cfg)
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
-    cfg = cli.parse_args(argv, FRAMEWORK)
-    prog = f"python -m frameworks.{FRAMEWORK.replace('-', '_')}"
-    try:
-        check_config(cfg)
-    except (ConfigError, DatasetError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        record = train(cfg)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        print(f"{prog}: failed: {error}", file=sys.stderr)
-        rec = RunRecorder(
-            cfg,
-            devices=min(cfg.gpus, max(1, torch.cuda.device_count())),
-            device_kind="cuda" if torch.cuda.is_available() else "cpu",
-            params=0,
-            is_main=True,
-            packages=("torch",),
-        )
-        rec.fail(error)
-        rec.finish()
-        return 1
-    return 0 if record["status"] == "ok" else 1
+    return run_main(argv, FRAMEWORK, check=check_config, train=train, packages=PACKAGES)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""PyTorch models shared by torch-dp and torch-ddp: CIFAR ResNet-18 and the NVIDIA course's
-WideResNet, with the submodule names every framework uses (`conv1`, `bn1`, `layer1.0`, `fc`).
+"""What torch-dp and torch-ddp share: the models (CIFAR ResNet-18 and the NVIDIA course's
+WideResNet, with the submodule names every framework uses: `conv1`, `bn1`, `layer1.0`, `fc`),
+the optimiser, the loss, mixed precision, the train state, host-to-device copies, evaluation
+and checkpoint I/O. The trainers keep only what differs between DataParallel and DDP.
 
 Every default that differs between frameworks is spelled out here rather than inherited:
 - BatchNorm: momentum 0.1 in torch's convention (running = 0.9 * running + 0.1 * batch; Flax and
@@ -15,11 +17,24 @@ Every default that differs between frameworks is spelled out here rather than in
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from common.config import Config
+from common.pipeline import EvalLoader
+from common.results import RunRecorder
+from common.runtime import atomic_write_bytes
+from common.timing import PhaseTimer
+from common.trainer import checkpoint_meta, restore_meta
 
 NormLayer = Callable[[int], nn.Module]
 
@@ -248,3 +263,134 @@ class NovoGrad(torch.optim.Optimizer):
                 state["exp_avg"].mul_(b1).add_(update)
                 p.add_(state["exp_avg"], alpha=-group["lr"])
         return loss
+
+
+# ---- the train state, optimiser, loss and precision ----------------------------------------
+
+
+@dataclass
+class TrainState:
+    """Everything a step changes or reads. torch updates in place; the step returns it anyway."""
+
+    model: nn.Module  # the parallel wrapper (DataParallel / DDP), or the bare model
+    forward: Any  # what the step calls: the wrapper, or torch.compile of it
+    module: nn.Module  # the bare model: evaluation and checkpoints
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    lr: np.ndarray  # LR of every step (common.schedule)
+    step: int
+    cfg: Config
+    device: torch.device
+    world: int
+    phases: PhaseTimer
+
+
+def make_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
+    """SGD in torch's form (buf = m * buf + (g + wd * w); w -= lr * buf) or NovoGrad; weight
+    decay on conv and linear weights only. The LR is set before every step (common.schedule)."""
+    decay, no_decay = decay_parameters(model)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    return NovoGrad(groups, lr=cfg.lr, betas=cfg.novograd_betas)
+
+
+def loss_fn(cfg: Config, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-example softmax cross-entropy with label smoothing, in float32."""
+    return F.cross_entropy(logits.float(), y, reduction="none", label_smoothing=cfg.label_smoothing)
+
+
+def autocast(state: TrainState) -> torch.autocast:
+    """Mixed precision on CUDA (--precision bf16/fp16); fp32 elsewhere."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(state.cfg.precision)
+    return torch.autocast(
+        state.device.type, dtype=dtype, enabled=state.device.type == "cuda" and dtype is not None
+    )
+
+
+def seed_for(seed: int, epoch: int, rank: int) -> int:
+    """Torch RNG seed (dropout) of one rank's epoch: reproducible after --resume."""
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+
+
+# ---- device I/O and evaluation -----------------------------------------------------------
+
+
+def sync() -> None:
+    """Wait for queued device work (CUDA kernels run asynchronously; CPU ops do not)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[torch.Tensor, ...]:
+    """numpy batch -> device tensors, once: pinned host memory and an asynchronous copy on CUDA
+    (no sync); labels as int64, images channels-last where enabled."""
+    cuda = state.device.type == "cuda"
+    out = []
+    for i, a in enumerate(batch):
+        t = torch.from_numpy(a)
+        if cuda:
+            t = t.pin_memory().to(state.device, non_blocking=True)
+        if i == 0 and cuda and state.cfg.channels_last:
+            t = t.contiguous(memory_format=torch.channels_last)
+        out.append(t.long() if i == 1 else t)
+    return tuple(out)
+
+
+def evaluate(
+    eval_step: Callable[[TrainState, tuple[torch.Tensor, ...]], dict[str, torch.Tensor]],
+    state: TrainState,
+    loader: EvalLoader,
+) -> dict[str, torch.Tensor]:
+    """Test sums {"loss_sum", "correct", "count"} over the loader's images (each exactly once),
+    left on the device: the caller reads them once."""
+    state.model.eval()
+    totals: dict[str, torch.Tensor] = {}
+    for batch in loader:
+        for k, v in eval_step(state, to_device(batch, state)).items():
+            totals[k] = totals[k] + v if k in totals else v
+    state.model.train()
+    return totals
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+
+
+def checkpoint_path(cfg: Config) -> Path:
+    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.pt"
+
+
+def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
+    """Write the state after `epoch` (0-based) atomically: temp file, then rename."""
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "model": state.module.state_dict(),
+            "optimizer": state.optimizer.state_dict(),
+            "scaler": state.scaler.state_dict(),
+            **checkpoint_meta(cfg, recorder, epoch, state.step),
+        },
+        buf,
+    )
+    atomic_write_bytes(checkpoint_path(cfg), buf.getvalue())
+
+
+def load_checkpoint(
+    cfg: Config, state: TrainState, recorder: RunRecorder
+) -> tuple[TrainState, int]:
+    """Restore the latest checkpoint (tensors and plain containers only: weights_only=True);
+    return the state and the epoch to continue from."""
+    ckpt = torch.load(checkpoint_path(cfg), map_location=state.device, weights_only=True)
+    state.module.load_state_dict(ckpt["model"])
+    state.optimizer.load_state_dict(ckpt["optimizer"])
+    state.scaler.load_state_dict(ckpt["scaler"])
+    epoch, state.step = restore_meta(ckpt, recorder)
+    return state, epoch
+
+
+def checkpoint_config(path: Path) -> dict[str, Any]:
+    """The config saved in a checkpoint (for common.trainer.check_resume)."""
+    return torch.load(path, map_location="cpu", weights_only=True)["config"]
