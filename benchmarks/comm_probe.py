@@ -18,7 +18,9 @@ algbw = bytes / time, busbw = algbw x 2(N-1)/N (the per-link traffic of a ring a
 The buffer is ONE flat tensor. The trainers differ in how they cut it (DDP: 25 MB buckets
 overlapped with backward; XLA: its all-reduce combiner; Gluon: one pushpull per parameter), so
 this is the collective's cost for the bytes, not the step's communication time (see the
-trainers' --phase-timing for that). Outputs in --out DIR: comm.json, comm.md.
+trainers' --phase-timing for that). The buffer's size is each model's trainable parameter count,
+taken from the framework's own model (frameworks/*_models.py) in the measuring process.
+Outputs in --out DIR: comm.json, comm.md, logs/*.log.
 """
 
 from __future__ import annotations
@@ -28,20 +30,18 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from benchmarks.devices import UsageError, detect_gpus, parse_gpus
-from benchmarks.registry import REGISTRY, unavailable
-from benchmarks.throughput import parse_frameworks, use_interpreter
+from benchmarks import harness
+from benchmarks.harness import REGISTRY, UsageError
 from common.results import host_info, write_json_atomic
-from common.runtime import ROOT, cpu_threads, free_port, set_omp_threads, simulate_host_devices
+from common.runtime import cpu_threads, free_port, set_omp_threads, simulate_host_devices
 
 PROG = "python -m benchmarks.comm_probe"
 COLLECTIVES = {
@@ -51,39 +51,6 @@ COLLECTIVES = {
     "jax-shard": "shard_map psum",
     "mxnet-gluon": "kvstore pushpull",
 }
-
-
-def scaled(channels: int, width: float) -> int:
-    return max(1, int(round(channels * width)))
-
-
-def gradient_numel(model: str, width: float = 1.0, in_channels: int = 3, classes: int = 10) -> int:
-    """Trainable parameters (= gradient elements) of the project's models, counted from the
-    architecture (frameworks/*_models.py) without importing a framework: conv kernels, BN scale
-    and offset, the linear layer's weight and bias."""
-    if model == "resnet18":
-        widths = [scaled(c, width) for c in (64, 128, 256, 512)]
-        total = 9 * in_channels * widths[0] + 2 * widths[0]
-        cin = widths[0]
-        for i, cout in enumerate(widths):
-            for j in range(2):
-                stride = 2 if i > 0 and j == 0 else 1
-                total += 9 * cin * cout + 2 * cout + 9 * cout * cout + 2 * cout
-                if stride != 1 or cin != cout:  # downsample: 1x1 conv + BN
-                    total += cin * cout + 2 * cout
-                cin = cout
-    elif model == "wideresnet":
-        stem = scaled(16, width)
-        total = 9 * in_channels * stem + 2 * stem
-        cin = stem
-        for cout in (scaled(c, width) for c in (160, 160, 320, 320, 640, 640)):
-            total += 9 * cin * cout + 2 * cout + 9 * cout * cout + 2 * cout
-            if cin != cout:  # shortcut: 1x1 conv, no BN
-                total += cin * cout
-            cin = cout
-    else:
-        raise ValueError(f"unknown model {model!r}; choose resnet18 or wideresnet")
-    return total + cin * classes + classes
 
 
 def summary(times: list[float], nbytes: int, n: int) -> dict[str, Any]:
@@ -157,6 +124,39 @@ def _torch_rank(
             json.dumps({"device_kind": kind, "backend": dist.get_backend(), "rows": rows})
         )
     dist.destroy_process_group()
+
+
+def gradient_numels(family: str, models: list[str], width: float) -> list[int]:
+    """Trainable parameters (= gradient elements) of each model as the framework builds it, for
+    CIFAR-shaped input (3 channels, 10 classes)."""
+    if family == "torch":
+        from frameworks.torch_models import count_params, create_model
+
+        return [count_params(create_model(m, 3, 10, width)) for m in models]
+    if family == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        from frameworks import jax_models
+
+        def numel(m: str) -> int:
+            model = jax_models.create_model(m, 10, width)
+            x = jnp.zeros((1, 32, 32, 3), jnp.float32)
+            shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
+            return jax_models.count_params(shapes["params"])  # shapes only: nothing computed
+
+        return [numel(m) for m in models]
+    import mxnet as mx
+
+    from frameworks import mxnet_models
+
+    def numel_mx(m: str) -> int:
+        net = mxnet_models.create_model(m, 3, 10, width)
+        net.initialize()
+        net(mx.nd.zeros((1, 3, 32, 32)))  # Gluon infers deferred shapes at the first call
+        return mxnet_models.count_params(net)
+
+    return [numel_mx(m) for m in models]
 
 
 def worker_torch_ddp(n: int, numels: list[int], reps: int, warmup: int) -> dict[str, Any]:
@@ -267,57 +267,187 @@ class NotApplicable(Exception):
 
 def worker(framework: str, n: int, numels: list[int], reps: int, warmup: int) -> dict[str, Any]:
     if framework == "torch-ddp":
-        return worker_torch_ddp(n, numels, reps, warmup)
-    if framework == "torch-dp":
-        return worker_torch_dp(n, numels, reps, warmup)
-    if framework in ("jax-pmap", "jax-shard"):
-        return worker_jax(n, numels, reps, warmup, shard=framework == "jax-shard")
-    return worker_mxnet(n, numels, reps, warmup)
+        out = worker_torch_ddp(n, numels, reps, warmup)
+    elif framework == "torch-dp":
+        out = worker_torch_dp(n, numels, reps, warmup)
+    elif framework in ("jax-pmap", "jax-shard"):
+        out = worker_jax(n, numels, reps, warmup, shard=framework == "jax-shard")
+    else:
+        out = worker_mxnet(n, numels, reps, warmup)
+    return {**out, "numels": numels}
 
 
 # -- the driver -----------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one clear line, exit 2
-        self.exit(2, f"comm_probe: error: {message}; see {PROG} --help\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
-    p.add_argument("--frameworks", default=",".join(REGISTRY), metavar="LIST")
+    p = harness.Parser("comm_probe", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    harness.add_flags(p, frameworks=",".join(REGISTRY), gpus="2")
     p.add_argument(
-        "--gpus",
-        default="2",
-        metavar="N|LIST",
-        help="device counts: N runs 1, 2, 4, ... below N and N; or a list",
-    )
-    p.add_argument("--models", default="resnet18,wideresnet", metavar="LIST")
-    p.add_argument("--width", type=float, default=1.0, help="channel-width multiplier")
-    p.add_argument("--reps", type=int, default=20, help="timed repetitions (median reported)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed repetitions first")
-    p.add_argument(
-        "--python",
-        default=None,
-        metavar="PATH",
-        help="one interpreter for every framework (default: each one's environment)",
+        "--models",
+        default="resnet18,wideresnet",
+        metavar="LIST",
+        help="comma-separated, from: resnet18, wideresnet; one buffer the size of each model's "
+        "gradients (default: both)",
     )
     p.add_argument(
-        "--out",
-        default=None,
-        metavar="DIR",
-        help="output directory (default results/comm-<UTC timestamp>/)",
+        "--width", type=float, default=1.0, help="channel-width multiplier (default 1.0)"
     )
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SEC")
+    p.add_argument(
+        "--reps", type=int, default=20, help="timed repetitions (median reported; default 20)"
+    )
+    p.add_argument("--warmup", type=int, default=5, help="untimed repetitions first (default 5)")
+    harness.add_flags(p, python=True, out="results/comm-", timeout=600.0)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one framework
     p.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--numels", default="", help=argparse.SUPPRESS)
     return p
 
 
-def run_worker(ns: argparse.Namespace) -> int:
-    numels = [int(v) for v in ns.numels.split(",")]
+@dataclass
+class Plan:
+    ns: argparse.Namespace
+    frameworks: list[str]
+    counts: list[int]
+    models: list[str]
+    gpus: list[str]
+    skipped: dict[str, str]
+    out: Path
+    command: list[str]
+
+
+def make_plan(argv: list[str]) -> Plan:
+    ns = build_parser().parse_args(argv)
+    frameworks = harness.parse_frameworks(ns.frameworks)
+    counts = harness.parse_gpus(ns.gpus)
+    models = list(dict.fromkeys(m.strip() for m in ns.models.split(",") if m.strip()))
+    bad = [m for m in models if m not in ("resnet18", "wideresnet")]
+    if bad or not models:
+        raise UsageError(f"unknown model {', '.join(bad) or '(none given)'}; choose resnet18 "
+                         "and/or wideresnet (e.g. --models resnet18)")  # fmt: skip
+    if ns.reps < 1 or ns.warmup < 0:
+        raise UsageError("--reps must be >= 1 and --warmup >= 0")
+    harness.check_positive(width=ns.width, timeout=ns.timeout)
+    if ns.python is not None:
+        harness.use_interpreter(ns.python)
+    gpus = harness.detect_gpus()
+    harness.check_counts(counts, gpus)
+    out = harness.output_dir(ns.out, "comm-", "comm.json")
+    skipped = harness.unavailable(frameworks)
+    return Plan(ns, frameworks, counts, models, gpus, skipped, out, [*PROG.split(), *argv])
+
+
+def probe(plan: Plan, fw: str, n: int) -> list[dict[str, Any]]:
+    """One worker process: the rows of every model for `fw` at `n` devices."""
+    ns = plan.ns
+    base = {"framework": fw, "collective": COLLECTIVES[fw], "devices": n}
+    if fw in plan.skipped:
+        return [{**base, "model": m, "status": "skipped", "note": plan.skipped[fw]}
+                for m in plan.models]  # fmt: skip
+    command = [str(REGISTRY[fw].python), "-m", "benchmarks.comm_probe", "--worker", fw,
+               "--devices", str(n), "--models", ",".join(plan.models), "--width", f"{ns.width:g}",
+               "--reps", str(ns.reps), "--warmup", str(ns.warmup)]  # fmt: skip
+    log = plan.out / "logs" / f"{fw}-{n}dev.log"
+    child = harness.run_child(command, log, ns.timeout, tag="comm_probe")
+    if child.ended == "interrupted":
+        raise KeyboardInterrupt
+    result = child.json_line() if child.ok else None
+    rows = []
+    for i, m in enumerate(plan.models):
+        row = {**base, "model": m, "command": command, "log": str(log.relative_to(plan.out))}
+        if result is None:
+            row.update(status="failed", note=child.error() or "no result line")
+        elif "not_applicable" in result:
+            row.update(status="n/a", note=result["not_applicable"])
+        else:
+            numel = result["numels"][i]
+            row.update(status="ok", numel=numel, bytes=numel * 4,
+                       device_kind=result["device_kind"], backend=result["backend"],
+                       **result["rows"][i])  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+HEADERS = ["framework", "collective", "devices", "model", "MiB", "median ms", "min ms",
+           "algbw GB/s", "busbw GB/s", "status"]  # fmt: skip
+
+
+def table(rows: list[dict[str, Any]]) -> list[list[str]]:
+    body = []
+    for r in rows:
+        cells = [r["framework"], r["collective"], str(r["devices"]), r["model"],
+                 f"{r['bytes'] / 2**20:.1f}" if "bytes" in r else "-"]  # fmt: skip
+        if r["status"] == "ok":
+            cells += [f"{r['median_sec'] * 1e3:.2f}", f"{r['min_sec'] * 1e3:.2f}"]
+            bw = r["devices"] > 1  # one device: no traffic, no bandwidth
+            cells += [f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}"] if bw else ["-", "-"]
+        else:
+            cells += ["-"] * 4
+        body.append([*cells, r["status"]])
+    return body
+
+
+def notes(plan: Plan, rows: list[dict[str, Any]], kind: str) -> list[str]:
+    out = [
+        f"Median and min of {plan.ns.reps} repetitions after {plan.ns.warmup} warm-up ones; "
+        "algbw = bytes / median time, busbw = algbw x 2(N-1)/N (nccl-tests).",
+        "One flat buffer per call; the trainers cut their gradients differently (DDP "
+        "buckets, XLA's combiner, Gluon per parameter).",
+    ]
+    if kind == "cpu-simulated":
+        out.append(
+            "cpu-simulated: the devices are slices of one host, so these are memory-"
+            "copy and thread-hand-off costs, not interconnect figures."
+        )
+    out += [
+        f"{r['framework']} x{r['devices']} {r['model']} {r['status']}: {r['note']}"
+        for r in rows
+        if r["status"] != "ok" and r.get("note")
+    ]
+    return list(dict.fromkeys(out))
+
+
+def execute(plan: Plan) -> int:
+    plan.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    interrupted = False
     try:
+        for fw in plan.frameworks:
+            for n in plan.counts:
+                print(f"[comm_probe] {fw} x{n}", flush=True)
+                rows += probe(plan, fw, n)
+    except KeyboardInterrupt:  # the rows measured so far are written below
+        interrupted = True
+    kind = next((r["device_kind"] for r in rows if r.get("device_kind")),
+                harness.device_kind(plan.gpus))  # fmt: skip
+    title = (
+        f"Gradient all-reduce: one float32 buffer of each model's gradients (width "
+        f"{plan.ns.width:g}), {kind}"
+    )
+    write_json_atomic(plan.out / "comm.json", {
+        "title": title, "command": plan.command, "host": host_info(), "device_kind": kind,
+        "settings": vars(plan.ns), "interrupted": interrupted, "rows": rows})  # fmt: skip
+    lines = notes(plan, rows, kind)
+    md = [f"# {title}", "", f"`{shlex.join(plan.command)}`", "",
+          harness.markdown_table(HEADERS, table(rows)), "", *(f"- {n}" for n in lines)]  # fmt: skip
+    harness.write_atomic(plan.out / "comm.md", "\n".join(md) + "\n")
+    if interrupted:
+        print(f"[comm_probe] interrupted; finished rows are in {plan.out / 'comm.json'}")
+        return 130
+    harness.print_table(title, HEADERS, table(rows), lines, left=("framework", "collective",
+                        "model", "status"))  # fmt: skip
+    print(f"[comm_probe] wrote {plan.out / 'comm.json'} and comm.md")
+    return 1 if any(r["status"] == "failed" for r in rows) else 0
+
+
+def run_worker(ns: argparse.Namespace) -> int:
+    """Inside the worker process: measure and print one JSON line."""
+    family = REGISTRY[ns.worker].family
+    if family == "jax":  # before JAX's CPU backend starts (the model is built first)
+        simulate_host_devices(ns.devices)
+    elif family == "mxnet":  # before mxnet loads
+        set_omp_threads(cpu_threads())
+    try:
+        numels = gradient_numels(family, ns.models.split(","), ns.width)
         out = worker(ns.worker, ns.devices, numels, ns.reps, ns.warmup)
     except NotApplicable as exc:
         out = {"not_applicable": str(exc)}
@@ -326,199 +456,12 @@ def run_worker(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ns = build_parser().parse_args(argv)
-    if ns.worker:
-        return run_worker(ns)
-    try:
-        frameworks = parse_frameworks(ns.frameworks)
-        counts = parse_gpus(ns.gpus)
-        models = [m.strip() for m in ns.models.split(",") if m.strip()]
-        numels = [gradient_numel(m, ns.width) for m in models]
-        if ns.reps < 1 or ns.warmup < 0:
-            raise UsageError("--reps must be >= 1 and --warmup >= 0")
-        if ns.python is not None:
-            use_interpreter(ns.python)
-        gpus = detect_gpus()
-        if gpus and max(counts) > len(gpus):
-            raise UsageError(
-                f"--gpus asks for {max(counts)} devices but this machine has "
-                f"{len(gpus)} GPU(s); use --gpus {len(gpus)} or fewer"
-            )
-    except (UsageError, ValueError) as exc:
-        print(f"comm_probe: error: {exc}", file=sys.stderr)
-        return 2
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(ns.out).resolve() if ns.out else ROOT / "results" / f"comm-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    skipped = unavailable(frameworks)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("XLA_FLAGS", None)
-    rows: list[dict[str, Any]] = []
-    for fw in frameworks:
-        for n in counts:
-            base = {"framework": fw, "collective": COLLECTIVES[fw], "devices": n}
-            if fw in skipped:
-                rows += [
-                    {**base, "model": m, "status": "skipped", "note": skipped[fw]} for m in models
-                ]
-                continue
-            command = [
-                str(REGISTRY[fw].python),
-                "-m",
-                "benchmarks.comm_probe",
-                "--worker",
-                fw,
-                "--devices",
-                str(n),
-                "--numels",
-                ",".join(map(str, numels)),
-                "--reps",
-                str(ns.reps),
-                "--warmup",
-                str(ns.warmup),
-            ]
-            print(f"[comm_probe] {fw} x{n}", flush=True)
-            try:
-                proc = subprocess.run(
-                    command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=ns.timeout
-                )
-                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-                result = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
-                error = "" if result else (proc.stderr.strip().splitlines() or ["?"])[-1]
-            except subprocess.TimeoutExpired:
-                result, error = None, f"killed after {ns.timeout:g} s"
-            for i, m in enumerate(models):
-                row = {
-                    **base,
-                    "model": m,
-                    "numel": numels[i],
-                    "bytes": numels[i] * 4,
-                    "command": command,
-                }
-                if result is None:
-                    row.update(status="failed", note=error)
-                elif "not_applicable" in result:
-                    row.update(status="n/a", note=result["not_applicable"])
-                else:
-                    row.update(
-                        status="ok",
-                        device_kind=result["device_kind"],
-                        backend=result["backend"],
-                        **result["rows"][i],
-                    )
-                rows.append(row)
-    kind = next(
-        (r["device_kind"] for r in rows if r.get("device_kind")),
-        f"cuda:{gpus[0]}" if gpus else "cpu-simulated",
-    )
-    title = (
-        f"Gradient all-reduce: one float32 buffer of each model's gradients (width "
-        f"{ns.width:g}), {kind}"
-    )
-    command = [*PROG.split(), *argv]
-    write_json_atomic(
-        out / "comm.json",
-        {
-            "title": title,
-            "command": command,
-            "host": host_info(),
-            "device_kind": kind,
-            "settings": vars(ns),
-            "rows": rows,
-        },
-    )
-    headers = [
-        "framework",
-        "collective",
-        "devices",
-        "model",
-        "MiB",
-        "median ms",
-        "min ms",
-        "algbw GB/s",
-        "busbw GB/s",
-        "status",
-    ]
-    body = [
-        [
-            r["framework"],
-            r["collective"],
-            str(r["devices"]),
-            r["model"],
-            f"{r['bytes'] / 2**20:.1f}" if "bytes" in r else "-",
-            *(
-                [
-                    f"{r['median_sec'] * 1e3:.2f}",
-                    f"{r['min_sec'] * 1e3:.2f}",
-                    *(
-                        [f"{r['algbw_gbps']:.2f}", f"{r['busbw_gbps']:.2f}"]
-                        if r["devices"] > 1
-                        else ["-", "-"]
-                    ),
-                ]
-                if r["status"] == "ok"
-                else ["-"] * 4
-            ),
-            r["status"],
-        ]
-        for r in rows
-    ]
-    notes = [
-        f"Median and min of {ns.reps} repetitions after {ns.warmup} warm-up ones; "
-        "algbw = bytes / median time, busbw = algbw x 2(N-1)/N (nccl-tests).",
-        "One flat buffer per call; the trainers cut their gradients differently (DDP "
-        "buckets, XLA's combiner, Gluon per parameter).",
-    ]
-    if kind == "cpu-simulated":
-        notes.append(
-            "cpu-simulated: the devices are slices of one host, so these are memory-"
-            "copy and thread-hand-off costs, not interconnect figures."
-        )
-    notes += [
-        f"{r['framework']} x{r['devices']} {r['model']} {r['status']}: {r['note']}"
-        for r in rows
-        if r["status"] != "ok" and r.get("note")
-    ]
-    notes = list(dict.fromkeys(notes))
-    md = [
-        f"# {title}",
-        "",
-        f"`{shlex.join(command)}`",
-        "",
-        "| " + " | ".join(headers) + " |",
-        "|" + " --- |" * len(headers),
-        *("| " + " | ".join(b) + " |" for b in body),
-        "",
-        *(f"- {n}" for n in notes),
-    ]
-    (out / "comm.md").write_text("\n".join(md) + "\n")
-    print_table(title, headers, body, notes)
-    print(f"[comm_probe] wrote {out / 'comm.json'} and comm.md")
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
-
-
-def print_table(title: str, headers: list[str], body: list[list[str]], notes: list[str]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(title)
-        for row in [headers, *body]:
-            print("  ".join(row))
-    else:
-        t = Table(title=title)
-        for h in headers:
-            t.add_column(h, justify="right" if "ms" in h or "GB" in h or h == "MiB" else "left")
-        for row in body:
-            t.add_row(*row)
-        Console(width=max(120, Console().width)).print(t)
-    for n in notes:
-        print(f"- {n}")
+    """Command line: `python -m benchmarks.comm_probe --help`. Exit 0 all ok, 1 a probe failed,
+    2 bad input, 130 interrupted."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in args:
+        return run_worker(build_parser().parse_args(args))
+    return harness.run_tool("comm_probe", args, make_plan, execute)
 
 
 if __name__ == "__main__":

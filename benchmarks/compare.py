@@ -17,30 +17,22 @@ Exit code: 0 when every run finished with status "ok", 1 when any failed, diverg
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import shlex
-import signal
-import subprocess
 import sys
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from benchmarks import report
-from benchmarks.devices import UsageError, detect_gpus, parse_gpus
+from benchmarks import harness, report
+from benchmarks.harness import REGISTRY, UsageError
 from benchmarks.progress import make_progress, parse_epoch_line
-from benchmarks.registry import REGISTRY, unavailable
 from common import cli
 from common.config import FRAMEWORKS, Config, ConfigError, preset, resolve
-from common.datasets import DatasetError, check_available
+from common.datasets import DatasetError, check_available, train_size
 from common.results import host_info, write_json_atomic
-from common.runtime import ROOT, cpu_threads
+from common.runtime import ROOT
 from common.schedule import scaled_lr
 
 PROG = "python -m benchmarks.compare"
@@ -48,9 +40,6 @@ DEFAULT_TIMEOUT = 900.0
 DEFAULT_GPUS = "2"
 RUNNER_OWNED = ("gpus", "output")  # set per run by the runner, not passed through
 PER_RUN = ("batch_size", "batch_per_device", "seed")  # derived per run from the scaling mode
-# Training-set sizes, to reject a global batch larger than the training set before any run
-# (synthetic data: --synthetic-train). digits = 1797 images minus the 360 held out for testing.
-TRAIN_SIZES = {"digits": 1437, "cifar10": 50_000, "cifar100": 50_000, "fashion-mnist": 60_000}
 
 EPILOG = f"""\
 examples:
@@ -65,11 +54,6 @@ run's record, written when it ends), logs/*.log, results.csv (one row per framew
 runs.csv (one row per run), results.md, throughput.png, efficiency.png, accuracy_vs_time.png.
 exit code: 0 all runs ok, 1 a run failed / diverged / timed out, 2 bad input (nothing ran).
 """
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one clear line, exit 2
-        self.exit(2, f"compare: error: {message}; see {PROG} --help\n")
 
 
 class _Help(argparse.Action):
@@ -93,9 +77,9 @@ class _Help(argparse.Action):
         parser.exit(0)
 
 
-def runner_parser() -> _Parser:
-    p = _Parser(
-        prog="compare",
+def runner_parser() -> harness.Parser:
+    p = harness.Parser(
+        "compare",
         usage=f"{PROG} [--frameworks LIST] [--gpus N|LIST] [--scaling strong|weak]\n"
         "         [--repeat K] [--out DIR] [--timeout SEC] [shared training flags ...]",
         description="Train the same model with every framework's data parallelism at 1..N "
@@ -104,24 +88,16 @@ def runner_parser() -> _Parser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False,
-        allow_abbrev=False,  # an abbreviation must not swallow a shared flag (--out / --output)
     )
     p.add_argument("-h", "--help", action=_Help)
-    p.add_argument(
-        "--frameworks",
-        default=",".join(FRAMEWORKS),
-        metavar="LIST",
-        help=f"comma-separated, from: {', '.join(FRAMEWORKS)} (default: all; a framework "
-        "whose environment is missing is reported as skipped)",
-    )
+    harness.add_flags(p, frameworks=",".join(FRAMEWORKS))
     p.add_argument(
         "--gpus",
         default=None,
         metavar="N|LIST",
         help="device counts: N runs 1, 2, 4, ... (powers of two below N) and N; a list such as "
         "1,2,3 runs exactly those (default: 2, i.e. 1 and 2; 1 on a 1-GPU machine). Without GPUs "
-        "the devices are "
-        "simulated on the CPU",
+        "the devices are simulated on the CPU",
     )
     p.add_argument(
         "--scaling",
@@ -135,19 +111,7 @@ def runner_parser() -> _Parser:
     p.add_argument(
         "--repeat", type=int, default=1, metavar="K", help="seeds seed..seed+K-1 per cell"
     )
-    p.add_argument(
-        "--out",
-        default=None,
-        metavar="DIR",
-        help="output directory (default: results/<UTC timestamp>/ under the project root)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        metavar="SEC",
-        help=f"per-run time limit; a run still going is killed (default {DEFAULT_TIMEOUT:g})",
-    )
+    harness.add_flags(p, out="results/", timeout=DEFAULT_TIMEOUT)
     return p
 
 
@@ -189,33 +153,7 @@ class Plan:
 
     @property
     def expected_kind(self) -> str:
-        """The device kind runs report (common.results): "cuda:<name>" or "cpu-simulated"."""
-        return f"cuda:{self.gpus[0]}" if self.gpus else "cpu-simulated"
-
-
-def parse_frameworks(text: str) -> list[str]:
-    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    for name in names:
-        if name not in REGISTRY:
-            raise UsageError(
-                f"unknown framework {name!r}; choose from {', '.join(REGISTRY)} "
-                "(comma-separated, e.g. --frameworks torch-ddp,jax-pmap)"
-            )
-    if not names:
-        raise UsageError(f"--frameworks is empty; give one or more of {', '.join(REGISTRY)}")
-    return names
-
-
-def _flag(name: str, value: Any) -> list[str]:
-    """A shared flag back on the command line, in the form common.cli parses."""
-    flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
-        return [flag if value else "--no-" + name.replace("_", "-")]
-    if value is None:
-        return [flag, "none"]
-    if isinstance(value, tuple):
-        return [flag, ",".join(str(v) for v in value)]
-    return [flag, str(value)]
+        return harness.device_kind(self.gpus)
 
 
 def _lcm(values: list[int]) -> int:
@@ -225,9 +163,8 @@ def _lcm(values: list[int]) -> int:
     return out
 
 
-def make_plan(argv: list[str] | None) -> Plan:
+def make_plan(argv: list[str]) -> Plan:
     """Parse and validate everything; raise UsageError (argparse exits 2 itself)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
     ns, rest = runner_parser().parse_known_args(argv)
     for token in rest:
         if token.split("=")[0] == "--output":
@@ -248,20 +185,13 @@ def make_plan(argv: list[str] | None) -> Plan:
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
-    frameworks = parse_frameworks(ns.frameworks)
-    counts = parse_gpus(ns.gpus or DEFAULT_GPUS)
-    if ns.repeat < 1:
-        raise UsageError(f"--repeat must be >= 1 (got {ns.repeat}); use --repeat 1 for one seed")
-    if not ns.timeout > 0:
-        raise UsageError(f"--timeout must be > 0 seconds (got {ns.timeout:g})")
-    gpus = detect_gpus()
+    frameworks = harness.parse_frameworks(ns.frameworks)
+    counts = harness.parse_gpus(ns.gpus or DEFAULT_GPUS)
+    harness.check_positive(repeat=ns.repeat, timeout=ns.timeout)
+    gpus = harness.detect_gpus()
     if gpus and ns.gpus is None:  # the default must run on a 1-GPU machine too
         counts = [n for n in counts if n <= len(gpus)]
-    if gpus and max(counts) > len(gpus):
-        raise UsageError(
-            f"--gpus asks for {max(counts)} devices but this machine has {len(gpus)} GPU(s) "
-            f"(nvidia-smi -L); use --gpus {len(gpus)} or fewer"
-        )
+    harness.check_counts(counts, gpus)
 
     scaling = ns.scaling or ("weak" if base.batch_per_device > 0 else "strong")
     if scaling == "strong" and per_device_given:
@@ -280,8 +210,7 @@ def make_plan(argv: list[str] | None) -> Plan:
                 f"--batch-size {max(step, batch // step * step)} (a multiple of {step}) or "
                 "--scaling weak"
             )
-    n_train = base.synthetic_train if base.dataset == "synthetic" else TRAIN_SIZES[base.dataset]
-    n_train = min(n_train, base.train_limit or n_train)
+    n_train = train_size(base)
     largest = batch * (max(counts) if scaling == "weak" else 1)
     if largest > n_train:
         raise UsageError(
@@ -294,12 +223,7 @@ def make_plan(argv: list[str] | None) -> Plan:
     except DatasetError as exc:
         raise UsageError(str(exc)) from None
 
-    if ns.out:
-        out = Path(ns.out).resolve()
-    else:
-        out = ROOT / "results" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    if (out / "config.json").exists():
-        raise UsageError(f"{out} already holds a comparison (config.json); choose a new --out")
+    out = harness.output_dir(ns.out, "", "config.json")
 
     plan = Plan(
         base=base,
@@ -313,7 +237,7 @@ def make_plan(argv: list[str] | None) -> Plan:
         gpus=gpus,
         command=[*PROG.split(), *argv],
     )
-    plan.skipped = unavailable(frameworks)
+    plan.skipped = harness.unavailable(frameworks)
     for fw in frameworks:
         if fw in plan.skipped:
             continue
@@ -342,7 +266,7 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
         if key == "checkpoint_dir":  # one checkpoint directory per run
             value = str(Path(value) / run_id)
         if key not in PER_RUN:
-            args += _flag(key, value)
+            args += harness.flag(key, value)
     args += ["--gpus", str(n), "--batch-size", str(global_batch), "--seed", str(seed)]
     args += ["--output", str(output)]
     cfg = plan.base.replace(
@@ -362,118 +286,36 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
 # -- running ------------------------------------------------------------------------------------
 
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env["PYTHONUNBUFFERED"] = "1"  # epoch lines arrive as they are printed
-    env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))
-    # Idle OpenMP threads sleep instead of spinning: a spinning team stalls whenever anything
-    # else holds a core (a 1-process torch run measured 10-40x slower on a busy 2-core machine).
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return env
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """End the run and everything it started (torch-ddp's workers): its own process group."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:
-            # the leader is gone; make sure no worker of its group is left behind
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return
-
-
 def execute_run(spec: RunSpec, plan: Plan, progress: Any) -> dict[str, Any]:
     """Run one process to completion or timeout; return its record (synthesised if missing)."""
-    spec.log.parent.mkdir(parents=True, exist_ok=True)
-    spec.output.parent.mkdir(parents=True, exist_ok=True)
-    tail: deque[str] = deque(maxlen=report.LOG_TAIL_LINES)
     epochs: list[dict[str, Any]] = []
     t0 = time.monotonic()
-    load_before = os.getloadavg()[0]
     label = f"{spec.framework} x{spec.devices}" + (f" seed {spec.seed}" if plan.repeat > 1 else "")
     progress.start_run(label, spec.cfg.epochs, str(spec.log.relative_to(plan.out)))
-    with open(spec.log, "w") as log:
-        log.write(f"$ {shlex.join(spec.command)}\n")
-        log.flush()
-        proc = subprocess.Popen(
-            spec.command,
-            cwd=ROOT,
-            env=child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,  # its own process group, so a timeout can end all of it
-        )
 
-        def read() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                tail.append(line.rstrip("\n"))
-                row = parse_epoch_line(line)
-                if row:
-                    row["wall_sec"] = time.monotonic() - t0
-                    epochs.append(row)
-                    progress.epoch(row)
+    def on_line(line: str) -> None:  # the per-epoch lines feed the live display
+        row = parse_epoch_line(line)
+        if row:
+            row["wall_sec"] = time.monotonic() - t0
+            epochs.append(row)
+            progress.epoch(row)
 
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        ended = "exited"
-        try:
-            proc.wait(timeout=plan.timeout)
-        except subprocess.TimeoutExpired:
-            ended = "timeout"
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM via _interrupt
-            ended = "interrupted"
-        finally:
-            _kill_group(proc)  # also any worker left behind by the leader
-        reader.join(timeout=10)
-        if ended == "timeout":
-            log.write(f"[compare] still running after {plan.timeout:g} s (--timeout): killed\n")
-        elif ended == "interrupted":
-            log.write("[compare] the comparison was interrupted: killed\n")
-    wall = time.monotonic() - t0
-    record = finish_record(spec, plan, proc.returncode, ended, list(tail), epochs)
-    record["runner"]["wall_sec"] = wall
+    child = harness.run_child(spec.command, spec.log, plan.timeout, tag="compare", on_line=on_line)
+    record = finish_record(spec, plan, child, epochs)
+    record["runner"]["wall_sec"] = child.wall_sec
     # Other work on the machine skews every timing: keep the 1-minute load average with the run.
-    record["runner"]["load_avg"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    record["runner"]["load_avg"] = list(child.load_avg)
     write_json_atomic(spec.output, record)  # kept now, whatever happens to later runs
     return record
 
 
 def finish_record(
-    spec: RunSpec,
-    plan: Plan,
-    returncode: int,
-    ended: str,
-    tail: list[str],
-    epochs: list[dict[str, Any]],
+    spec: RunSpec, plan: Plan, child: harness.Child, epochs: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The run's own record, or one built from its log when it wrote none; plus runner facts.
-
-    `ended`: "exited" (on its own), "timeout" or "interrupted" (killed by the runner)."""
-    record = None
-    if spec.output.exists():
-        try:
-            record = read_record(spec.output)
-        except ValueError:
-            record = None
+    """The run's own record, or one built from its log when it wrote none; plus runner facts."""
+    returncode, ended = child.returncode, child.ended
+    record = harness.read_record(spec.output)
     if record is None:
-        last = next((line for line in reversed(tail) if line.strip()), "")
         record = {
             "framework": spec.framework,
             "model": spec.cfg.model,
@@ -486,7 +328,7 @@ def finish_record(
             "test_set_size": None,
             "config": spec.cfg.to_dict(),
             "status": "failed",
-            "error": f"exit code {returncode}, no result file; last line: {last}",
+            "error": f"exit code {returncode}, no result file; last line: {child.last_line()}",
         }
     if ended == "timeout":
         record["status"] = "timeout"
@@ -507,16 +349,8 @@ def finish_record(
         "ended": ended,
     }
     if record["status"] != "ok":
-        record["runner"]["log_tail"] = tail
+        record["runner"]["log_tail"] = child.tail
     return record
-
-
-def read_record(path: Path) -> dict[str, Any]:
-    with open(path) as f:
-        data = json.load(f)
-    if not isinstance(data, dict) or "status" not in data:
-        raise ValueError(f"{path} is not a run record")
-    return data
 
 
 def sweep_of(plan: Plan) -> report.Sweep:
@@ -536,12 +370,8 @@ def sweep_of(plan: Plan) -> report.Sweep:
         expected_kind=plan.expected_kind,
         target_accuracy=b.target_accuracy,
         host=host_info(),
-        started=utc_now(),
+        started=harness.utc_now(),
     )
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
@@ -585,10 +415,6 @@ def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
     }
 
 
-def _interrupt(signum: int, frame: Any) -> NoReturn:
-    raise KeyboardInterrupt
-
-
 def execute(plan: Plan) -> int:
     sweep = sweep_of(plan)
     plan.out.mkdir(parents=True, exist_ok=True)
@@ -601,10 +427,8 @@ def execute(plan: Plan) -> int:
     records: list[dict[str, Any]] = []
     status = "finished"
     progress = make_progress([s.cfg.epochs for s in plan.runs])
-    # SIGTERM (a CI job cancelled) ends the sweep like Ctrl-C: the current run's process group
-    # is killed (its processes live in their own session and would otherwise outlive us) and
-    # the results so far are written.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C or SIGTERM (a CI job cancelled; harness.run_tool) ends the sweep: the current run's
+    # process group is killed and the results so far are written.
     try:
         with progress:
             for spec in plan.runs:
@@ -618,9 +442,7 @@ def execute(plan: Plan) -> int:
         status = "interrupted"
         done = sum(r["status"] != "interrupted" for r in records)
         print(f"\ncompare: interrupted; {done} of {len(plan.runs)} runs finished", flush=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    sweep.finished = utc_now()
+    sweep.finished = harness.utc_now()
     plots, plot_note = report.write_plots(plan.out, sweep, records)
     report.write_tables(plan.out, sweep, records, plots, plot_note)
     write_json_atomic(plan.out / "config.json", config_json(plan, sweep, status))
@@ -652,12 +474,7 @@ def run_summary(record: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.compare --help`. Exit 0 all ok, 1 a run failed, 2 bad
     input."""
-    try:
-        plan = make_plan(argv)
-    except UsageError as exc:
-        print(f"compare: error: {exc}", file=sys.stderr)
-        return 2
-    return execute(plan)
+    return harness.run_tool("compare", argv, make_plan, execute)
 
 
 if __name__ == "__main__":

@@ -32,15 +32,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
+from benchmarks import harness
 from common.config import FRAMEWORKS, PRECISIONS, Config, ConfigError, preset
 from common.runtime import cpu_threads, free_port, set_omp_threads, simulate_host_devices
 
 FAMILIES = ("torch", "jax", "mxnet")
-PROG = "python -m benchmarks.compute_only"
 
 
 def family_of(framework: str) -> str:
@@ -149,6 +149,7 @@ def torch_loop(framework: str, cfg: Config, batch: int, n_steps: int) -> Callabl
     import torch.distributed as dist
 
     from frameworks import torch_ddp, torch_dp
+    from frameworks.torch_models import to_device
 
     cuda = torch.cuda.is_available()
     loader = trainer_loader(cfg, batch, "NCHW")
@@ -171,7 +172,7 @@ def torch_loop(framework: str, cfg: Config, batch: int, n_steps: int) -> Callabl
 
     def step() -> None:
         nonlocal state
-        state, metrics = train_step(state, torch_ddp.to_device(next(batches), state))
+        state, metrics = train_step(state, to_device(next(batches), state))
         for k, v in metrics.items():
             totals[k] = totals[k] + v if k in totals else v
 
@@ -183,9 +184,8 @@ def run_torch(
 ) -> dict[str, Any]:
     import torch
 
-    from frameworks.torch_ddp import autocast, loss_fn
     from frameworks.torch_dp import build_model, create_train_state
-    from frameworks.torch_models import count_params
+    from frameworks.torch_models import autocast, count_params, loss_fn
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -322,12 +322,11 @@ def jax_loop(framework: str, cfg: Config, batch: int, device: Any, dtype: Any) -
     """One iteration of jax-pmap's / jax-shard's training loop on a 1-device mesh: next batch
     from the device prefetch, the trainer's compiled step, metric sums kept on the device.
     Returns the step and a list holding the live state (for the sync)."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import Mesh
 
     from common.timing import PhaseTimer
     from frameworks import jax_pmap, jax_shard
+    from frameworks.jax_models import prefetch_to_devices
 
     mesh = Mesh(np.array([device]), ("batch",))
     loader = trainer_loader(cfg, batch, "NHWC")
@@ -335,15 +334,10 @@ def jax_loop(framework: str, cfg: Config, batch: int, device: Any, dtype: Any) -
     module: Any = jax_pmap if framework == "jax-pmap" else jax_shard
     model = module.build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, dtype)
     state = module.create_train_state(cfg, model, shape, mesh, 1)
-    if module is jax_pmap:  # the trainers' parallel transforms, as they apply them
-        step_fn = jax.pmap(jax_pmap.train_step, axis_name=jax_pmap.AXIS, devices=[device],
-                           donate_argnums=(0,))  # fmt: skip
-    else:
-        rep, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(jax_shard.AXIS))
-        step_fn = jax.jit(jax_shard.train_step, in_shardings=(rep, split),
-                          out_shardings=(rep, rep), donate_argnums=(0,))  # fmt: skip
+    step_fn, _ = module.parallelize(cfg, mesh)  # the trainer's own parallel transform
     off = PhaseTimer(lambda: None, False)
-    batches = endless(lambda e: module.prefetch_to_devices(loader.epoch(e), mesh, off))
+    put = lambda batch: module.to_device(batch, mesh)  # noqa: E731 (as the trainers write it)
+    batches = endless(lambda e: prefetch_to_devices(loader.epoch(e), put, off))
     live: list[Any] = [state]
     totals: dict[str, Any] = {}
 
@@ -447,27 +441,58 @@ def measure(
     }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one clear line, exit 2
-        self.exit(2, f"{PROG}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--framework", required=True, help="torch, jax or mxnet (or a framework name)")
-    p.add_argument("--model", default="resnet18", choices=("resnet18", "wideresnet"))
-    p.add_argument("--width", type=float, default=1.0, help="channel-width multiplier")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=128, help="the per-device batch")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False)
-    p.add_argument("--steps", type=int, default=10, help="timed steps")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 1)")
+    p = harness.Parser("compute_only", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--lr", type=float, default=0.1, help="learning rate (speed does not depend on it)"
+        "--framework",
+        required=True,
+        help="torch, jax or mxnet, or a framework name such as torch-ddp (needed by --interleave)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--model",
+        default="resnet18",
+        choices=("resnet18", "wideresnet"),
+        help="model architecture (default resnet18)",
+    )
+    p.add_argument(
+        "--width", type=float, default=1.0, help="channel-width multiplier (default 1.0)"
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=32,
+        help="side of the synthetic square images (default 32, CIFAR's)",
+    )
+    p.add_argument("--batch-size", type=int, default=128, help="the per-device batch (default 128)")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=PRECISIONS,
+        help="CUDA: fp32, or mixed precision bf16 / fp16 (CPU runs are fp32)",
+    )
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA: channels-last memory format (torch)",
+    )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="CUDA: torch.compile the model (torch)",
+    )
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 1; default 3)")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=0.1,
+        help="learning rate (speed does not depend on it; default 0.1)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the weights and the batch (default 0)"
+    )
     p.add_argument(
         "--interleave",
         type=int,
@@ -499,13 +524,13 @@ def main(argv: list[str] | None = None) -> int:
             lr=ns.lr,
         )
     except ConfigError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"compute_only: error: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
         result = measure(ns.framework, cfg, ns.batch_size, ns.steps, ns.warmup, ns.interleave)
     except ConfigError as exc:  # e.g. JAX with --precision fp16
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"compute_only: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result), flush=True)
     return 0

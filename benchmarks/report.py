@@ -4,7 +4,7 @@ One row per (framework, device count): the mean +- std over the row's successful
 seed), the speed-up over the same framework's 1-device row and the scaling efficiency
 (speed-up / devices). Every title says the device kind, and "cpu-simulated" rows are labelled as
 logical devices on one CPU so nobody reads them as GPU scaling. Every file is written atomically
-(temporary file + rename): a runner killed half-way leaves the previous complete version.
+(harness.write_atomic): a runner killed half-way leaves the previous complete version.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 import statistics
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import markdown_table, write_atomic
+from benchmarks.harness import print_table as show
+
 LEFT = ("framework", "status", "BN", "device kind")
 CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"
-LOG_TAIL_LINES = 15
 
 
 @dataclass
@@ -194,13 +194,6 @@ def table_cells(sweep: Sweep, table: list[dict[str, Any]]) -> tuple[list[str], l
     return [h for h, _ in cols], [[f(r) for _, f in cols] for r in table]
 
 
-def markdown_table(headers: list[str], body: list[list[str]]) -> str:
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-    return "\n".join([line(headers), line(["---"] * len(headers)), *map(line, body)])
-
-
 def notes(sweep: Sweep, table: list[dict[str, Any]]) -> list[str]:
     """One line per skipped framework, n/a cell and failed cell."""
     lines = []
@@ -214,46 +207,22 @@ def notes(sweep: Sweep, table: list[dict[str, Any]]) -> list[str]:
 
 
 def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None) -> None:
-    """The summary table on stdout: rich where installed, Markdown text otherwise."""
+    """The summary table on stdout, coloured by status where rich is installed."""
     table = rows(sweep, records)
     headers, body = table_cells(sweep, table)
-    title = heading(sweep, records, sep="\n")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        print(f"\n{title}\n\n{markdown_table(headers, body)}", file=stream)
-        for line in filter(None, [*notes(sweep, table), load_note(sweep, records)]):
-            print(f"- {line}", file=stream)
-        return
-    console = Console(file=stream)
-    if not console.is_terminal:
-        console = Console(file=stream, width=max(console.width, 200))
     colour = {"ok": "green", "n/a": "dim", "skipped": "yellow"}
-    caption = [*notes(sweep, table), load_note(sweep, records)]
-    out = Table(title=title, caption="\n".join(filter(None, caption)) or None)
-    for h in headers:
-        out.add_column(h, justify="left" if h in LEFT else "right")
-    for r, cells in zip(table, body):
-        out.add_row(*cells, style=colour.get(r["status"], "red"))
-    console.print(out)
+    show(
+        heading(sweep, records, sep="\n"),
+        headers,
+        body,
+        [*notes(sweep, table), load_note(sweep, records)],
+        left=LEFT,
+        styles=[colour.get(r["status"], "red") for r in table],
+        stream=stream,
+    )
 
 
 # -- files ---------------------------------------------------------------------------------------
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 CSV_COLUMNS = [
@@ -407,9 +376,9 @@ def write_tables(
 ) -> None:
     """results.csv (one row per cell), runs.csv (one row per run) and results.md."""
     table = rows(sweep, records)
-    write_text_atomic(out / "results.csv", _csv(CSV_COLUMNS, table))
-    write_text_atomic(out / "runs.csv", _csv(RUN_COLUMNS, [run_row(r) for r in records]))
-    write_text_atomic(out / "results.md", markdown(sweep, records, list(plots), plot_note))
+    write_atomic(out / "results.csv", _csv(CSV_COLUMNS, table))
+    write_atomic(out / "runs.csv", _csv(RUN_COLUMNS, [run_row(r) for r in records]))
+    write_atomic(out / "results.md", markdown(sweep, records, list(plots), plot_note))
 
 
 # -- plots ---------------------------------------------------------------------------------------
@@ -430,17 +399,13 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
     written = []
 
     def save(fig: Any, name: str) -> None:
-        path = out / name
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=name + ".", suffix=".tmp")
-        os.close(fd)
+        png = io.BytesIO()
         try:
-            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-            os.replace(tmp, path)
+            fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
         finally:
             plt.close(fig)
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        written.append(path)
+        write_atomic(out / name, png.getvalue())
+        written.append(out / name)
 
     def axes(ylabel: str, subtitle: str) -> tuple[Any, Any]:
         fig, ax = plt.subplots(figsize=(7.5, 4.8))

@@ -23,53 +23,42 @@ succeeded, 1 when any failed, 2 on bad input (nothing ran).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from benchmarks.compute_only import family_of
-from benchmarks.devices import UsageError, detect_gpus, parse_gpus
-from benchmarks.registry import PYTHON_ENV, REGISTRY, unavailable
-from common.config import FRAMEWORKS, PRECISIONS, PRESETS, ConfigError, per_device, preset
+from benchmarks import harness
+from benchmarks.harness import REGISTRY, UsageError
+from common.config import FRAMEWORKS, PRECISIONS, ConfigError, per_device, preset
+from common.datasets import train_size
 from common.results import host_info, write_json_atomic
-from common.runtime import ROOT, cpu_threads
 
 PROG = "python -m benchmarks.throughput"
-TRAIN_IMAGES = PRESETS["throughput"]["synthetic_train"]  # synthetic training-set size
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one clear line, exit 2
-        self.exit(2, f"throughput: error: {message}; see {PROG} --help\n")
+TRAIN_IMAGES = train_size(preset("throughput"))  # the synthetic training set's size
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p = harness.Parser("throughput", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    harness.add_flags(p, frameworks=",".join(FRAMEWORKS), gpus="1")
     p.add_argument(
-        "--frameworks",
-        default=",".join(FRAMEWORKS),
-        metavar="LIST",
-        help=f"comma-separated, from: {', '.join(FRAMEWORKS)} (default: all)",
+        "--model",
+        default="resnet18",
+        choices=("resnet18", "wideresnet"),
+        help="model architecture (default resnet18)",
     )
     p.add_argument(
-        "--gpus",
-        default="1",
-        metavar="N|LIST",
-        help="device counts: N runs 1, 2, 4, ... below N and N; a list runs exactly "
-        "those (default 1)",
+        "--width", type=float, default=1.0, help="channel-width multiplier (default 1.0)"
     )
-    p.add_argument("--model", default="resnet18", choices=("resnet18", "wideresnet"))
-    p.add_argument("--width", type=float, default=1.0, help="channel-width multiplier")
-    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=32,
+        help="side of the synthetic square images (default 32, CIFAR's)",
+    )
     p.add_argument(
         "--batch-size",
         type=int,
@@ -123,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed compute-only steps (default: the real loop's timed steps, "
         "steps x (epochs - 1))",
     )
-    p.add_argument("--warmup", type=int, default=3, help="untimed compute-only steps (>= 1)")
+    p.add_argument(
+        "--warmup", type=int, default=3, help="untimed compute-only steps (>= 1; default 3)"
+    )
     p.add_argument(
         "--lr",
         type=float,
@@ -131,47 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="learning rate of both loops (default 0.01: speed does not depend on it, and a "
         "small one keeps training on random labels finite; a diverged run stops early)",
     )
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        metavar="R",
-        help="measure everything R times, report the median (noisy machines)",
-    )
+    harness.add_flags(p, repeat=1)
     p.add_argument(
         "--phases",
         action="store_true",
         help="one extra real-loop run per cell with --phase-timing (its syncs slow "
         "the step, so it never feeds the images/s columns)",
     )
-    p.add_argument(
-        "--python",
-        default=None,
-        metavar="PATH",
-        help="one interpreter for every framework (default: each framework's own "
-        "environment, .venv or .venv-mxnet)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        metavar="DIR",
-        help="output directory (default results/throughput-<UTC timestamp>/)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=900.0,
-        metavar="SEC",
-        help="time limit per measurement process (default 900)",
-    )
-    p.add_argument(
-        "--wait-load",
-        type=float,
-        default=0.0,
-        metavar="L",
-        help="on a shared machine: before each measurement wait (up to 10 minutes) until the "
-        "1-minute load average is below L (0 = do not wait; the load is recorded either way)",
-    )
+    harness.add_flags(p, python=True, out="results/throughput-", timeout=900.0, wait_load=True)
     return p
 
 
@@ -190,41 +148,16 @@ class Plan:
 
     @property
     def device_kind(self) -> str:
-        return f"cuda:{self.gpus[0]}" if self.gpus else "cpu-simulated"
+        return harness.device_kind(self.gpus)
 
     def global_batch(self, n: int) -> int:
         return self.ns.batch_size * n if self.ns.scaling == "weak" else self.ns.batch_size
 
 
-def parse_frameworks(text: str) -> list[str]:
-    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    bad = [n for n in names if n not in REGISTRY]
-    if bad or not names:
-        raise UsageError(
-            f"unknown or empty --frameworks {text!r}; choose from "
-            f"{', '.join(REGISTRY)} (comma-separated)"
-        )
-    return names
-
-
-def use_interpreter(path: str) -> None:
-    """Run every framework with the interpreter at `path` (registry.Framework.python reads the
-    DPBENCH_PYTHON_<NAME> variables). The path is made absolute but not resolved: a virtual
-    environment's python is a symlink whose target would lose the environment."""
-    python = Path(path).expanduser()
-    if not (python.is_file() and os.access(python, os.X_OK)):
-        raise UsageError(
-            f"--python {path}: no executable interpreter there; give the path of "
-            "a python that has torch and/or jax installed"
-        )
-    for fw in REGISTRY:
-        os.environ[PYTHON_ENV.format(fw.upper().replace("-", "_"))] = os.path.abspath(python)
-
-
 def make_plan(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
-    frameworks = parse_frameworks(ns.frameworks)
-    counts = parse_gpus(ns.gpus)
+    frameworks = harness.parse_frameworks(ns.frameworks)
+    counts = harness.parse_gpus(ns.gpus)
     for name, value, least in (
         ("--steps", ns.steps, 1),
         ("--epochs", ns.epochs, 2),
@@ -235,14 +168,11 @@ def make_plan(argv: list[str]) -> Plan:
         if value < least:
             why = " (the first epoch is not timed)" if name == "--epochs" else ""
             raise UsageError(f"{name} must be >= {least}{why} (got {value})")
+    harness.check_positive(timeout=ns.timeout)
     if ns.python is not None:
-        use_interpreter(ns.python)
-    gpus = detect_gpus()
-    if gpus and max(counts) > len(gpus):
-        raise UsageError(
-            f"--gpus asks for {max(counts)} devices but this machine has "
-            f"{len(gpus)} GPU(s); use --gpus {len(gpus)} or fewer"
-        )
+        harness.use_interpreter(ns.python)
+    gpus = harness.detect_gpus()
+    harness.check_counts(counts, gpus)
     for n in counts:
         try:
             per_device(ns.batch_size * (n if ns.scaling == "weak" else 1), n)
@@ -262,93 +192,25 @@ def make_plan(argv: list[str]) -> Plan:
                 f"global batch larger than the {TRAIN_IMAGES} synthetic training "
                 "images; use a smaller --batch-size"
             )
-    if ns.out:
-        out = Path(ns.out).resolve()
-    else:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        out = ROOT / "results" / f"throughput-{stamp}"
-    if (out / "throughput.json").exists():
-        raise UsageError(f"{out} already holds a throughput result; choose a new --out")
-    return Plan(ns, frameworks, counts, gpus, unavailable(frameworks), out, [*PROG.split(), *argv])
+    out = harness.output_dir(ns.out, "throughput-", "throughput.json")
+    skipped = harness.unavailable(frameworks)
+    return Plan(ns, frameworks, counts, gpus, skipped, out, [*PROG.split(), *argv])
 
 
 # -- running one measurement ----------------------------------------------------------------------
 
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))
-    # As the compare runner: idle OpenMP threads sleep instead of spinning (a spinning team
-    # stalls whenever anything else holds a core of a shared machine).
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    env.pop("XLA_FLAGS", None)  # every JAX process sets its own simulated device count
-    return env
-
-
-def settle(limit: float, max_wait: float = 600.0) -> float:
-    """Wait until the 1-minute load average is below `limit` (0: do not wait), at most
-    `max_wait` seconds; return the load average at the start of the measurement."""
-    deadline = time.monotonic() + max_wait
-    while limit > 0 and os.getloadavg()[0] >= limit and time.monotonic() < deadline:
-        time.sleep(5)
-    return os.getloadavg()[0]
-
-
-def run_process(command: list[str], log: Path, timeout: float) -> tuple[int, float, bool]:
-    """Run `command` in its own process group with output to `log`; return (exit code, peak
-    RSS in bytes of the process and its waited-for children, timed out). The whole group is
-    ended on a timeout and when this runner is interrupted (SIGINT / SIGTERM)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
-        f.write(f"$ {shlex.join(command)}\n")
-        f.flush()
-        proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own group: torch-ddp's workers end with it
-        )
-        deadline = time.monotonic() + timeout
-        timed_out = False
-        try:
-            while True:
-                # wait4, not Popen.wait: it also returns the child's resource usage, whose
-                # ru_maxrss covers the child and its reaped descendants (torch-ddp's workers).
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    _kill_group(proc.pid)
-                    _, status, usage = os.wait4(proc.pid, 0)
-                    f.write(f"[throughput] killed after {timeout:g} s (--timeout)\n")
-                    break
-                time.sleep(0.2)
-        except BaseException:  # interrupted: leave nothing running behind
-            _kill_group(proc.pid)
-            raise
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        _kill_group(proc.pid, grace=0)  # anything the leader left behind in its group
-    return proc.returncode, usage.ru_maxrss * 1024, timed_out
-
-
-def _kill_group(pgid: int, grace: float = 2.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        time.sleep(grace)
-
-
-def last_line(log: Path) -> str:
-    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
+def measure(plan: Plan, command: list[str], tag: str) -> tuple[harness.Child, dict[str, Any]]:
+    """One measurement process; the facts every measurement keeps."""
+    log = plan.out / "logs" / f"{tag}.log"
+    child = harness.run_child(
+        command, log, plan.ns.timeout, tag="throughput", wait_load=plan.ns.wait_load
+    )
+    if child.ended == "interrupted":
+        raise KeyboardInterrupt
+    facts = {"command": command, "log": str(log.relative_to(plan.out)),
+             "load_before": child.load_avg[0]}  # fmt: skip
+    return child, facts
 
 
 def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> dict[str, Any]:
@@ -390,24 +252,11 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
     ]
     if phases:
         command.append("--phase-timing")
-    log = plan.out / "logs" / f"{tag}.log"
-    load = settle(ns.wait_load)
-    code, rss, timed_out = run_process(command, log, ns.timeout)
-    out: dict[str, Any] = {
-        "command": command,
-        "log": str(log.relative_to(plan.out)),
-        "load_before": load,
-        "peak_rss_bytes": rss,
-    }
-    record: dict[str, Any] = {}
-    if output.exists():
-        record = json.loads(output.read_text())
-    if timed_out or code != 0 or record.get("status") != "ok":
-        why = (
-            f"killed after {ns.timeout:g} s"
-            if timed_out
-            else record.get("error") or f"exit code {code}: {last_line(log)}"
-        )
+    child, out = measure(plan, command, tag)
+    out["peak_rss_bytes"] = child.peak_rss_bytes
+    record = harness.read_record(output) or {}
+    if not child.ok or record.get("status") != "ok":
+        why = child.error() if child.ended != "exited" else record.get("error") or child.error()
         return {**out, "status": "failed", "error": why}
     out.update(
         status="ok",
@@ -429,7 +278,7 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
 def compute_only(plan: Plan, fw: str, batch: int, rep: int) -> dict[str, Any]:
     """One run of benchmarks.compute_only for `fw`'s family at per-device batch `batch`."""
     ns = plan.ns
-    family = family_of(fw)
+    family = REGISTRY[fw].family
     tag = f"compute-{family}-b{batch}" + (f"-r{rep}" if ns.repeat > 1 else "")
     command = [
         str(REGISTRY[fw].python),
@@ -456,22 +305,10 @@ def compute_only(plan: Plan, fw: str, batch: int, rep: int) -> dict[str, Any]:
         "--lr",
         f"{ns.lr:g}",
     ]
-    log = plan.out / "logs" / f"{tag}.log"
-    load = settle(ns.wait_load)
-    code, _, timed_out = run_process(command, log, ns.timeout)
-    out: dict[str, Any] = {
-        "command": command,
-        "log": str(log.relative_to(plan.out)),
-        "load_before": load,
-    }
-    result = None
-    for line in reversed(log.read_text(errors="replace").splitlines()):
-        if line.startswith("{"):
-            result = json.loads(line)
-            break
-    if timed_out or code != 0 or result is None:
-        why = f"killed after {ns.timeout:g} s" if timed_out else f"exit code {code}: "
-        return {**out, "status": "failed", "error": why + ("" if timed_out else last_line(log))}
+    child, out = measure(plan, command, tag)
+    result = child.json_line() if child.ok else None
+    if result is None:
+        return {**out, "status": "failed", "error": child.error() or "no result line"}
     return {**out, "status": "ok", **result}
 
 
@@ -511,9 +348,10 @@ def sweep(plan: Plan, cells: list[dict[str, Any]], say: Any, save: Any) -> None:
     for rep in range(ns.repeat):
         for cell in todo:
             fw, n, b = cell["framework"], cell["devices"], cell["per_device_batch"]
-            cell["compute"] = compute.setdefault((family_of(fw), b), [])
+            family = REGISTRY[fw].family
+            cell["compute"] = compute.setdefault((family, b), [])
             if len(cell["compute"]) <= rep:
-                say(f"compute-only {family_of(fw)} batch {b} (repetition {rep + 1}/{ns.repeat})")
+                say(f"compute-only {family} batch {b} (repetition {rep + 1}/{ns.repeat})")
                 cell["compute"].append(compute_only(plan, fw, b, rep))
             say(f"real loop {fw} x{n} (repetition {rep + 1}/{ns.repeat})")
             cell["real"].append(real_loop(plan, fw, n, rep))
@@ -665,7 +503,6 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
 
 
 def markdown(plan: Plan, cells: list[dict[str, Any]], host: dict[str, Any]) -> str:
-    rows = [HEADERS, ["---"] * len(HEADERS), *table(cells)]
     lines = [
         f"# {title(plan)}",
         "",
@@ -674,42 +511,17 @@ def markdown(plan: Plan, cells: list[dict[str, Any]], host: dict[str, Any]) -> s
         f"Host: {host.get('cpu', '?')} ({host.get('cpu_count')} cores)"
         + (f"; GPUs: {', '.join(host['gpus'])}" if host.get("gpus") else ""),
         "",
-        *("| " + " | ".join(r) + " |" for r in rows),
+        harness.markdown_table(HEADERS, table(cells)),
         "",
     ]
     lines += [f"- {n}" for n in notes(plan, cells)]
     return "\n".join(lines) + "\n"
 
 
-def print_table(plan: Plan, cells: list[dict[str, Any]]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # plain python3 on a GPU machine may lack rich
-        print(title(plan))
-        for row in [HEADERS, *table(cells)]:
-            print("  ".join(row))
-    else:
-        t = Table(title=title(plan))
-        for h in HEADERS:
-            t.add_column(h, justify="left" if h in ("framework", "status") else "right")
-        for row in table(cells):
-            t.add_row(*row)
-        Console(width=max(140, Console().width)).print(t)
-    for n in notes(plan, cells):
-        print(f"- {n}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        plan = make_plan(argv)
-    except UsageError as exc:
-        print(f"throughput: error: {exc}", file=sys.stderr)
-        return 2
+def execute(plan: Plan) -> int:
     plan.out.mkdir(parents=True, exist_ok=True)
     host = host_info()
-    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    started = harness.utc_now()
     cells = plan_cells(plan)
 
     def say(text: str) -> None:
@@ -721,23 +533,26 @@ def main(argv: list[str] | None = None) -> int:
                   "settings": vars(plan.ns), "skipped": plan.skipped,
                   "interrupted": interrupted, "rows": cells}  # fmt: skip
         write_json_atomic(plan.out / "throughput.json", result)
-        (plan.out / "throughput.md").write_text(markdown(plan, cells, host))
+        harness.write_atomic(plan.out / "throughput.md", markdown(plan, cells, host))
 
     for fw, why in plan.skipped.items():
         say(f"{fw}: skipped ({why})")
-    # SIGTERM (a time limit around the whole run) ends it like Ctrl-C: the measurement under
-    # way is stopped with its process group, the finished ones stay saved.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     save()
     try:
         sweep(plan, cells, say, save)
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the measurement under way was killed
         save(interrupted=True)
         say(f"interrupted; finished measurements are in {plan.out / 'throughput.json'}")
         return 130
-    print_table(plan, cells)
+    harness.print_table(title(plan), HEADERS, table(cells), notes(plan, cells))
     print(f"[throughput] wrote {plan.out / 'throughput.json'} and throughput.md")
     return 1 if any(c["status"] == "failed" for c in cells) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `python -m benchmarks.throughput --help`. Exit 0 all ok, 1 a measurement
+    failed, 2 bad input, 130 interrupted."""
+    return harness.run_tool("throughput", argv, make_plan, execute)
 
 
 if __name__ == "__main__":

@@ -28,21 +28,17 @@ exit code: 0 every run ok, 1 a run failed or timed out, 2 bad input (nothing ran
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from benchmarks.devices import UsageError, detect_gpus, parse_gpus
-from benchmarks.registry import REGISTRY, unavailable
-from benchmarks.throughput import last_line, run_process, settle, use_interpreter
+from benchmarks import harness
+from benchmarks.harness import REGISTRY, UsageError
 from common import cli
 from common.config import ConfigError, preset
 from common.results import host_info, write_json_atomic
-from common.runtime import ROOT
 
 PROG = "python -m benchmarks.tutorial_loops"
 
@@ -87,19 +83,13 @@ FORCED: dict[str, Any] = dict(
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one clear line, exit 2
-        self.exit(2, f"tutorial_loops: error: {message}; see {PROG} --help\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     shared = cli.build_parser(PROG, exclude=RUNNER_OWNED)
-    p = _Parser(
-        prog=PROG,
+    p = harness.Parser(
+        "tutorial_loops",
         description=__doc__.split("\n\n")[0].split(": ", 1)[1],
         parents=[shared],
         conflict_handler="resolve",
-        allow_abbrev=False,
         epilog="Shared training flags (--model, --width, --batch-size, ...) go to both sides. "
         "Without --preset the work is: "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEFAULT_WORK.items())
@@ -117,28 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help=f"comma-separated, from: {', '.join(TUTORIALS)} (default: all)",
     )
-    p.add_argument(
-        "--gpus",
-        default="2",
-        metavar="N|LIST",
-        help="device counts as in benchmarks.compare (default 2: 1 and 2); simulated on CPU",
-    )
-    p.add_argument("--repeat", type=int, default=2, help="runs of each side per cell (default 2)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per run (default 900)")
-    p.add_argument(
-        "--wait-load",
-        type=float,
-        default=0.0,
-        help="before each run wait until the 1-minute load average is below this (0: no wait)",
-    )
-    p.add_argument(
-        "--python",
-        default=None,
-        metavar="PATH",
-        help="run both sides of every pair with this interpreter (e.g. a GPU machine's python3 "
-        "holding torch and JAX) instead of the project's environments",
-    )
-    p.add_argument("--out", default=None, help="output directory (default results/tutorials-<UTC>)")
+    harness.add_flags(p, gpus="2", repeat=2, timeout=900.0, wait_load=True, python=True,
+                      out="results/tutorials-")  # fmt: skip
     return p
 
 
@@ -156,13 +126,6 @@ class Plan:
     argv: list[str]
 
 
-def _flag(name: str, value: Any) -> list[str]:
-    flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
-        return [flag if value else "--no-" + name.replace("_", "-")]
-    return [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-
-
 def plan_from(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
     names = [t.strip() for t in ns.tutorials.split(",") if t.strip()]
@@ -172,26 +135,19 @@ def plan_from(argv: list[str]) -> Plan:
             f"unknown tutorial {', '.join(unknown) or '(none given)'}; choose from "
             f"{', '.join(TUTORIALS)} (e.g. --tutorials d2l-torch,flax-imagenet)"
         )
-    if ns.repeat < 1:
-        raise UsageError(f"--repeat must be >= 1 (got {ns.repeat})")
-    if ns.timeout <= 0:
-        raise UsageError(f"--timeout must be > 0 seconds (got {ns.timeout:g})")
+    harness.check_positive(repeat=ns.repeat, timeout=ns.timeout)
     epochs = getattr(ns, "epochs", None)
     if epochs is not None and epochs < 2:
         raise UsageError(
             f"--epochs {epochs}: the first epoch (compilation, warm-up) is never timed, so a "
             "comparison needs --epochs 2 or more"
         )
-    counts = parse_gpus(ns.gpus)
-    gpus = detect_gpus()
-    if gpus and max(counts) > len(gpus):
-        raise UsageError(
-            f"--gpus {ns.gpus} asks for {max(counts)} devices but this machine has "
-            f"{len(gpus)} GPU(s); use --gpus {len(gpus)}"
-        )
+    counts = harness.parse_gpus(ns.gpus)
+    gpus = harness.detect_gpus()
+    harness.check_counts(counts, gpus)
     own = ("preset", "tutorials", "gpus", "repeat", "timeout", "wait_load", "python", "out")
     if ns.python:
-        use_interpreter(ns.python)
+        harness.use_interpreter(ns.python)
     given = {k: v for k, v in vars(ns).items() if k not in own}  # shared flags actually given
     work = dict(DEFAULT_WORK) if ns.preset is None else {"preset": ns.preset}
     work = {**work, **given, **FORCED}
@@ -203,17 +159,11 @@ def plan_from(argv: list[str]) -> Plan:
         raise UsageError(str(exc)) from None
     flags = ["--preset", name]
     for key, value in work.items():
-        flags += _flag(key, value)
+        flags += harness.flag(key, value)
     tutorials = [TUTORIALS[t] for t in names]
-    missing = unavailable(sorted({t.framework for t in tutorials}))
+    missing = harness.unavailable(sorted({t.framework for t in tutorials}))
     skipped = {t.name: missing[t.framework] for t in tutorials if t.framework in missing}
-    if ns.out:
-        out = Path(ns.out).resolve()
-    else:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        out = ROOT / "results" / f"tutorials-{stamp}"
-    if (out / "tutorial_loops.json").exists():
-        raise UsageError(f"{out} already holds a tutorial_loops result; choose a new --out")
+    out = harness.output_dir(ns.out, "tutorials-", "tutorial_loops.json")
     return Plan(
         tutorials, counts, gpus, skipped, flags, ns.repeat, ns.timeout, ns.wait_load, out,
         [*PROG.split(), *argv],
@@ -231,8 +181,11 @@ def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str
     output = plan.out / "runs" / f"{tag}.json"
     command = [str(fw.python), "-m", module, *plan.flags, "--gpus", str(n), "--output", str(output)]
     log = plan.out / "logs" / f"{tag}.log"
-    load = settle(plan.wait_load)
-    code, _, timed_out = run_process(command, log, plan.timeout)
+    child = harness.run_child(
+        command, log, plan.timeout, tag="tutorial_loops", wait_load=plan.wait_load
+    )
+    if child.ended == "interrupted":
+        raise KeyboardInterrupt
     row: dict[str, Any] = {
         "tutorial": tut.name,
         "framework": tut.framework,
@@ -241,18 +194,16 @@ def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str
         "repeat": rep,
         "command": command,
         "log": str(log.relative_to(plan.out)),
-        "load_before": load,
-        "exit_code": code,
+        "load_before": child.load_avg[0],
+        "exit_code": child.returncode,
     }
-    record: dict[str, Any] = {}
-    if output.exists():
-        record = json.loads(output.read_text())
+    record = harness.read_record(output) or {}
     status = record.get("status", "failed")
-    if timed_out:
-        status, why = "timeout", f"killed after {plan.timeout:g} s"
-    elif code != 0 or status != "ok":
+    if child.ended == "timeout":
+        status, why = "timeout", child.error()
+    elif not child.ok or status != "ok":
         status = "failed" if status == "ok" else status
-        why = record.get("error") or last_line(log) or f"exit code {code}"
+        why = record.get("error") or child.last_line() or child.error()
     else:
         why = ""
     epochs = record.get("epochs", [])
@@ -360,13 +311,7 @@ def markdown(plan: Plan, rows: list[dict[str, Any]], host: dict[str, Any]) -> st
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        plan = plan_from(argv)
-    except UsageError as exc:
-        print(f"tutorial_loops: error: {exc}", file=sys.stderr)
-        return 2
+def execute(plan: Plan) -> int:
     plan.out.mkdir(parents=True, exist_ok=True)
     host = host_info()
     runs: list[dict[str, Any]] = []
@@ -378,10 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             {"command": plan.argv, "flags": plan.flags, "host": host, "gpus": plan.gpus,
              "skipped": plan.skipped, "summary": rows, "runs": runs},
         )  # fmt: skip
-        text = markdown(plan, rows, host)
-        tmp = plan.out / "tutorial_loops.md.tmp"
-        tmp.write_text(text)
-        tmp.replace(plan.out / "tutorial_loops.md")
+        harness.write_atomic(plan.out / "tutorial_loops.md", markdown(plan, rows, host))
         return rows
 
     for name, why in plan.skipped.items():
@@ -396,13 +338,24 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(plan.repeat):
                 order = ("ours", "tutorial") if rep % 2 == 0 else ("tutorial", "ours")
                 for side in order:
-                    runs.append(run_side(plan, tut, side, n, rep))
+                    try:
+                        runs.append(run_side(plan, tut, side, n, rep))
+                    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the finished runs
+                        save()
+                        print(f"interrupted; finished runs are in {plan.out}", flush=True)
+                        return 130
                     save()
     rows = save()
     print()
     print(markdown(plan, rows, host))
     print(f"results in {plan.out}")
     return 0 if runs and all(r["status"] == "ok" for r in runs) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `python -m benchmarks.tutorial_loops --help`. Exit 0 every run ok, 1 a run
+    failed or timed out, 2 bad input, 130 interrupted."""
+    return harness.run_tool("tutorial_loops", argv, plan_from, execute)
 
 
 if __name__ == "__main__":

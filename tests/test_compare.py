@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import compare, report
+from benchmarks import compare, harness, report
 from benchmarks.progress import RichProgress, parse_epoch_line
 from common.config import preset
 from common.results import RunRecorder
@@ -267,7 +267,7 @@ def test_the_default_fits_a_one_gpu_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _fake_nvidia_smi(tmp_path, monkeypatch, gpus=1)
-    monkeypatch.setattr(compare, "unavailable", lambda names: {})
+    monkeypatch.setattr(harness, "unavailable", lambda names: {})
     plan = compare.make_plan(["--frameworks", "torch-dp", "--out", str(tmp_path / "out")])
     assert plan.counts == [1] and plan.expected_kind == "cuda:NVIDIA H100 80GB HBM3"
 
@@ -298,8 +298,8 @@ def test_help_lists_runner_and_shared_flags(capsys: pytest.CaptureFixture[str]) 
 @pytest.fixture
 def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plan as if every framework were installed, on a machine without GPUs."""
-    monkeypatch.setattr(compare, "unavailable", lambda names: {})
-    monkeypatch.setattr(compare, "detect_gpus", lambda: [])
+    monkeypatch.setattr(harness, "unavailable", lambda names: {})
+    monkeypatch.setattr(harness, "detect_gpus", lambda: [])
 
 
 @pytest.mark.parametrize(
@@ -307,7 +307,7 @@ def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     [("1", [1]), ("2", [1, 2]), ("4", [1, 2, 4]), ("6", [1, 2, 4, 6]), ("3,1,2", [1, 2, 3])],
 )
 def test_device_counts(text: str, counts: list[int]) -> None:
-    assert compare.parse_gpus(text) == counts
+    assert harness.parse_gpus(text) == counts
 
 
 def test_default_plan_is_every_framework_at_1_and_2_on_digits(
@@ -365,8 +365,8 @@ def test_a_per_device_preset_defaults_to_weak_scaling(
 
 
 def test_on_cuda_torch_dp_runs_every_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(compare, "unavailable", lambda names: {})
-    monkeypatch.setattr(compare, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
+    monkeypatch.setattr(harness, "unavailable", lambda names: {})
+    monkeypatch.setattr(harness, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
     plan = compare.make_plan(["--frameworks", "torch-dp", "--out", str(tmp_path)])
     assert [s.devices for s in plan.runs] == [1, 2] and not plan.not_applicable
     assert plan.expected_kind == "cuda:NVIDIA H100"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.comm_probe import gradient_numel
 from common.pipeline import Prefetcher
 from tests.conftest import MAIN_PYTHON, MXNET_PYTHON, read_json, run_module
 
@@ -83,7 +82,7 @@ def test_throughput_table_has_every_framework_and_device_count(tmp_path: Path) -
                                            compute["family"]]  # fmt: skip
         assert compute["device_kind"] == "cpu-simulated" and compute["steps"] == 3
         assert compute["images_per_sec"] == pytest.approx(8 / (compute["step_ms"] / 1000))
-        assert compute["params"] == gradient_numel("resnet18", 0.125)
+        assert compute["params"] == RESNET18_NUMEL[0.125]
     assert rows[0]["compute"] == rows[1]["compute"]  # one measurement per family and batch
     md = (out / "throughput.md").read_text()
     assert "cpu-simulated" in md.splitlines()[0]
@@ -109,13 +108,17 @@ def test_compute_only_interleaves_the_trainer_loop() -> None:
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
-def test_gradient_numel_matches_the_models() -> None:
-    from frameworks.torch_models import count_params, create_model
+# Trainable parameters of ResNet-18 (CIFAR-10) by width, as every framework's model has them.
+RESNET18_NUMEL = {1.0: 11_173_962, 0.125: 176_402}
 
-    assert gradient_numel("resnet18") == 11_173_962
-    for model in ("resnet18", "wideresnet"):
-        for width in (1.0, 0.125, 0.3):
-            assert gradient_numel(model, width) == count_params(create_model(model, 3, 10, width))
+
+def test_gradient_numels_come_from_each_frameworks_model() -> None:
+    from benchmarks.comm_probe import gradient_numels
+
+    for family in ("torch", "jax"):
+        numels = gradient_numels(family, ["resnet18", "resnet18"], 0.125)
+        assert numels == [RESNET18_NUMEL[0.125]] * 2, family
+    assert gradient_numels("torch", ["resnet18"], 1.0) == [RESNET18_NUMEL[1.0]]
 
 
 def test_comm_probe_two_simulated_devices(tmp_path: Path) -> None:
@@ -136,7 +139,8 @@ def test_comm_probe_two_simulated_devices(tmp_path: Path) -> None:
             assert r["status"] == "skipped" and "setup.sh mxnet" in r["note"]
             continue
         assert r["status"] == "ok", r
-        assert r["bytes"] == 4 * 176_402  # float32 gradients of ResNet-18 at width 0.125
+        assert r["bytes"] == 4 * RESNET18_NUMEL[0.125]  # float32 gradients of ResNet-18
+        assert (out / r["log"]).read_text().startswith("$ ")
         assert len(r["times_sec"]) == 3 and min(r["times_sec"]) > 0
         assert r["median_sec"] > 0 and r["algbw_gbps"] > 0
         assert r["device_kind"] == "cpu-simulated"
@@ -155,9 +159,40 @@ def test_missing_interpreter_is_one_line_and_exit_2(module: str, tmp_path: Path)
     assert not (tmp_path / "throughput.json").exists() and not (tmp_path / "comm.json").exists()
 
 
-def test_throughput_bad_input_is_one_line_and_exit_2() -> None:
-    for args in (["--frameworks", "tensorflow"], ["--epochs", "1"], ["--gpus", "0"],
-                 ["--gpus", "2", "--batch-size", "5"]):  # fmt: skip
-        proc = run_module("benchmarks.throughput", *args, python=MAIN_PYTHON, timeout=60)
-        assert proc.returncode == 2, args
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("benchmarks.throughput", ["--frameworks", "tensorflow"]),
+        ("benchmarks.throughput", ["--epochs", "1"]),
+        ("benchmarks.throughput", ["--gpus", "0"]),
+        ("benchmarks.throughput", ["--gpus", "2", "--batch-size", "5"]),
+        ("benchmarks.throughput", ["--timeout", "0"]),
+        ("benchmarks.comm_probe", ["--models", "resnet50"]),
+        ("benchmarks.comm_probe", ["--reps", "0"]),
+        ("benchmarks.comm_probe", ["--frameworks", "caffe"]),
+        ("benchmarks.compute_only", ["--framework", "caffe"]),
+        ("benchmarks.compute_only", ["--framework", "torch", "--steps", "0"]),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(module: str, args: list[str], tmp_path: Path) -> None:
+    out = [] if module.endswith("compute_only") else ["--out", str(tmp_path / "out")]
+    proc = run_module(module, *args, *out, python=MAIN_PYTHON, timeout=60)
+    assert proc.returncode == 2, args
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(module.split(".")[1] + ": error: "), lines
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "module", ["throughput", "comm_probe", "compute_only", "compare", "tutorial_loops"]
+)
+def test_every_flag_has_a_help_text(module: str) -> None:
+    import argparse
+    import importlib
+
+    tool = importlib.import_module(f"benchmarks.{module}")
+    parser = tool.runner_parser() if module == "compare" else tool.build_parser()
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help and action.help.strip(), (module, action.option_strings)

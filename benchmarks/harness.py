@@ -1,0 +1,626 @@
+"""The one harness under every benchmark tool (compare, throughput, comm_probe, tutorial_loops).
+
+Each tool is plan -> run -> summarise: it validates its whole command line into a plan before
+anything starts (bad input: one line, `<tool>: error: <problem>; <fix>`, exit code 2), runs every
+measurement as a child process through `run_child`, and writes its tables from the records.
+Everything those steps share lives here, once:
+
+- the framework registry (name -> module, interpreter, install command) and whether each
+  framework can run here, decided without importing it (`unavailable`);
+- `--gpus` (`parse_gpus`) and the GPUs this machine has (`detect_gpus`, `check_counts`);
+- the standard flags of the tools (`add_flags`), `--python` (`use_interpreter`), the
+  timestamped output directory (`output_dir`), a shared flag back on a command line (`flag`);
+- running a child (`run_child`): its interpreter, its environment (`child_env`), its own process
+  group (killed as a whole on a timeout or an interrupt, with any worker it started), a wait for
+  a quiet machine, the log, the last lines, the peak RSS of its process tree (os.wait4);
+- reading records (`read_record`, `Child.json_line`), atomic files (`write_atomic`; JSON through
+  common.results.write_json_atomic) and tables (`markdown_table`, `print_table`).
+
+This is the only module of benchmarks/ that starts processes. The runners import no framework
+(they start fast and run in either environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NoReturn
+
+from common.runtime import ROOT, cpu_threads
+
+PYTHON_ENV = "DPBENCH_PYTHON_{}"
+TOOL = "python -m benchmarks.{}"  # how each tool is started
+TAIL_LINES = 15  # the last lines of a log kept with a failed run's record
+
+
+class UsageError(Exception):
+    """Bad input found before any run starts; the message names the problem and the fix."""
+
+
+# -- frameworks -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str  # the name on the command line and in every table, e.g. "torch-ddp"
+    module: str  # run as `python -m <module>`
+    venv: str  # the environment directory under the project root
+    setup: str  # `bash scripts/setup.sh <setup>` builds that environment
+    packages: tuple[str, ...]  # must be importable by the interpreter
+    # Why device counts > 1 are not applicable without CUDA (None: they are).
+    multi_device_needs_cuda: str | None = None
+
+    @property
+    def family(self) -> str:
+        """torch, jax or mxnet: the compute-only loop and the package set it shares."""
+        return self.name.split("-")[0]
+
+    @property
+    def install(self) -> str:
+        return f"bash scripts/setup.sh {self.setup}"
+
+    @property
+    def python(self) -> Path:
+        """`DPBENCH_PYTHON_<NAME>` (e.g. DPBENCH_PYTHON_MXNET_GLUON=/opt/mx/bin/python) points
+        one framework at another interpreter; otherwise its environment's python."""
+        override = os.environ.get(PYTHON_ENV.format(self.name.upper().replace("-", "_")))
+        return Path(override) if override else ROOT / self.venv / "bin" / "python"
+
+    @property
+    def source(self) -> Path:
+        return ROOT.joinpath(*self.module.split(".")).with_suffix(".py")
+
+
+REGISTRY: dict[str, Framework] = {
+    f.name: f
+    for f in (
+        Framework(
+            "torch-dp",
+            "frameworks.torch_dp",
+            ".venv",
+            "main",
+            ("torch",),
+            multi_device_needs_cuda="nn.DataParallel needs CUDA; on CPU it runs one replica",
+        ),
+        Framework("torch-ddp", "frameworks.torch_ddp", ".venv", "main", ("torch",)),
+        Framework("jax-pmap", "frameworks.jax_pmap", ".venv", "main", ("jax", "flax", "optax")),
+        Framework("jax-shard", "frameworks.jax_shard", ".venv", "main", ("jax", "flax", "optax")),
+        Framework("mxnet-gluon", "frameworks.mxnet_gluon", ".venv-mxnet", "mxnet", ("mxnet",)),
+    )
+}
+
+# Run by a framework's interpreter: prints the packages it cannot find (nothing is imported).
+_PROBE = (
+    "import importlib.util as u, sys; "
+    "print(' '.join(p for p in sys.argv[1:] if u.find_spec(p) is None))"
+)
+
+
+def parse_frameworks(text: str) -> list[str]:
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    for name in names:
+        if name not in REGISTRY:
+            raise UsageError(
+                f"unknown framework {name!r}; choose from {', '.join(REGISTRY)} "
+                "(comma-separated, e.g. --frameworks torch-ddp,jax-pmap)"
+            )
+    if not names:
+        raise UsageError(f"--frameworks is empty; give one or more of {', '.join(REGISTRY)}")
+    return names
+
+
+def _missing_packages(python: Path, packages: tuple[str, ...]) -> str | None:
+    """Why `python` cannot import `packages` (None: it can)."""
+    try:
+        out = subprocess.run(
+            [str(python), "-c", _PROBE, *packages], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"interpreter {python} does not start ({exc.__class__.__name__})"
+    if out.returncode != 0:
+        return f"interpreter {python} does not start (exit code {out.returncode})"
+    missing = out.stdout.split()
+    return f"{', '.join(missing)} not installed in {python}" if missing else None
+
+
+def unavailable(names: Sequence[str]) -> dict[str, str]:
+    """Frameworks among `names` that cannot run here -> why, ending with the install command:
+    the module file must be in the checkout, its interpreter must exist, and
+    `importlib.util.find_spec` must find its packages there (one probe per interpreter, in
+    parallel)."""
+    reasons: dict[str, str] = {}
+    probes: dict[tuple[Path, tuple[str, ...]], list[str]] = {}
+    for name in names:
+        fw = REGISTRY[name]
+        if not fw.source.exists():
+            reasons[name] = f"{fw.source.relative_to(ROOT)} is not in this checkout"
+        elif not fw.python.exists():
+            reasons[name] = f"interpreter {fw.python} not found; install with: {fw.install}"
+        else:
+            probes.setdefault((fw.python, fw.packages), []).append(name)
+    with ThreadPoolExecutor(max_workers=max(1, len(probes))) as pool:
+        answers = dict(zip(probes, pool.map(lambda key: _missing_packages(*key), probes)))
+    for key, why in answers.items():
+        for name in probes[key]:
+            if why:
+                reasons[name] = f"{why}; install with: {REGISTRY[name].install}"
+    return reasons
+
+
+def use_interpreter(path: str) -> None:
+    """`--python PATH`: run every framework with that interpreter (Framework.python reads the
+    DPBENCH_PYTHON_<NAME> variables). The path is made absolute but not resolved: a virtual
+    environment's python is a symlink whose target would lose the environment."""
+    python = Path(path).expanduser()
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        raise UsageError(
+            f"--python {path}: no executable interpreter there; give the path of "
+            "a python that has torch and/or jax installed"
+        )
+    for name in REGISTRY:
+        os.environ[PYTHON_ENV.format(name.upper().replace("-", "_"))] = os.path.abspath(python)
+
+
+# -- devices ------------------------------------------------------------------------------------
+
+
+def parse_gpus(text: str) -> list[int]:
+    """'4' -> [1, 2, 4]; '6' -> [1, 2, 4, 6]; '1,2,3' -> [1, 2, 3]; '2,' -> [2]."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(
+            f"--gpus {text!r} is not a count or a list of counts; use e.g. --gpus 4 or --gpus 1,2,3"
+        ) from None
+    if not values or min(values) < 1:
+        raise UsageError(
+            f"--gpus {text} asks for {min(values, default=0)} devices; every device count must "
+            "be >= 1 (e.g. --gpus 1)"
+        )
+    if "," in text:
+        return sorted(set(values))
+    n = values[0]
+    return [2**k for k in range(n.bit_length()) if 2**k < n] + [n]
+
+
+def detect_gpus() -> list[str]:
+    """GPU names from `nvidia-smi -L` (honours CUDA_VISIBLE_DEVICES); [] without a working one."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    names = []
+    for line in out.stdout.splitlines():
+        m = re.match(r"GPU \d+: (.+?)(?: \(UUID: [^)]*\))?$", line.strip())
+        if m:
+            names.append(m.group(1))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        names = names[: len([v for v in visible.split(",") if v.strip()])]
+    return names
+
+
+def check_counts(counts: list[int], gpus: list[str]) -> None:
+    """Without GPUs any count is simulated on the CPU; with GPUs no count may exceed them."""
+    if gpus and max(counts) > len(gpus):
+        raise UsageError(
+            f"--gpus asks for {max(counts)} devices but this machine has {len(gpus)} GPU(s) "
+            f"(nvidia-smi -L); use --gpus {len(gpus)} or fewer"
+        )
+
+
+def device_kind(gpus: list[str]) -> str:
+    """The device kind runs report (common.results): "cuda:<name>" or "cpu-simulated"."""
+    return f"cuda:{gpus[0]}" if gpus else "cpu-simulated"
+
+
+# -- command lines ------------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, `<tool>: error: <problem>; see <prog> --help`, exit 2."""
+
+    def __init__(self, tool: str, **kwargs: Any):
+        kwargs.setdefault("prog", TOOL.format(tool))
+        kwargs.setdefault("allow_abbrev", False)  # an abbreviation must not swallow a flag
+        super().__init__(**kwargs)
+        self.tool = tool
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.tool}: error: {message}; see {TOOL.format(self.tool)} --help\n")
+
+
+def add_flags(
+    p: argparse.ArgumentParser,
+    *,
+    frameworks: str | None = None,
+    gpus: str | None = None,
+    repeat: int | None = None,
+    out: str | None = None,
+    timeout: float | None = None,
+    python: bool = False,
+    wait_load: bool = False,
+) -> None:
+    """The flags the tools share, with one meaning and one help text each; a value given here is
+    that tool's default (None: the tool has no such flag). `out` names the default directory."""
+    if frameworks is not None:
+        p.add_argument(
+            "--frameworks",
+            default=frameworks,
+            metavar="LIST",
+            help=f"comma-separated, from: {', '.join(REGISTRY)} (default: "
+            f"{'all' if frameworks == ','.join(REGISTRY) else frameworks}; a framework whose "
+            "environment is missing is reported as skipped)",
+        )
+    if gpus is not None:
+        p.add_argument(
+            "--gpus",
+            default=gpus,
+            metavar="N|LIST",
+            help="device counts: N runs 1, 2, 4, ... (powers of two below N) and N; a list such "
+            f"as 1,2,3 (or '2,' for 2 alone) runs exactly those (default {gpus}). Without GPUs "
+            "the devices are simulated on the CPU",
+        )
+    if repeat is not None:
+        p.add_argument(
+            "--repeat",
+            type=int,
+            default=repeat,
+            metavar="K",
+            help=f"measure every cell K times (default {repeat})",
+        )
+    if python:
+        p.add_argument(
+            "--python",
+            default=None,
+            metavar="PATH",
+            help="one interpreter for every framework, e.g. a GPU machine's python3 holding "
+            "torch and JAX (default: each framework's own environment, .venv or .venv-mxnet)",
+        )
+    if wait_load:
+        p.add_argument(
+            "--wait-load",
+            type=float,
+            default=0.0,
+            metavar="L",
+            help="on a shared machine: before each run wait (up to 10 minutes) until the "
+            "1-minute load average is below L (0 = do not wait; the load is recorded either way)",
+        )
+    if timeout is not None:
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=timeout,
+            metavar="SEC",
+            help=f"time limit per child process; one still going is killed with every process "
+            f"it started (default {timeout:g})",
+        )
+    if out is not None:
+        p.add_argument(
+            "--out",
+            default=None,
+            metavar="DIR",
+            help=f"output directory (default {out}<UTC timestamp>/ under the project root)",
+        )
+
+
+def check_positive(**values: float) -> None:
+    """`--repeat 0`, `--timeout 0` ...: one line naming the flag (names as keyword arguments)."""
+    for name, value in values.items():
+        if not value > 0:
+            least = ">= 1" if isinstance(value, int) else "> 0"
+            raise UsageError(f"--{name.replace('_', '-')} must be {least} (got {value:g})")
+
+
+def flag(name: str, value: Any) -> list[str]:
+    """A shared training flag back on a command line, in the form common.cli parses."""
+    opt = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return [opt if value else "--no-" + name.replace("_", "-")]
+    if value is None:
+        return [opt, "none"]
+    if isinstance(value, tuple):
+        return [opt, ",".join(str(v) for v in value)]
+    return [opt, str(value)]
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def output_dir(given: str | None, prefix: str, marker: str) -> Path:
+    """--out DIR, or results/<prefix><UTC timestamp>/; a directory already holding `marker` (a
+    finished result of the same tool) is refused rather than overwritten."""
+    if given:
+        out = Path(given).resolve()
+    else:
+        out = ROOT / "results" / (prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    if (out / marker).exists():
+        raise UsageError(f"{out} already holds a result ({marker}); choose a new --out")
+    return out
+
+
+def run_tool(
+    tool: str,
+    argv: Sequence[str] | None,
+    make_plan: Callable[[list[str]], Any],
+    execute: Callable[[Any], int],
+) -> int:
+    """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM (a cancelled
+    CI job, a time limit around the tool) ends the run like Ctrl-C, as a KeyboardInterrupt that
+    `execute` turns into saved partial results and exit code 130."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = make_plan(args)
+    except UsageError as exc:
+        print(f"{tool}: error: {exc}", file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return execute(plan)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+# -- running a child ----------------------------------------------------------------------------
+
+
+def child_env() -> dict[str, str]:
+    """The environment of every child: the project on PYTHONPATH, unbuffered output (lines arrive
+    as they are printed), OpenMP threads that fill the cores and sleep when idle, and no
+    simulated-device count inherited (every JAX child sets its own)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))
+    # Idle OpenMP threads sleep instead of spinning: a spinning team stalls whenever anything
+    # else holds a core (a 1-process torch run measured 10-40x slower on a busy 2-core machine).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    xla = [f for f in env.pop("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+    if xla:
+        env["XLA_FLAGS"] = " ".join(xla)
+    return env
+
+
+def settle(limit: float, max_wait: float = 600.0) -> float:
+    """Wait until the 1-minute load average is below `limit` (0: do not wait), at most
+    `max_wait` seconds; return the load average at the start of the measurement."""
+    deadline = time.monotonic() + max_wait
+    while limit > 0 and os.getloadavg()[0] >= limit and time.monotonic() < deadline:
+        time.sleep(5)
+    return os.getloadavg()[0]
+
+
+@dataclass
+class Child:
+    """One finished child process. `ended`: "exited" (on its own), "timeout" or "interrupted"
+    (killed by the harness with its whole process group)."""
+
+    command: list[str]
+    log: Path
+    timeout: float
+    returncode: int = -1
+    ended: str = "exited"
+    peak_rss_bytes: int = 0  # the child and its reaped descendants (os.wait4's ru_maxrss)
+    wall_sec: float = 0.0
+    load_avg: tuple[float, float] = (0.0, 0.0)  # 1-minute load before and after
+    tail: list[str] = field(default_factory=list)  # the last TAIL_LINES lines of output
+
+    @property
+    def ok(self) -> bool:
+        return self.ended == "exited" and self.returncode == 0
+
+    def last_line(self) -> str:
+        return next((line for line in reversed(self.tail) if line.strip()), "")
+
+    def error(self) -> str:
+        """Why it did not succeed, in one line ("" when it did)."""
+        if self.ended == "timeout":
+            return f"still running after {self.timeout:g} s (--timeout); killed"
+        if self.ended == "interrupted":
+            return "interrupted (Ctrl-C or SIGTERM); killed"
+        if self.returncode != 0:
+            return f"exit code {self.returncode}: {self.last_line()}"
+        return ""
+
+    def json_line(self) -> dict[str, Any] | None:
+        """The last line of the log that is a JSON object (a tool's one-line result)."""
+        for line in reversed(self.log.read_text(errors="replace").splitlines()):
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    return None
+        return None
+
+
+def run_child(
+    command: Sequence[str],
+    log: Path,
+    timeout: float,
+    *,
+    tag: str,
+    on_line: Callable[[str], None] | None = None,
+    wait_load: float = 0.0,
+) -> Child:
+    """Run `command` from the project root in a process group of its own, output (stdout and
+    stderr) to `log` behind a `$ command` line, each line also handed to `on_line`. The whole group
+    (torch-ddp's workers included) is killed at `timeout` seconds and on Ctrl-C / SIGTERM, which
+    end the child as "interrupted" rather than raising: the caller saves what it has and stops."""
+    child = Child(list(command), log, timeout, tail=[])
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    load_before = settle(wait_load)
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        f.write(f"$ {shlex.join(child.command)}\n")
+        f.flush()
+        proc = subprocess.Popen(
+            child.command,
+            cwd=ROOT,
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # its own process group, so a kill ends all of it
+        )
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                f.write(line)
+                f.flush()
+                tail.append(line.rstrip("\n"))
+                if on_line is not None:
+                    on_line(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        status, usage = _wait(proc, timeout, child)
+        proc.returncode = child.returncode = os.waitstatus_to_exitcode(status)
+        _kill_group(proc.pid, grace=0)  # anything the leader left behind in its group
+        reader.join(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if child.ended != "exited":
+            f.write(f"[{tag}] {child.error().replace('; killed', ': killed')}\n")
+    child.tail = list(tail)
+    child.peak_rss_bytes = usage.ru_maxrss * 1024  # Linux reports KiB
+    child.wall_sec = time.monotonic() - t0
+    child.load_avg = (round(load_before, 2), round(os.getloadavg()[0], 2))
+    return child
+
+
+def _wait(proc: subprocess.Popen[str], timeout: float, child: Child) -> tuple[int, Any]:
+    """Reap the child with os.wait4, not Popen.wait: it also returns the resource usage, whose
+    ru_maxrss covers the child and its reaped descendants. Kills the group on a timeout or an
+    interrupt and records which in `child.ended`."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                return status, usage
+            if time.monotonic() > deadline:
+                child.ended = "timeout"
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through run_tool
+        child.ended = "interrupted"
+    _kill_group(proc.pid)
+    _, status, usage = os.wait4(proc.pid, 0)
+    return status, usage
+
+
+def _kill_group(pgid: int, grace: float = 2.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _group_alive(pgid):
+            time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+# -- records and files --------------------------------------------------------------------------
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A run's JSON record, or None when it is missing or is not a record (a crashed run)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "status" in data else None
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write text or bytes via a temporary file and a rename: a reader (or a tool killed
+    half-way) sees the previous complete version or the new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def markdown_table(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(headers), line(["---"] * len(headers)), *map(line, body)])
+
+
+def print_table(
+    title: str,
+    headers: Sequence[str],
+    body: Sequence[Sequence[str]],
+    notes: Sequence[str] = (),
+    *,
+    left: Sequence[str] = ("framework", "status"),
+    styles: Sequence[str | None] | None = None,
+    stream: Any = None,
+) -> None:
+    """A table on stdout (or `stream`): rich where installed, Markdown text otherwise (a GPU
+    machine's plain python3 may lack rich); then the notes, one "- " line each."""
+    notes = [n for n in notes if n]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(f"\n{title}\n\n{markdown_table(headers, body)}", file=stream)
+        for n in notes:
+            print(f"- {n}", file=stream)
+        return
+    console = Console(file=stream)
+    if not console.is_terminal:
+        console = Console(file=stream, width=max(console.width, 200))
+    table = Table(title=title, caption="\n".join(notes) or None)
+    for h in headers:
+        table.add_column(h, justify="left" if h in left else "right")
+    for i, row in enumerate(body):
+        table.add_row(*row, style=styles[i] if styles else None)
+    console.print(table)
