@@ -62,45 +62,32 @@ Run: `.venv-mxnet/bin/python -m frameworks.mxnet_gluon --preset digits --gpus 2`
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common import cli
-from common.config import Config, ConfigError, check_same_run
-from common.datasets import DatasetError, check_available, load_for
+from common.config import Config, ConfigError
+from common.datasets import check_available, load_for
 from common.pipeline import EvalLoader, TrainLoader
-from common.results import RunRecorder, host_info, write_json_atomic
+from common.results import RunRecorder, host_info
 from common.runtime import cpu_threads, injected_failure, printer, set_omp_threads
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
+from common.trainer import check_resume, keep_measured_epochs, run_main, should_log
+
+if TYPE_CHECKING:
+    from frameworks.mxnet_models import TrainState
 
 # mxnet (and frameworks.mxnet_models, which imports it) is imported inside the functions: MXNet
-# reads OMP_NUM_THREADS once, when it is loaded, and main() sets it first.
+# reads OMP_NUM_THREADS once, when it is loaded, and setup() sets it first.
 
 FRAMEWORK = "mxnet-gluon"
 PACKAGES = ("mxnet",)
 
 
-@dataclass
-class TrainState:
-    """Everything a step changes or reads. Gluon updates in place; the step returns it anyway."""
-
-    model: Any  # gluon.HybridBlock, parameters replicated on every context
-    trainer: Any  # gluon.Trainer: the kvstore, and one optimiser state per context
-    loss: Any  # per-example softmax cross-entropy with label smoothing (a HybridBlock)
-    lr: np.ndarray  # LR of every step (common.schedule)
-    step: int
-    cfg: Config
-    ctx: list[Any]  # the devices
-    host: Any  # where a batch is staged for split_and_load: pinned memory on GPUs
-    phases: PhaseTimer
+# ---- model ---------------------------------------------------------------------------------
 
 
 def build_model(cfg: Config, in_channels: int, num_classes: int) -> Any:
@@ -120,12 +107,15 @@ def build_model(cfg: Config, in_channels: int, num_classes: int) -> Any:
     )
 
 
+# ---- state ---------------------------------------------------------------------------------
+
+
 def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch: int) -> TrainState:
     """Create the parameters, optimiser state and step counter; place them on the devices."""
     import mxnet as mx
     from mxnet import gluon
 
-    from frameworks.mxnet_models import NovoGrad, SoftmaxCrossEntropy, TorchSGD
+    from frameworks.mxnet_models import NovoGrad, SoftmaxCrossEntropy, TorchSGD, TrainState, sync
 
     # Initialised once on the CPU from mx.random's seeded generator, then copied to every
     # context: identical replicas, and the same weights at any device count.
@@ -161,6 +151,9 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
         host=mx.cpu_pinned() if ctx[0].device_type == "gpu" else mx.cpu(),
         phases=PhaseTimer(sync, False),
     )
+
+
+# ---- step: where gradients are averaged ----------------------------------------------------
 
 
 def train_step(
@@ -221,6 +214,46 @@ def eval_step(state: TrainState, batch: tuple[list[Any], list[Any], list[Any]]) 
     return {k: mx.nd.add_n(*v) for k, v in sums.items()}
 
 
+def sync_batch_stats(state: TrainState) -> None:
+    """Per-context BN (--bn local): every replica's running statistics -> their mean over the
+    replicas (what Gluon's own save_parameters would store), so that evaluation and the
+    checkpoint do not depend on which context saw which images. A no-op for sync BN, whose
+    replicas already agree, and for one context."""
+    import mxnet as mx
+
+    from frameworks.mxnet_models import sync
+
+    if len(state.ctx) == 1:
+        return
+    # Wait for the last backward first: with static_alloc, the cached graph's writes to the
+    # running statistics (made in the backward pass) are not ordered before later reads by the
+    # engine in 1.9.1; without this sync the averages varied from run to run.
+    sync()
+    for p in state.model.collect_params().values():
+        if p.grad_req == "null":  # running_mean, running_var
+            copies = [d.as_in_context(state.ctx[0]) for d in p.list_data()]
+            p.set_data(mx.nd.add_n(*copies) / len(copies))
+
+
+# ---- devices: where the model is replicated and a batch is sharded -------------------------
+
+
+def select_devices(n: int) -> tuple[list[Any], str]:
+    """`n` contexts and the device kind: GPUs where this MXNet build has CUDA and GPUs are
+    visible, otherwise n CPU contexts sharing the host's cores ("cpu-simulated")."""
+    import mxnet as mx
+
+    if mx.runtime.Features().is_enabled("CUDA") and mx.context.num_gpus() > 0:
+        visible = mx.context.num_gpus()
+        if n > visible:
+            raise ConfigError(
+                f"--gpus {n} but only {visible} GPUs are visible; use --gpus {visible} or fewer"
+            )
+        names = host_info().get("gpus") or ["GPU"]  # MXNet has no device-name query
+        return [mx.gpu(i) for i in range(n)], f"cuda:{names[0]}"
+    return [mx.cpu(i) for i in range(n)], "cpu-simulated"
+
+
 def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[list[Any], ...]:
     """numpy global batch -> one contiguous slice per context (gluon.utils.split_and_load),
     staged in host (pinned, on GPUs) memory so each device gets its own host-to-device copy.
@@ -249,126 +282,21 @@ def evaluate(state: TrainState, loader: EvalLoader) -> dict[str, float]:
     return {k: float(v.asscalar()) for k, v in totals.items()}  # host sync, once
 
 
-def average_running_stats(state: TrainState) -> None:
-    """Per-context BN (--bn local): every replica's running statistics -> their mean over the
-    replicas (what Gluon's own save_parameters would store), so that evaluation and the
-    checkpoint do not depend on which context saw which images. A no-op for sync BN, whose
-    replicas already agree, and for one context."""
-    import mxnet as mx
-
-    if len(state.ctx) == 1:
-        return
-    # Wait for the last backward first: with static_alloc, the cached graph's writes to the
-    # running statistics (made in the backward pass) are not ordered before later reads by the
-    # engine in 1.9.1; without this sync the averages varied from run to run.
-    sync()
-    for p in state.model.collect_params().values():
-        if p.grad_req == "null":  # running_mean, running_var
-            copies = [d.as_in_context(state.ctx[0]) for d in p.list_data()]
-            p.set_data(mx.nd.add_n(*copies) / len(copies))
-
-
-def sync() -> None:
-    """Wait for all queued MXNet work: the engine runs every operation asynchronously."""
-    import mxnet as mx
-
-    mx.nd.waitall()
-
-
-def select_devices(n: int) -> tuple[list[Any], str]:
-    """`n` contexts and the device kind: GPUs where this MXNet build has CUDA and GPUs are
-    visible, otherwise n CPU contexts sharing the host's cores ("cpu-simulated")."""
-    import mxnet as mx
-
-    if mx.runtime.Features().is_enabled("CUDA") and mx.context.num_gpus() > 0:
-        visible = mx.context.num_gpus()
-        if n > visible:
-            raise ConfigError(
-                f"--gpus {n} but only {visible} GPUs are visible; use --gpus {visible} or fewer"
-            )
-        names = host_info().get("gpus") or ["GPU"]  # MXNet has no device-name query
-        return [mx.gpu(i) for i in range(n)], f"cuda:{names[0]}"
-    return [mx.cpu(i) for i in range(n)], "cpu-simulated"
-
-
-def checkpoint_path(cfg: Config) -> Path:
-    """The checkpoint's index; it names the weights and optimiser files it belongs with."""
-    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.json"
-
-
-def save_checkpoint(state: TrainState, recorder: RunRecorder, epoch: int, cfg: Config) -> None:
-    """Write the state after `epoch` (0-based): weights and trainer states, each to a temp file
-    renamed into place, then the index (atomic JSON) that names them; older files go last."""
-    import mxnet as mx
-
-    index = checkpoint_path(cfg)
-    index.parent.mkdir(parents=True, exist_ok=True)
-    tag = f"{cfg.framework}-epoch{epoch + 1}"
-    # Context 0's copy of the (identical) replicas, in save_parameters' format. Gluon's own
-    # save_parameters averages the replicas, and (a + a + a) / 3 can differ from a in the last
-    # bit, which would break an exact resume at 3 devices.
-    params = {
-        name: p.data(state.ctx[0]).as_in_context(mx.cpu())
-        for name, p in state.model._collect_params_with_prefix().items()
-    }
-    tmp = index.with_name(f"{tag}.params.tmp{os.getpid()}")
-    mx.nd.save(str(tmp), params)
-    os.replace(tmp, index.with_name(f"{tag}.params"))
-    tmp = index.with_name(f"{tag}.states.tmp{os.getpid()}")
-    state.trainer.save_states(str(tmp))  # context 0's optimiser state (all are identical)
-    os.replace(tmp, index.with_name(f"{tag}.states"))
-    write_json_atomic(
-        index,
-        {
-            "epoch": epoch + 1,
-            "step": state.step,
-            "params": f"{tag}.params",
-            "states": f"{tag}.states",
-            "recorder": recorder.state(),
-            "config": cfg.to_dict(),
-        },
-    )
-    for old in index.parent.glob(f"{cfg.framework}-epoch*"):
-        if not old.name.startswith(f"{tag}."):
-            old.unlink(missing_ok=True)
-
-
-def load_checkpoint(state: TrainState, recorder: RunRecorder, cfg: Config) -> int:
-    """Restore the latest checkpoint into every context; return the epoch to continue from."""
-    index = checkpoint_path(cfg)
-    ckpt = json.loads(index.read_text())
-    state.model.load_parameters(str(index.with_name(ckpt["params"])), ctx=state.ctx)
-    # Unpickles MXNet's optimiser state (only our own checkpoint files are ever read here).
-    state.trainer.load_states(str(index.with_name(ckpt["states"])))
-    state.step = int(ckpt["step"])
-    recorder.load_state(ckpt["recorder"])
-    return int(ckpt["epoch"])
-
-
-def check_resume(cfg: Config) -> None:
-    """Refuse to resume from a checkpoint of a different run (one clear error)."""
-    path = checkpoint_path(cfg)
-    if not (cfg.resume and path.exists()):
-        return
-    try:
-        saved = json.loads(path.read_text())["config"]
-    except Exception as exc:
-        raise ConfigError(
-            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
-        ) from None
-    check_same_run(saved, cfg, str(path))
-
-
-def seed_for(seed: int, epoch: int) -> int:
-    """mx.random seed (dropout) of an epoch: reproducible after --resume."""
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0] % 2**31)
+# ---- train: where time is measured ---------------------------------------------------------
 
 
 def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     import mxnet as mx
 
-    from frameworks.mxnet_models import count_params
+    from frameworks.mxnet_models import (
+        checkpoint_path,
+        count_params,
+        load_checkpoint,
+        save_checkpoint,
+        seed_for,
+        sync,
+    )
 
     injected_failure(FRAMEWORK)
     ctx, kind = select_devices(cfg.gpus)
@@ -405,29 +333,29 @@ def train(cfg: Config) -> dict:
         log("note: --precision and --compile apply on CUDA only; this run is fp32")
     start = 0
     if cfg.resume and checkpoint_path(cfg).exists():
-        start = load_checkpoint(state, recorder, cfg)
+        state, start = load_checkpoint(cfg, state, recorder)
         log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
     elif cfg.resume:
         log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
     timer = Timer(sync)
     state.phases = PhaseTimer(sync, cfg.phase_timing)
-    try:
+    with keep_measured_epochs(recorder):
         for epoch in range(start, cfg.epochs):
             mx.random.seed(seed_for(cfg.seed, epoch), ctx="all")  # dropout masks
             timer.start()
             batches = loader.epoch(epoch)
             totals: dict[str, Any] = {}
-            for step, host_batch in enumerate(batches):
+            for host_batch in batches:
                 with state.phases.phase("h2d"):
                     batch = to_device(host_batch, state)
                 state, metrics = train_step(state, batch)
                 state.phases.steps += 1
                 totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
-                if cfg.log_every and (step + 1) % cfg.log_every == 0:  # host sync: log point
+                if should_log(cfg, state.step):  # host sync: log point
                     loss = totals["loss_sum"].asscalar() / totals["count"].asscalar()
-                    log(f"step {step + 1} train_loss={loss:.4f}")
+                    log(f"step {state.step} train_loss={loss:.4f}")
             if cfg.bn == "local":  # replicas' running statistics -> their mean (see docstring)
-                average_running_stats(state)
+                sync_batch_stats(state)
             sec = timer.stop()
             state.phases.add("data_wait", batches.wait_sec)
             train_sums = {k: float(v.asscalar()) for k, v in totals.items()}  # host sync, once
@@ -442,22 +370,36 @@ def train(cfg: Config) -> dict:
                 test["loss_sum"],
             )
             if cfg.checkpoint_dir:
-                save_checkpoint(state, recorder, epoch, cfg)
+                save_checkpoint(cfg, state, recorder, epoch)
             injected_failure(FRAMEWORK, epoch + 1)
             if stop:
                 break
             if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
                 state.phases = PhaseTimer(sync, cfg.phase_timing)
-    except Exception as exc:  # keep what was measured; the record says why it stopped
-        traceback.print_exc()
-        recorder.fail(f"{type(exc).__name__}: {exc}")
     if cfg.phase_timing:
         recorder.phases = state.phases.per_step_ms()
     return recorder.finish()
 
 
+# ---- main ----------------------------------------------------------------------------------
+
+
+def setup(cfg: Config) -> None:
+    """Before mxnet is loaded (it reads the thread count once); unset, MXNet used one of the
+    cores here. Every context has its own engine worker running its own OpenMP team, so the
+    contexts share the cores: 2 cores, 2 contexts -> 1 thread each (2 each was up to 1.5x
+    slower). MXNet runs every operator as its own OpenMP region: with the default (spinning)
+    wait, a team thread that another process preempts stalls every barrier (on 2 shared cores a
+    full-width ResNet-18 step took 1.9-2.9 s with 2 spinning threads, 0.54-0.80 s passive; on an
+    idle machine the two measured the same, 398 vs 405 ms), hence PASSIVE unless set."""
+    set_omp_threads(cpu_threads(cfg.gpus))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def check_config(cfg: Config) -> None:
     """MXNet-specific checks before training starts (ConfigError / DatasetError)."""
+    from frameworks.mxnet_models import checkpoint_config, checkpoint_path
+
     ctx, _ = select_devices(cfg.gpus)
     if cfg.bn == "sync" and ctx[0].device_type != "gpu":
         raise ConfigError(
@@ -469,46 +411,15 @@ def check_config(cfg: Config) -> None:
             f"mxnet-gluon trains in fp32 only (got --precision {cfg.precision}); "
             "use --precision fp32"
         )
-    if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
-        raise ConfigError("--nesterov needs --momentum > 0")
     check_available(cfg)
-    check_resume(cfg)
-
-
-def failure_record(cfg: Config, error: str) -> None:
-    """Write a 'failed' run record so the runner sees what went wrong."""
-    rec = RunRecorder(
-        cfg, devices=cfg.gpus, device_kind="unknown", params=0, is_main=True, packages=PACKAGES
-    )
-    rec.fail(error)
-    rec.finish()
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
-    cfg = cli.parse_args(argv, FRAMEWORK)
-    prog = f"python -m frameworks.{FRAMEWORK.replace('-', '_')}"
-    # Before mxnet is loaded (it reads the count once); unset, MXNet used one of the cores here.
-    # Every context has its own engine worker running its own OpenMP team, so the contexts
-    # share the cores: 2 cores, 2 contexts -> 1 thread each (2 each was up to 1.5x slower).
-    set_omp_threads(cpu_threads(cfg.gpus))
-    # MXNet runs every operator as its own OpenMP region. With the default (spinning) wait, a
-    # team thread that another process preempts stalls every barrier: on 2 shared cores a
-    # full-width ResNet-18 step took 1.9-2.9 s with 2 spinning threads, 0.54-0.80 s passive;
-    # on an idle machine the two measured the same (398 vs 405 ms). Overridable.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    try:
-        check_config(cfg)
-        record = train(cfg)
-    except (ConfigError, DatasetError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        print(f"{prog}: failed: {error}", file=sys.stderr)
-        failure_record(cfg, error)
-        return 1
-    return 0 if record["status"] == "ok" else 1
+    return run_main(
+        argv, FRAMEWORK, setup=setup, check=check_config, train=train, packages=PACKAGES
+    )
 
 
 if __name__ == "__main__":

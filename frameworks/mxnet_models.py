@@ -1,4 +1,5 @@
-"""Gluon (MXNet 1.9.1) models and optimisers shared by the MXNet trainer.
+"""What the MXNet trainer builds on: Gluon (MXNet 1.9.1) models, optimisers, the loss, the train
+state and checkpoint I/O (the same roles as torch_models.py and jax_models.py).
 
 ResNet-18 (CIFAR variant) and the WideResNet of the NVIDIA data-parallel course, as HybridBlocks
 with torch's submodule names: `_collect_params_with_prefix()` yields `layer1.0.downsample.0.weight`
@@ -38,13 +39,23 @@ OpenMP thread count, which MXNet reads once, when it is loaded.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
 from mxnet.gluon import nn
+
+from common.config import Config
+from common.results import RunRecorder, write_json_atomic
+from common.timing import PhaseTimer
+from common.trainer import checkpoint_meta, restore_meta
 
 # Gluon's momentum is the weight of the OLD running value: 1 - torch's momentum.
 BN_MOMENTUM = 0.9
@@ -418,3 +429,81 @@ __all__ = [
     "structural_params",
     "torch_key",
 ]
+
+
+# ---- the train state, checkpoints ---------------------------------------------------------
+
+
+@dataclass
+class TrainState:
+    """Everything a step changes or reads. Gluon updates in place; the step returns it anyway."""
+
+    model: Any  # gluon.HybridBlock, parameters replicated on every context
+    trainer: Any  # gluon.Trainer: the kvstore, and one optimiser state per context
+    loss: Any  # per-example softmax cross-entropy with label smoothing (a HybridBlock)
+    lr: np.ndarray  # LR of every step (common.schedule)
+    step: int
+    cfg: Config
+    ctx: list[Any]  # the devices
+    host: Any  # where a batch is staged for split_and_load: pinned memory on GPUs
+    phases: PhaseTimer
+
+
+def sync() -> None:
+    """Wait for all queued MXNet work: the engine runs every operation asynchronously."""
+    mx.nd.waitall()
+
+
+def seed_for(seed: int, epoch: int) -> int:
+    """mx.random seed (dropout) of an epoch: reproducible after --resume."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0] % 2**31)
+
+
+def checkpoint_path(cfg: Config) -> Path:
+    """The checkpoint's index; it names the weights and optimiser files it belongs with."""
+    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.json"
+
+
+def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
+    """Write the state after `epoch` (0-based): weights and trainer states, each to a temp file
+    renamed into place, then the index (atomic JSON) that names them; older files go last."""
+    index = checkpoint_path(cfg)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{cfg.framework}-epoch{epoch + 1}"
+    # Context 0's copy of the (identical) replicas, in save_parameters' format. Gluon's own
+    # save_parameters averages the replicas, and (a + a + a) / 3 can differ from a in the last
+    # bit, which would break an exact resume at 3 devices.
+    params = {
+        name: p.data(state.ctx[0]).as_in_context(mx.cpu())
+        for name, p in state.model._collect_params_with_prefix().items()
+    }
+    tmp = index.with_name(f"{tag}.params.tmp{os.getpid()}")
+    mx.nd.save(str(tmp), params)
+    os.replace(tmp, index.with_name(f"{tag}.params"))
+    tmp = index.with_name(f"{tag}.states.tmp{os.getpid()}")
+    state.trainer.save_states(str(tmp))  # context 0's optimiser state (all are identical)
+    os.replace(tmp, index.with_name(f"{tag}.states"))
+    meta = checkpoint_meta(cfg, recorder, epoch, state.step)
+    write_json_atomic(index, {"params": f"{tag}.params", "states": f"{tag}.states", **meta})
+    for old in index.parent.glob(f"{cfg.framework}-epoch*"):
+        if not old.name.startswith(f"{tag}."):
+            old.unlink(missing_ok=True)
+
+
+def load_checkpoint(
+    cfg: Config, state: TrainState, recorder: RunRecorder
+) -> tuple[TrainState, int]:
+    """Restore the latest checkpoint into every context; return the state and the epoch to
+    continue from."""
+    index = checkpoint_path(cfg)
+    ckpt = json.loads(index.read_text())
+    state.model.load_parameters(str(index.with_name(ckpt["params"])), ctx=state.ctx)
+    # Unpickles MXNet's optimiser state (only our own checkpoint files are ever read here).
+    state.trainer.load_states(str(index.with_name(ckpt["states"])))
+    epoch, state.step = restore_meta(ckpt, recorder)
+    return state, epoch
+
+
+def checkpoint_config(path: Path) -> dict[str, Any]:
+    """The config saved in a checkpoint (for common.trainer.check_resume)."""
+    return json.loads(path.read_text())["config"]
