@@ -2,8 +2,9 @@
 # GPU results for issue 7, on one lent GPU with a plain python3 (torch + CUDA JAX, flax, optax;
 # no venvs, no MXNet, no internet). Ends within 8 minutes (a time budget guards every step).
 #
-#   bash benchmarks/gpu_suite.sh OUT_DIR [BUDGET_SEC]
+#   bash benchmarks/gpu_suite.sh [OUT_DIR [BUDGET_SEC]]
 #
+# OUT_DIR defaults to docs/results/gpu-<UTC date>/ (committed results live under docs/results/).
 # Writes, under OUT_DIR: machine.txt, commands.txt (every command and its seconds),
 # throughput-bf16/, throughput-bf16-compile/, throughput-fp32/ (each throughput.json,
 # throughput.md, runs/, logs/), compare-digits/ (the compare runner's tables and records) and
@@ -11,10 +12,11 @@
 # Throughput: ResNet-18, 32x32 synthetic data, global batch 512 on 1 GPU; the real loop runs
 # 4 epochs of 16 steps (all 8192 synthetic images per epoch), the last 3 timed.
 set -u -o pipefail
-OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [BUDGET_SEC]}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${1:-$ROOT/docs/results/gpu-$(date -u +%Y%m%d)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-cd "$(dirname "$0")/.."
+cd "$ROOT"
 PY=$(command -v python3)
 : >"$OUT/commands.txt"
 
