@@ -202,7 +202,7 @@ def per_device_bn(model: nn.Module, mesh: Mesh) -> Callable[..., Any]:
     return apply
 
 
-# ---- devices: where the state is replicated and a batch is sharded -------------------------
+# ---- devices: processes, replicas and shards ------------------------------------------------
 
 
 def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:

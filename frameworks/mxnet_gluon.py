@@ -235,7 +235,7 @@ def sync_batch_stats(state: TrainState) -> None:
             p.set_data(mx.nd.add_n(*copies) / len(copies))
 
 
-# ---- devices: where the model is replicated and a batch is sharded -------------------------
+# ---- devices: processes, replicas and shards ------------------------------------------------
 
 
 def select_devices(n: int) -> tuple[list[Any], str]:
