@@ -174,7 +174,7 @@ def sync_batch_stats(state: TrainState, p_mean: Callable[[Any], Any]) -> TrainSt
     return state.replace(batch_stats=p_mean(state.batch_stats))
 
 
-# ---- devices: processes, replicas and shards ------------------------------------------------
+# ---- devices: processes, replicas and shards -----------------------------------------------
 
 
 def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:

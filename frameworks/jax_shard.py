@@ -202,7 +202,7 @@ def per_device_bn(model: nn.Module, mesh: Mesh) -> Callable[..., Any]:
     return apply
 
 
-# ---- devices: processes, replicas and shards ------------------------------------------------
+# ---- devices: processes, replicas and shards -----------------------------------------------
 
 
 def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:

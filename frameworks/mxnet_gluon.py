@@ -235,7 +235,7 @@ def sync_batch_stats(state: TrainState) -> None:
             p.set_data(mx.nd.add_n(*copies) / len(copies))
 
 
-# ---- devices: processes, replicas and shards ------------------------------------------------
+# ---- devices: processes, replicas and shards -----------------------------------------------
 
 
 def select_devices(n: int) -> tuple[list[Any], str]:

@@ -256,7 +256,7 @@ def sync_batch_stats(state: TrainState) -> None:
             dist.broadcast(buf, 0)
 
 
-# ---- devices: processes, replicas and shards ------------------------------------------------
+# ---- devices: processes, replicas and shards -----------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ def eval_step(state: TrainState, batch: tuple[torch.Tensor, ...]) -> dict[str, t
     }
 
 
-# ---- devices: processes, replicas and shards ------------------------------------------------
+# ---- devices: processes, replicas and shards -----------------------------------------------
 
 
 def select_devices(n: int) -> tuple[list[int], str]:
