@@ -2,8 +2,8 @@
 
 For every framework x device count x model, the collective that averages the gradients in that
 framework's trainer, run on one float32 buffer the size of the model's gradients:
-- torch-ddp: `dist.all_reduce` in N processes (gloo on CPU, NCCL on CUDA; what DDP's buckets
-  call), rendezvous on a free loopback port;
+- torch-ddp: `dist.all_reduce` in N processes started by torchrun (`--standalone`, a free
+  loopback port; gloo on CPU, NCCL on CUDA; what DDP's buckets call);
 - torch-dp: `torch.nn.parallel.comm.reduce_add` of N per-GPU buffers onto GPU 0 (how
   nn.DataParallel sums the replicas' gradients; CUDA only);
 - jax-pmap: a pmapped `lax.psum` over N devices; jax-shard: a jitted `shard_map` `lax.psum` over
@@ -31,7 +31,6 @@ import os
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from typing import Any
 from benchmarks import harness
 from benchmarks.harness import REGISTRY, UsageError
 from common.results import host_info, write_json_atomic
-from common.runtime import cpu_threads, free_port, set_omp_threads, simulate_host_devices
+from common.runtime import cpu_threads, set_omp_threads, simulate_host_devices
 
 PROG = "python -m benchmarks.comm_probe"
 COLLECTIVES = {
@@ -81,20 +80,20 @@ def repeat(op: Callable[[], None], sync: Callable[[], None], reps: int, warmup: 
 # -- workers: one process (tree) per framework and device count -------------------------------
 
 
-def _torch_rank(
-    rank: int, n: int, port: int, numels: list[int], reps: int, warmup: int, result: str
-) -> None:
+def worker_torch_ddp(n: int, numels: list[int], reps: int, warmup: int) -> dict[str, Any] | None:
+    """One rank of N, started by torchrun (the harness starts `torch.distributed.run` with N
+    processes, as torch-ddp runs on a cluster); rank 0 returns the result, the others None."""
     import torch
     import torch.distributed as dist
 
+    rank = int(os.environ["RANK"])
     cuda = torch.cuda.is_available()
     if cuda:
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     else:
         torch.set_num_threads(cpu_threads(n))  # N processes share the cores
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=n)
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")  # env:// from torchrun
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
     def sync() -> None:
         if cuda:
@@ -118,12 +117,10 @@ def _torch_rank(
         t = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         rows.append(summary(t.tolist(), numel * 4, n))
-    if rank == 0:
-        kind = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu-simulated"
-        Path(result).write_text(
-            json.dumps({"device_kind": kind, "backend": dist.get_backend(), "rows": rows})
-        )
+    kind = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu-simulated"
+    result = {"device_kind": kind, "backend": dist.get_backend(), "rows": rows}
     dist.destroy_process_group()
+    return result if rank == 0 else None
 
 
 def gradient_numels(family: str, models: list[str], width: float) -> list[int]:
@@ -157,20 +154,6 @@ def gradient_numels(family: str, models: list[str], width: float) -> list[int]:
         return mxnet_models.count_params(net)
 
     return [numel_mx(m) for m in models]
-
-
-def worker_torch_ddp(n: int, numels: list[int], reps: int, warmup: int) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        result = os.path.join(tmp, "result.json")
-        mp.start_processes(
-            _torch_rank,
-            args=(n, free_port(), numels, reps, warmup, result),
-            nprocs=n,
-            start_method="spawn",
-        )
-        return json.loads(Path(result).read_text())
 
 
 def worker_torch_dp(n: int, numels: list[int], reps: int, warmup: int) -> dict[str, Any]:
@@ -265,7 +248,9 @@ class NotApplicable(Exception):
     """This framework has no collective at this device count on this machine."""
 
 
-def worker(framework: str, n: int, numels: list[int], reps: int, warmup: int) -> dict[str, Any]:
+def worker(
+    framework: str, n: int, numels: list[int], reps: int, warmup: int
+) -> dict[str, Any] | None:
     if framework == "torch-ddp":
         out = worker_torch_ddp(n, numels, reps, warmup)
     elif framework == "torch-dp":
@@ -274,7 +259,7 @@ def worker(framework: str, n: int, numels: list[int], reps: int, warmup: int) ->
         out = worker_jax(n, numels, reps, warmup, shard=framework == "jax-shard")
     else:
         out = worker_mxnet(n, numels, reps, warmup)
-    return {**out, "numels": numels}
+    return None if out is None else {**out, "numels": numels}
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -343,9 +328,13 @@ def probe(plan: Plan, fw: str, n: int) -> list[dict[str, Any]]:
     if fw in plan.skipped:
         return [{**base, "model": m, "status": "skipped", "note": plan.skipped[fw]}
                 for m in plan.models]  # fmt: skip
-    command = [str(REGISTRY[fw].python), "-m", "benchmarks.comm_probe", "--worker", fw,
-               "--devices", str(n), "--models", ",".join(plan.models), "--width", f"{ns.width:g}",
-               "--reps", str(ns.reps), "--warmup", str(ns.warmup)]  # fmt: skip
+    python = str(REGISTRY[fw].python)
+    # torch-ddp: N rank processes, started by torchrun (a free port on the loopback interface)
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+    command = [python, *(launch if fw == "torch-ddp" else []), "-m", "benchmarks.comm_probe",
+               "--worker", fw, "--devices", str(n), "--models", ",".join(plan.models),
+               "--width", f"{ns.width:g}", "--reps", str(ns.reps), "--warmup", str(ns.warmup),
+               ]  # fmt: skip
     log = plan.out / "logs" / f"{fw}-{n}dev.log"
     child = harness.run_child(command, log, ns.timeout, tag="comm_probe")
     if child.ended == "interrupted":
@@ -451,7 +440,8 @@ def run_worker(ns: argparse.Namespace) -> int:
         out = worker(ns.worker, ns.devices, numels, ns.reps, ns.warmup)
     except NotApplicable as exc:
         out = {"not_applicable": str(exc)}
-    print(json.dumps(out), flush=True)
+    if out is not None:  # torch-ddp: rank 0 only
+        print(json.dumps(out), flush=True)
     return 0
 
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import harness
-from common.config import FRAMEWORKS, PRECISIONS, Config, ConfigError, preset
+from common.config import FRAMEWORKS, Config, ConfigError, preset
 from common.runtime import cpu_threads, free_port, set_omp_threads, simulate_host_devices
 
 FAMILIES = ("torch", "jax", "mxnet")
@@ -448,40 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="torch, jax or mxnet, or a framework name such as torch-ddp (needed by --interleave)",
     )
-    p.add_argument(
-        "--model",
-        default="resnet18",
-        choices=("resnet18", "wideresnet"),
-        help="model architecture (default resnet18)",
-    )
-    p.add_argument(
-        "--width", type=float, default=1.0, help="channel-width multiplier (default 1.0)"
-    )
-    p.add_argument(
-        "--image-size",
-        type=int,
-        default=32,
-        help="side of the synthetic square images (default 32, CIFAR's)",
-    )
-    p.add_argument("--batch-size", type=int, default=128, help="the per-device batch (default 128)")
-    p.add_argument(
-        "--precision",
-        default="fp32",
-        choices=PRECISIONS,
-        help="CUDA: fp32, or mixed precision bf16 / fp16 (CPU runs are fp32)",
-    )
-    p.add_argument(
-        "--channels-last",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="CUDA: channels-last memory format (torch)",
-    )
-    p.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="CUDA: torch.compile the model (torch)",
-    )
+    harness.add_workload_flags(p, 128, "the per-device batch (default 128)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 1; default 3)")
     p.add_argument(

@@ -31,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -42,7 +41,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from common.runtime import ROOT, cpu_threads
+from common.config import PRECISIONS
+from common.runtime import ROOT, atomic_write_bytes, cpu_threads
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
 TOOL = "python -m benchmarks.{}"  # how each tool is started
@@ -324,6 +324,26 @@ def add_flags(
         )
 
 
+def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: str) -> None:
+    """The step the throughput tools time: model, images, batch and the CUDA fast paths."""
+    on_off = argparse.BooleanOptionalAction
+    for name, kwargs in (
+        ("--model", dict(default="resnet18", choices=("resnet18", "wideresnet"),
+                         help="model architecture (default resnet18)")),
+        ("--width", dict(type=float, default=1.0, help="channel-width multiplier (default 1.0)")),
+        ("--image-size", dict(type=int, default=32,
+                              help="side of the synthetic square images (default 32, CIFAR's)")),
+        ("--batch-size", dict(type=int, default=batch_size, help=batch_help)),
+        ("--precision", dict(default="fp32", choices=PRECISIONS,
+                             help="CUDA: fp32, or mixed precision bf16 / fp16 (CPU: fp32)")),
+        ("--channels-last", dict(action=on_off, default=True,
+                                 help="CUDA: channels-last memory format (torch)")),
+        ("--compile", dict(action=on_off, default=False,
+                           help="CUDA: torch.compile the model (torch)")),
+    ):  # fmt: skip
+        p.add_argument(name, **kwargs)  # type: ignore[arg-type]
+
+
 def check_positive(**values: float) -> None:
     """`--repeat 0`, `--timeout 0` ...: one line naming the flag (names as keyword arguments)."""
     for name, value in values.items():
@@ -574,17 +594,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write text or bytes via a temporary file and a rename: a reader (or a tool killed
     half-way) sees the previous complete version or the new one, never half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write_bytes(path, data.encode() if isinstance(data, str) else data)
 
 
 def markdown_table(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:

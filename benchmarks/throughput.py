@@ -3,7 +3,7 @@
 For every framework x device count, on synthetic CIFAR-shaped data (preset "throughput"):
 - real loop: the framework module itself, `<python> -m frameworks.<module> --preset throughput
   ...`, in a process of its own; its record's images_per_sec (epochs after the first, which holds
-  compilation and warm-up) and first_epoch_sec, and the process tree's peak RSS (os.wait4);
+  compilation and warm-up) and first_epoch_sec, and the process tree's peak RSS (harness.run_child);
 - compute-only loop: `benchmarks.compute_only` in the same interpreter, the same model and
   optimiser on one device-resident batch of the per-device size, one device, no data pipeline,
   no data-parallel wrapper; its images/s, first step (compile) time and peak memory (the
@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.harness import REGISTRY, UsageError
-from common.config import FRAMEWORKS, PRECISIONS, ConfigError, per_device, preset
+from common.config import FRAMEWORKS, ConfigError, per_device, preset
 from common.datasets import train_size
 from common.results import host_info, write_json_atomic
 
@@ -44,50 +44,14 @@ TRAIN_IMAGES = train_size(preset("throughput"))  # the synthetic training set's 
 def build_parser() -> argparse.ArgumentParser:
     p = harness.Parser("throughput", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     harness.add_flags(p, frameworks=",".join(FRAMEWORKS), gpus="1")
-    p.add_argument(
-        "--model",
-        default="resnet18",
-        choices=("resnet18", "wideresnet"),
-        help="model architecture (default resnet18)",
-    )
-    p.add_argument(
-        "--width", type=float, default=1.0, help="channel-width multiplier (default 1.0)"
-    )
-    p.add_argument(
-        "--image-size",
-        type=int,
-        default=32,
-        help="side of the synthetic square images (default 32, CIFAR's)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=256,
-        help="GLOBAL batch (strong scaling); per device with --scaling weak",
+    harness.add_workload_flags(
+        p, 256, "GLOBAL batch (strong scaling); per device with --scaling weak (default 256)"
     )
     p.add_argument(
         "--scaling",
         choices=("strong", "weak"),
         default="strong",
         help="strong: the global batch is fixed; weak: the per-device batch is",
-    )
-    p.add_argument(
-        "--precision",
-        default="fp32",
-        choices=PRECISIONS,
-        help="CUDA: fp32, or mixed precision bf16 / fp16 (CPU runs are fp32)",
-    )
-    p.add_argument(
-        "--channels-last",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="CUDA: channels-last memory format (torch)",
-    )
-    p.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="CUDA: torch.compile the model (torch)",
     )
     p.add_argument(
         "--steps",
@@ -464,7 +428,7 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
         "1st epoch s = the real loop's first epoch (compilation/warm-up + its steps); 1st "
         "step s = the compute-only loop's first step (compilation, autotuning).",
         "mem compute = peak memory of the compute-only loop; RSS real = the trainer process "
-        "tree's peak resident set (os.wait4), host memory.",
+        "tree's peak resident set (its reaped children included), host memory.",
     ]
     loads = [
         m["load_before"] for c in cells for m in c["real"] + c["compute"] if "load_before" in m
