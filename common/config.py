@@ -21,6 +21,7 @@ LR_SCHEDULES = ("constant", "step", "cosine")
 OPTIMIZERS = ("sgd", "novograd")
 BN_MODES = ("local", "sync")
 PRECISIONS = ("fp32", "bf16", "fp16")
+INIT_MODES = ("shared", "native")
 
 
 class ConfigError(ValueError):
@@ -124,6 +125,15 @@ class Config:
     bn_eps: float = opt(1e-5, "BatchNorm epsilon added to the variance")
     # Run control.
     seed: int = opt(0, "random seed (weights, data order, augmentation)")
+    # Initial weights: `shared` = drawn once with numpy (common/init.py) and loaded by every
+    # framework, so every framework starts from the same point; `native` = the framework's own
+    # generator (different weights for the same seed).
+    init: str = opt(
+        "shared",
+        "initial weights: the same arrays in every framework (shared) or the framework's own "
+        "generator (native)",
+        choices=INIT_MODES,
+    )
     target_accuracy: float = opt(
         0.0, "stop once test accuracy reaches this for --patience epochs (0 = off)"
     )
@@ -369,6 +379,7 @@ RESUME_KEYS = (
     "synthetic_classes",
     "batch_size",
     "seed",
+    "init",
     "optimizer",
     "bn",
 )

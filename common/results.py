@@ -120,6 +120,7 @@ class RunRecorder:
         packages: tuple[str, ...] = (),
         bn_mode: str | None = None,
         n_test: int | None = None,
+        init: dict[str, Any] | None = None,
     ):
         self.cfg = cfg
         self.devices = devices
@@ -129,6 +130,7 @@ class RunRecorder:
         self.packages = packages
         self.bn_mode = bn_mode or cfg.bn
         self.n_test = n_test
+        self.init = init or {"mode": None, "sha256": None, "file": None}
         self.epochs: list[dict[str, Any]] = []
         self.status = "ok"
         self.error = ""
@@ -230,6 +232,7 @@ class RunRecorder:
             "test_loss": last.get("test_loss"),
             "test_examples": last.get("test_examples"),
             "test_set_size": self.n_test,
+            "init": self.init,
             "time_to_target_sec": self.time_to_target,
             "epochs_to_target": self.epochs_to_target,
             "wall_sec": self.elapsed(),

@@ -49,6 +49,7 @@ from flax import serialization, struct, traverse_util
 from flax.training import train_state
 
 from common.config import Config, ConfigError
+from common.init import initial_state
 from common.pipeline import EvalLoader
 from common.results import RunRecorder
 from common.runtime import atomic_write_bytes
@@ -282,6 +283,16 @@ def init_variables(model: nn.Module, seed: int, image_shape: Sequence[int]) -> A
     return jax.jit(model.init, static_argnames="train")(
         key, jnp.zeros((1, *image_shape), jnp.float32), train=False
     )
+
+
+def initial_variables(cfg: Config, model: nn.Module, image_shape: Sequence[int]) -> Any:
+    """{"params", "batch_stats"} the run starts from: --init shared loads the arrays every
+    framework starts from (common/init.py, ported by name and layout with from_torch_state);
+    --init native draws them with JAX's generator (init_variables)."""
+    if cfg.init == "native":
+        return init_variables(model, cfg.seed, image_shape)
+    arrays, _ = initial_state(cfg, image_shape[-1], model.num_classes)
+    return from_torch_state(arrays)
 
 
 def count_params(params: Any) -> int:

@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from common.config import Config, per_device
 from common.datasets import check_available, load_for
+from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.runtime import injected_failure, printer, simulate_host_devices
@@ -56,7 +57,7 @@ from frameworks.jax_models import (
     cross_entropy,
     evaluate,
     init_distributed,
-    init_variables,
+    initial_variables,
     load_checkpoint,
     make_optimizer,
     prefetch_to_devices,
@@ -100,7 +101,7 @@ def create_train_state(
     steps_per_epoch: int,
 ) -> TrainState:
     """Create the parameters, optimiser state and step counter; place them on the devices."""
-    variables = init_variables(model, cfg.seed, image_shape)  # same seed: same weights anywhere
+    variables = initial_variables(cfg, model, image_shape)  # same at any device count
     state = TrainState.create(
         apply_fn=model.apply,
         params=variables["params"],
@@ -267,6 +268,7 @@ def train(cfg: Config) -> dict:
         packages=PACKAGES,
         bn_mode=cfg.bn,
         n_test=len(ds.test_x),
+        init=init_record(cfg, ds.channels, ds.num_classes),
     )
     p_train_step, p_eval_step = parallelize(cfg, mesh)
     p_mean = cross_replica_mean(mesh)

@@ -70,6 +70,7 @@ import numpy as np
 
 from common.config import Config, ConfigError
 from common.datasets import check_available, load_for
+from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder, host_info
 from common.runtime import cpu_threads, injected_failure, printer, set_omp_threads
@@ -115,12 +116,20 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
     import mxnet as mx
     from mxnet import gluon
 
-    from frameworks.mxnet_models import NovoGrad, SoftmaxCrossEntropy, TorchSGD, TrainState, sync
+    from frameworks.mxnet_models import (
+        NovoGrad,
+        SoftmaxCrossEntropy,
+        TorchSGD,
+        TrainState,
+        initialize,
+        sync,
+    )
 
     # Initialised once on the CPU from mx.random's seeded generator, then copied to every
     # context: identical replicas, and the same weights at any device count.
     mx.random.seed(cfg.seed)
     model.initialize(ctx=ctx)
+    initialize(cfg, model)  # --init shared: the arrays every framework starts from
     # One cached graph per context; static_alloc/static_shape reuse its buffers every step.
     model.hybridize(static_alloc=True, static_shape=True)
     # Weight decay: conv and linear weights only (create_model set wd_mult 0 on the rest).
@@ -326,6 +335,7 @@ def train(cfg: Config) -> dict:
         packages=PACKAGES,
         bn_mode=cfg.bn,
         n_test=len(ds.test_x),
+        init=init_record(cfg, ds.channels, ds.num_classes),
     )
     recorder.extra["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS", "")
     recorder.extra["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")

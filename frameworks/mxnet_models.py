@@ -53,6 +53,7 @@ from mxnet import gluon
 from mxnet.gluon import nn
 
 from common.config import Config
+from common.init import initial_state
 from common.results import RunRecorder, write_json_atomic
 from common.timing import PhaseTimer
 from common.trainer import checkpoint_meta, restore_meta
@@ -312,6 +313,17 @@ def load_torch_state(net: gluon.Block, flat: Mapping[str, np.ndarray]) -> None:
         p.set_data(mx.nd.array(value, dtype="float32"))
 
 
+def initialize(cfg: Config, net: gluon.Block) -> None:
+    """--init shared: load the arrays every framework starts from (common/init.py, by torch
+    name; Gluon's layouts are torch's) into every context. --init native keeps what mx.random
+    drew at `net.initialize`."""
+    if cfg.init == "shared":
+        params = structural_params(net)
+        in_channels, num_classes = params["conv1.weight"].shape[1], params["fc.weight"].shape[0]
+        arrays, _ = initial_state(cfg, in_channels, num_classes)
+        load_torch_state(net, arrays)
+
+
 class SoftmaxCrossEntropy(gluon.HybridBlock):
     """Per-example softmax cross-entropy with torch's label smoothing (Gluon's
     SoftmaxCrossEntropyLoss has none): (1 - s) * nll + s * mean_k(-log p_k)."""
@@ -424,6 +436,7 @@ __all__ = [
     "channels",
     "count_params",
     "create_model",
+    "initialize",
     "load_torch_state",
     "no_decay",
     "structural_params",

@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.config import Config, ConfigError, resolve
 from common.datasets import check_available, load_for
+from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder, write_json_atomic
 from common.runtime import cpu_threads, free_port, injected_failure, printer
@@ -65,6 +66,7 @@ from frameworks.torch_models import (
     count_params,
     create_model,
     evaluate,
+    initialize,
     load_checkpoint,
     loss_fn,
     make_optimizer,
@@ -151,6 +153,7 @@ def create_train_state(
 ) -> TrainState:
     """Create the parameters, optimiser state and step counter; place them on the devices."""
     cuda = device.type == "cuda"
+    initialize(cfg, model)  # --init shared: the arrays every framework starts from
     model = model.to(device)
     if cuda and cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -401,6 +404,7 @@ def train(cfg: Config, record_path: str = "") -> dict:
             packages=PACKAGES,
             bn_mode=cfg.bn,
             n_test=len(ds.test_x),
+            init=init_record(cfg, ds.channels, ds.num_classes),
         )
         if not cuda and (cfg.precision != "fp32" or cfg.compile):
             log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")

@@ -26,6 +26,7 @@ from torch import nn
 
 from common.config import Config, ConfigError
 from common.datasets import check_available, load_for
+from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.runtime import cpu_threads, injected_failure, printer
@@ -40,6 +41,7 @@ from frameworks.torch_models import (
     count_params,
     create_model,
     evaluate,
+    initialize,
     load_checkpoint,
     loss_fn,
     make_optimizer,
@@ -72,6 +74,7 @@ def create_train_state(
     """Create the parameters, optimiser state and step counter; place them on the devices."""
     cuda = bool(device_ids)
     device = torch.device("cuda", device_ids[0]) if cuda else torch.device("cpu")
+    initialize(cfg, model)  # --init shared: the arrays every framework starts from
     model = model.to(device)  # GPU 0 holds the master copy; replicas are made every step
     if cuda and cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -198,6 +201,7 @@ def train(cfg: Config) -> dict:
         packages=PACKAGES,
         bn_mode=cfg.bn,
         n_test=len(ds.test_x),
+        init=init_record(cfg, ds.channels, ds.num_classes),
     )
     if not cuda and (cfg.precision != "fp32" or cfg.compile):
         log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")

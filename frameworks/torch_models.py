@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.config import Config
+from common.init import initial_state
 from common.pipeline import EvalLoader
 from common.results import RunRecorder
 from common.runtime import atomic_write_bytes
@@ -283,6 +284,14 @@ class TrainState:
     device: torch.device
     world: int
     phases: PhaseTimer
+
+
+def initialize(cfg: Config, model: nn.Module) -> None:
+    """--init shared: load the arrays every framework starts from (common/init.py; torch's
+    names and layouts, so by state-dict key). --init native keeps what torch's generator drew."""
+    if cfg.init == "shared":
+        arrays, _ = initial_state(cfg, model.conv1.in_channels, model.fc.out_features)
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
 
 
 def make_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
