@@ -144,9 +144,12 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
     # device and pulls the sum back into every context (one pushpull per parameter). With
     # update_on_kvstore=False each context then applies the same update to its own replica (as
     # DDP does), and the all-reduce and the update can be timed apart. One context: no kvstore.
-    trainer = gluon.Trainer(
-        model.collect_params(), optimizer, kvstore="device", update_on_kvstore=False
-    )
+    # Only the trainable parameters: the Trainer sets its kvstore up lazily, at the first step(),
+    # and then copies context 0's values of every parameter it holds over the other contexts.
+    # Given the BN running statistics too, that overwrote each context's first update of them
+    # (made in step 1's backward pass) with context 0's, or with the initial values.
+    trainable = {n: p for n, p in model.collect_params().items() if p.grad_req != "null"}
+    trainer = gluon.Trainer(trainable, optimizer, kvstore="device", update_on_kvstore=False)
     loss = SoftmaxCrossEntropy(cfg.label_smoothing)
     loss.hybridize(static_alloc=True, static_shape=True)
     return TrainState(
