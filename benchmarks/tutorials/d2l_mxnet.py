@@ -47,22 +47,25 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 from typing import Any
 
 import numpy as np
 
-from benchmarks.tutorials.record import TutorialRecorder
-from common import cli
-from common.config import Config, ConfigError
-from common.datasets import Dataset, DatasetError, check_available, load_for
+from benchmarks.tutorials.record import (
+    Tutorial,
+    TutorialRecorder,
+    failure_recorder,
+    refuse_options,
+)
+from common.config import Config
+from common.datasets import Dataset, load_for
 from common.runtime import cpu_threads, set_omp_threads
 from common.schedule import scaled_lr
+from common.trainer import keep_measured_epochs, run_main
 
 # mxnet (and frameworks.mxnet_gluon's helpers that import it) is imported inside the functions:
 # MXNet reads OMP_NUM_THREADS once, when it is loaded, and main() sets it first.
 
-TUTORIAL = "d2l-mxnet"
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (MXNet), "
     "https://d2l.ai/chapter_computational-performance/multiple-gpus-concise.html"
@@ -99,32 +102,34 @@ DEVIATIONS: tuple[str, ...] = (
     "no plotting (d2l.Animator) and no per-epoch print of d2l's own; the recorder prints one "
     "line per epoch after evaluation",
 )
+TUTORIAL = Tutorial("d2l-mxnet", SOURCE, DEVIATIONS, PACKAGES)
 
 
-def check_config(cfg: Config) -> None:
-    """Refuse what the tutorial's loop has no way to do (one ConfigError naming the fix)."""
-    refuse = [
-        (cfg.lr_schedule != "constant", "--lr-schedule must be constant (d2l's LR is fixed)"),
-        (cfg.warmup_epochs > 0, "--warmup-epochs must be 0 (d2l has no warm-up)"),
-        (cfg.augment, "use --no-augment (d2l's loader only applies ToTensor)"),
-        (cfg.optimizer != "sgd", "--optimizer must be sgd (d2l uses the Trainer's 'sgd')"),
-        (cfg.nesterov, "use --no-nesterov (the Trainer's 'sgd' has no Nesterov form)"),
-        (cfg.label_smoothing > 0, "--label-smoothing must be 0 (SoftmaxCrossEntropyLoss)"),
-        (cfg.precision != "fp32", "--precision must be fp32 (d2l trains in fp32)"),
-        (cfg.bn != "local", "--bn must be local (d2l's BatchNorm is per context)"),
-        (cfg.resume, "drop --resume (d2l's loop does not checkpoint)"),
-        (bool(cfg.checkpoint_dir), "drop --checkpoint-dir (d2l's loop does not checkpoint)"),
-        (cfg.target_accuracy > 0, "--target-accuracy must be 0 (d2l runs every epoch)"),
+def setup(cfg: Config) -> None:
+    """As frameworks/mxnet_gluon.py, before mxnet is loaded: one OpenMP team per context sharing
+    the cores, idle team threads sleeping rather than spinning."""
+    set_omp_threads(cpu_threads(cfg.gpus))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def check_supported(cfg: Config) -> None:
+    """Refuse what the tutorial's loop has no way to do (one ConfigError naming the fix), then
+    what the compared trainer refuses (device count, dataset)."""
+    from frameworks.mxnet_gluon import check_config  # imports mxnet: after setup()
+
+    refuse_options(
+        cfg,
+        "the d2l loop",
+        (cfg.nesterov, "--nesterov", "--no-nesterov (the Trainer's 'sgd' has no Nesterov form)"),
+        (cfg.label_smoothing > 0, "--label-smoothing", "0 (SoftmaxCrossEntropyLoss)"),
+        (cfg.bn != "local", f"--bn {cfg.bn}", "--bn local (d2l's BatchNorm is per context)"),
         (
             cfg.max_steps_per_epoch > 0,
-            "--max-steps-per-epoch must be 0 (d2l steps through the whole loader; "
-            "shorten the epoch with --train-limit)",
+            "--max-steps-per-epoch",
+            "0 (d2l steps through the whole loader; shorten the epoch with --train-limit)",
         ),
-    ]
-    for bad, fix in refuse:
-        if bad:
-            raise ConfigError(f"the d2l loop cannot honour this option: {fix}")
-    check_available(cfg)
+    )
+    check_config(cfg)
 
 
 def load_data(ds: Dataset, batch_size: int) -> tuple[Any, Any]:
@@ -197,17 +202,10 @@ def train(cfg: Config) -> dict:
     mx.random.seed(cfg.seed)  # initial weights (and dropout masks)
     net = build_model(cfg, ds.channels, ds.num_classes)
     recorder = TutorialRecorder(
-        cfg,
-        tutorial=TUTORIAL,
-        source=SOURCE,
-        deviations=DEVIATIONS,
-        devices=len(ctx),
-        device_kind=kind,
-        packages=PACKAGES,
-        n_test=len(ds.test_x),
+        cfg, TUTORIAL, devices=len(ctx), device_kind=kind, n_test=len(ds.test_x)
     )
     train_iter = test_iter = None
-    try:
+    with keep_measured_epochs(recorder):
         batch_size = cfg.batch_size
         train_iter, test_iter = load_data(ds, batch_size)
         net.initialize(ctx=ctx, force_reinit=True)  # our initialisers; no hybridize (as d2l)
@@ -240,52 +238,17 @@ def train(cfg: Config) -> dict:
             t0 = time.perf_counter()
             correct, total = evaluate_accuracy_gpus(net, test_iter)
             recorder.end_epoch(sec, images, time.perf_counter() - t0, correct, total)
-    except Exception as exc:  # keep what was measured; the record says why it stopped
-        traceback.print_exc()
-        recorder.fail(f"{type(exc).__name__}: {exc}")
-    finally:
-        # Terminate the worker pools now rather than in DataLoader.__del__ at interpreter exit.
-        del train_iter, test_iter
+    # Terminate the worker pools now rather than in DataLoader.__del__ at interpreter exit.
+    del train_iter, test_iter
     return recorder.finish()
-
-
-def failure_record(cfg: Config, error: str) -> None:
-    """Write a 'failed' record so the driver sees what went wrong."""
-    rec = TutorialRecorder(
-        cfg,
-        tutorial=TUTORIAL,
-        source=SOURCE,
-        deviations=DEVIATIONS,
-        devices=cfg.gpus,
-        device_kind="unknown",
-        packages=PACKAGES,
-    )
-    rec.fail(error)
-    rec.finish()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: the trainers' flags and presets. Exit 0 ok, 1 failed, 2 bad input."""
-    cfg = cli.parse_args(argv, framework=COMPARED, prog=PROG)
-    # As frameworks/mxnet_gluon.py main(), before mxnet is loaded: one OpenMP team per context
-    # sharing the cores, idle team threads sleeping rather than spinning.
-    set_omp_threads(cpu_threads(cfg.gpus))
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    try:
-        check_config(cfg)
-        from frameworks.mxnet_gluon import check_config as check_trainer_config
-
-        check_trainer_config(cfg)  # device count and dataset, as the compared trainer checks
-        record = train(cfg)
-    except (ConfigError, DatasetError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        print(f"{PROG}: failed: {error}", file=sys.stderr)
-        failure_record(cfg, error)
-        return 1
-    return 0 if record["status"] == "ok" else 1
+    fail = failure_recorder(TUTORIAL)
+    return run_main(
+        argv, COMPARED, prog=PROG, setup=setup, check=check_supported, train=train, on_failure=fail
+    )
 
 
 if __name__ == "__main__":

@@ -35,17 +35,21 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from benchmarks.tutorials.record import TutorialRecorder
-from common import cli
-from common.config import Config, ConfigError
-from common.datasets import DatasetError, check_available, load_for
+from benchmarks.tutorials.record import (
+    Tutorial,
+    TutorialRecorder,
+    failure_recorder,
+    refuse_options,
+)
+from common.config import Config
+from common.datasets import load_for
 from common.runtime import cpu_threads
 from common.schedule import scaled_lr
+from common.trainer import keep_measured_epochs, run_main
 from frameworks.torch_dp import FRAMEWORK as COMPARED
-from frameworks.torch_dp import build_model
-from frameworks.torch_models import decay_parameters
+from frameworks.torch_dp import build_model, check_config
+from frameworks.torch_models import make_optimizer, sync
 
-TUTORIAL = "d2l-torch"
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (PyTorch), "
     "https://d2l.ai/chapter_computational-performance/multiple-gpus-concise.html"
@@ -65,7 +69,8 @@ DEVIATIONS: tuple[str, ...] = (
     "torch seeded with --seed before the model is built (same initial weights as torch-dp)",
     "CPU threads set as torch-dp sets them; --max-steps-per-epoch caps the loop when given",
 )
-
+PACKAGES = ("torch", "torchvision")
+TUTORIAL = Tutorial("d2l-torch", SOURCE, DEVIATIONS, PACKAGES)
 PROG = "python -m benchmarks.tutorials.d2l_torch"
 
 
@@ -84,11 +89,16 @@ class ImageArrays(Dataset):
         return self.transform(self.images[i]), int(self.labels[i])
 
 
+def image_datasets(ds) -> tuple[ImageArrays, ImageArrays]:  # type: ignore[no-untyped-def]
+    """(train, test) torchvision-style datasets of our arrays: ToTensor then our normalisation,
+    per item (in the DataLoader's workers, or in the training process without workers)."""
+    trans = transforms.Compose([transforms.ToTensor(), transforms.Normalize(ds.mean, ds.std)])
+    return ImageArrays(ds.train_x, ds.train_y, trans), ImageArrays(ds.test_x, ds.test_y, trans)
+
+
 def load_data(cfg: Config, ds) -> tuple[DataLoader, DataLoader]:  # type: ignore[no-untyped-def]
     """d2l.load_data_fashion_mnist(batch_size): per-item transforms, 4 workers, one batch size."""
-    trans = transforms.Compose([transforms.ToTensor(), transforms.Normalize(ds.mean, ds.std)])
-    train_set = ImageArrays(ds.train_x, ds.train_y, trans)
-    test_set = ImageArrays(ds.test_x, ds.test_y, trans)
+    train_set, test_set = image_datasets(ds)
     workers = 4  # d2l.get_dataloader_workers()
     return (
         DataLoader(train_set, cfg.batch_size, shuffle=True, num_workers=workers),
@@ -110,25 +120,17 @@ def evaluate_accuracy_gpu(net: nn.Module, data_iter: DataLoader) -> tuple[float,
     return correct, total
 
 
-def sync() -> None:
-    """Wait for queued device work (CUDA kernels run asynchronously; CPU ops do not)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def train(cfg: Config) -> dict:
     """The tutorial's train(net, num_gpus, batch_size, lr) on our data, model and config."""
     cuda = torch.cuda.is_available()
-    if cuda:
-        devices = [torch.device("cuda", i) for i in range(cfg.gpus)]  # d2l.try_gpu(i)
-        kind = f"cuda:{torch.cuda.get_device_name(0)}"
-    else:
-        devices, kind = [torch.device("cpu")], "cpu"
+    devices = [torch.device("cuda", i) for i in range(cfg.gpus)]  # d2l.try_gpu(i)
+    kind = f"cuda:{torch.cuda.get_device_name(0)}" if cuda else "cpu"
+    if not cuda:  # as torch-dp: DataParallel then runs the module itself, on the CPU
+        devices = [torch.device("cpu")]
         torch.set_num_threads(cpu_threads(1))
-        asked = f" (--gpus {cfg.gpus} was asked)" if cfg.gpus > 1 else ""
         print(
-            "warning: no CUDA device: nn.DataParallel runs a single replica on the CPU; "
-            f"this run used 1 device{asked}",
+            "warning: no CUDA device: nn.DataParallel runs a single replica on the CPU "
+            f"(--gpus {cfg.gpus} was asked)",
             file=sys.stderr,
             flush=True,
         )
@@ -137,28 +139,14 @@ def train(cfg: Config) -> dict:
     train_iter, test_iter = load_data(cfg, ds)
     net = build_model(cfg, ds.channels, ds.num_classes).to(devices[0])
     recorder = TutorialRecorder(
-        cfg,
-        tutorial=TUTORIAL,
-        source=SOURCE,
-        deviations=DEVIATIONS,
-        devices=len(devices),
-        device_kind=kind,
-        packages=("torch", "torchvision"),
-        n_test=len(ds.test_x),
+        cfg, TUTORIAL, devices=len(devices), device_kind=kind, n_test=len(ds.test_x)
     )
-    try:
+    with keep_measured_epochs(recorder):
         # Scatter / replicate / gather every step; gradients summed onto GPU 0 in backward().
         net = nn.DataParallel(net, device_ids=devices if cuda else None)
-        decay, no_decay = decay_parameters(net.module)
-        trainer = torch.optim.SGD(
-            [
-                {"params": decay, "weight_decay": cfg.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling),
-            momentum=cfg.momentum,
-            nesterov=cfg.nesterov,
-        )
+        trainer = make_optimizer(cfg, net.module)  # torch-dp's SGD: decay on conv/linear only
+        for group in trainer.param_groups:  # d2l's constant LR
+            group["lr"] = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling)
         loss = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
         for _ in range(cfg.epochs):
             net.train()
@@ -178,78 +166,22 @@ def train(cfg: Config) -> dict:
             t1 = time.perf_counter()
             correct, total = evaluate_accuracy_gpu(net, test_iter)
             recorder.end_epoch(sec, images, time.perf_counter() - t1, correct, total)
-    except Exception as exc:
-        recorder.fail(f"{type(exc).__name__}: {exc}")
-        print(f"{PROG}: failed: {recorder.error}", file=sys.stderr)
     return recorder.finish()
 
 
 def check_supported(cfg: Config) -> None:
-    """Options the tutorial's loop has no equivalent for (ConfigError, one line)."""
-    refused = [
-        (cfg.precision != "fp32", f"--precision {cfg.precision}", "--precision fp32"),
-        (cfg.optimizer != "sgd", f"--optimizer {cfg.optimizer}", "--optimizer sgd"),
-        (
-            cfg.lr_schedule != "constant",
-            f"--lr-schedule {cfg.lr_schedule}",
-            "--lr-schedule constant",
-        ),
-        (cfg.warmup_epochs > 0, f"--warmup-epochs {cfg.warmup_epochs:g}", "--warmup-epochs 0"),
-        (cfg.augment, "--augment", "--no-augment"),
-        (cfg.resume, "--resume", "a run without --resume"),
-        (bool(cfg.checkpoint_dir), "--checkpoint-dir", "a run without --checkpoint-dir"),
-        (
-            cfg.target_accuracy > 0,
-            f"--target-accuracy {cfg.target_accuracy:g}",
-            "--target-accuracy 0",
-        ),
-    ]
-    for bad, flag, fix in refused:
-        if bad:
-            raise ConfigError(f"{flag}: the d2l loop has no such option; use {fix}")
-    if cfg.nesterov and cfg.momentum <= 0:
-        raise ConfigError("--nesterov needs --momentum > 0")
-    if torch.cuda.is_available():
-        if cfg.gpus > torch.cuda.device_count():
-            raise ConfigError(
-                f"--gpus {cfg.gpus} but only {torch.cuda.device_count()} CUDA devices are "
-                f"visible; use --gpus {torch.cuda.device_count()} or fewer"
-            )
-        if cfg.bn == "sync" and cfg.gpus > 1:
-            raise ConfigError(
-                "--bn sync is not possible with nn.DataParallel (each replica normalises its "
-                "own slice); use --bn local"
-            )
-    check_available(cfg)
+    """Options the tutorial's loop has no equivalent for, then what torch-dp refuses (device
+    count, --bn sync under DataParallel, the dataset): ConfigError, one line."""
+    refuse_options(cfg, "the d2l loop")
+    check_config(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: the trainers' flags. Exit 0 ok, 1 failed, 2 bad input."""
-    cfg = cli.parse_args(argv, framework=COMPARED, prog=PROG)
-    try:
-        check_supported(cfg)
-    except (ConfigError, DatasetError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        record = train(cfg)
-    except Exception as exc:  # before the loop started (data, model): still write a record
-        failed = TutorialRecorder(
-            cfg,
-            tutorial=TUTORIAL,
-            source=SOURCE,
-            deviations=DEVIATIONS,
-            devices=cfg.gpus if torch.cuda.is_available() else 1,
-            device_kind=f"cuda:{torch.cuda.get_device_name(0)}"
-            if torch.cuda.is_available()
-            else "cpu",
-            packages=("torch", "torchvision"),
-        )
-        failed.fail(f"{type(exc).__name__}: {exc}")
-        print(f"{PROG}: failed: {failed.error}", file=sys.stderr)
-        failed.finish()
-        return 1
-    return 0 if record["status"] == "ok" else 1
+    cuda = torch.cuda.is_available()  # a failure before the loop: the devices it would use
+    kind = f"cuda:{torch.cuda.get_device_name(0)}" if cuda else "cpu"
+    fail = failure_recorder(TUTORIAL, devices=None if cuda else 1, device_kind=kind)
+    return run_main(argv, COMPARED, prog=PROG, check=check_supported, train=train, on_failure=fail)
 
 
 if __name__ == "__main__":

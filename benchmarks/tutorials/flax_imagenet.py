@@ -44,8 +44,8 @@ import functools
 import itertools
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 
 import jax
@@ -56,17 +56,21 @@ from flax import jax_utils
 from flax.training import common_utils, train_state
 from jax import lax
 
-from benchmarks.tutorials.record import TutorialRecorder
-from common import cli
+from benchmarks.tutorials.record import (
+    Tutorial,
+    TutorialRecorder,
+    failure_recorder,
+    refuse_options,
+)
 from common.config import Config, ConfigError
-from common.datasets import Dataset, DatasetError, check_available, load_for
+from common.datasets import Dataset, load_for
 from common.pipeline import Normalizer, Prefetcher, epoch_permutation, steps_per_epoch
 from common.runtime import printer, simulate_host_devices
 from common.schedule import scaled_lr
+from common.trainer import keep_measured_epochs, run_main
 from frameworks.jax_models import init_variables, select_devices
 from frameworks.jax_pmap import build_model
 
-TUTORIAL = "flax-imagenet"
 SOURCE = (
     "Flax examples/imagenet (ResNet-50 on ImageNet with jax.pmap), train.py, "
     "https://github.com/google/flax/blob/594b4529fa84bbbba5d5031d12968d355d03850f/"
@@ -109,6 +113,9 @@ DEVIATIONS: tuple[str, ...] = (
 AXIS = "batch"  # the example's pmap axis name
 LOG_EVERY_STEPS = 100  # configs/default.py: config.log_every_steps
 PACKAGES = ("jax", "jaxlib", "flax", "optax")
+TUTORIAL = Tutorial("flax-imagenet", SOURCE, DEVIATIONS, PACKAGES)
+COMPARED = "jax-pmap"
+PROG = "python -m benchmarks.tutorials.flax_imagenet"
 
 
 class TrainState(train_state.TrainState):
@@ -223,27 +230,13 @@ def create_train_state(
     )
 
 
-def check_config(cfg: Config) -> None:
+def check_supported(cfg: Config) -> None:
     """Refuse what the example's loop has no equivalent for (ConfigError: one line, exit 2)."""
-    unsupported = [
-        (cfg.precision != "fp32", f"--precision {cfg.precision}", "use --precision fp32"),
-        (cfg.optimizer != "sgd", f"--optimizer {cfg.optimizer}", "use --optimizer sgd"),
-        (
-            cfg.lr_schedule != "constant",
-            f"--lr-schedule {cfg.lr_schedule}",
-            "use --lr-schedule constant",
-        ),
-        (cfg.warmup_epochs > 0, f"--warmup-epochs {cfg.warmup_epochs:g}", "use 0"),
-        (cfg.augment, "--augment", "use --no-augment"),
-        (cfg.label_smoothing > 0, "--label-smoothing", "use --label-smoothing 0"),
-        (cfg.resume or bool(cfg.checkpoint_dir), "checkpoints", "drop --checkpoint-dir/--resume"),
-        (cfg.target_accuracy > 0, "--target-accuracy", "use --target-accuracy 0"),
-        (cfg.nesterov and cfg.momentum <= 0, "--nesterov without momentum", "set --momentum"),
-    ]
-    for bad, what, fix in unsupported:
-        if bad:
-            raise ConfigError(f"{what} is not part of the Flax ImageNet example's loop; {fix}")
-    check_available(cfg)
+    refuse_options(
+        cfg,
+        "the Flax ImageNet example's loop",
+        (cfg.label_smoothing > 0, "--label-smoothing", "--label-smoothing 0"),
+    )
 
 
 def train(cfg: Config) -> dict:
@@ -269,14 +262,7 @@ def train(cfg: Config) -> dict:
     state = create_train_state(cfg, model, ds.image_shape, learning_rate_fn)
     state = jax_utils.replicate(state, devices)
     recorder = TutorialRecorder(
-        cfg,
-        tutorial=TUTORIAL,
-        source=SOURCE,
-        deviations=DEVIATIONS,
-        devices=len(devices),
-        device_kind=kind,
-        packages=PACKAGES,
-        n_test=len(ds.test_x),
+        cfg, TUTORIAL, devices=len(devices), device_kind=kind, n_test=len(ds.test_x)
     )
     # tf.data stand-ins: host batches assembled on background threads, 10 ahead.
     train_source = Prefetcher(host_batches(ds, cfg.batch_size, True, cfg.seed), depth=10)
@@ -293,7 +279,8 @@ def train(cfg: Config) -> dict:
     p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)
     cross_replica_mean = jax.pmap(lambda x: lax.pmean(x, AXIS), AXIS, devices=devices)
     num_steps = steps * cfg.epochs
-    try:
+    # Stops the prefetch threads on the way out; a failure keeps the epochs measured so far.
+    with keep_measured_epochs(recorder), closing(train_source), closing(eval_source):
         train_metrics: list[dict[str, jax.Array]] = []
         train_metrics_last_t = time.time()
         t0 = time.perf_counter()
@@ -332,49 +319,21 @@ def train(cfg: Config) -> dict:
                 t0 = time.perf_counter()
         # The example's last line: wait until computations are done before exiting.
         jax.random.normal(jax.random.PRNGKey(0), ()).block_until_ready()
-    except Exception as exc:  # keep what was measured; the record says why it stopped
-        traceback.print_exc()
-        recorder.fail(f"{type(exc).__name__}: {exc}")
-    finally:
-        train_source.close()
-        eval_source.close()
     return recorder.finish()
 
 
-def failure_record(cfg: Config, error: str) -> None:
-    """Write a 'failed' record so the driver sees what went wrong."""
-    rec = TutorialRecorder(
-        cfg,
-        tutorial=TUTORIAL,
-        source=SOURCE,
-        deviations=DEVIATIONS,
-        devices=cfg.gpus,
-        device_kind="unknown",
-        packages=PACKAGES,
-    )
-    rec.fail(error)
-    rec.finish()
+def setup(cfg: Config) -> None:
+    """`--gpus` simulated CPU devices, before JAX's CPU backend starts (as jax-pmap)."""
+    simulate_host_devices(cfg.gpus)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.tutorials.flax_imagenet --help` (the trainers' flags).
     Exit 0 ok, 1 failed, 2 bad input."""
-    prog = "python -m benchmarks.tutorials.flax_imagenet"
-    cfg = cli.parse_args(argv, framework="jax-pmap", prog=prog)
-    # Before JAX's CPU backend starts (the first device query), as in frameworks/jax_pmap.py.
-    simulate_host_devices(cfg.gpus)
-    try:
-        check_config(cfg)
-        record = train(cfg)
-    except (ConfigError, DatasetError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        print(f"{prog}: failed: {error}", file=sys.stderr)
-        failure_record(cfg, error)
-        return 1
-    return 0 if record["status"] == "ok" else 1
+    fail = failure_recorder(TUTORIAL)
+    return run_main(
+        argv, COMPARED, prog=PROG, setup=setup, check=check_supported, train=train, on_failure=fail
+    )
 
 
 if __name__ == "__main__":

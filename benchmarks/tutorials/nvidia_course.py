@@ -46,21 +46,24 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
-from torchvision import transforms
 
-from benchmarks.tutorials.d2l_torch import ImageArrays  # torchvision-dataset stand-in
-from benchmarks.tutorials.record import TutorialRecorder
-from common import cli
+from benchmarks.tutorials.d2l_torch import image_datasets  # torchvision-dataset stand-ins
+from benchmarks.tutorials.record import (
+    Tutorial,
+    TutorialRecorder,
+    failure_recorder,
+    refuse_options,
+)
 from common.config import Config, ConfigError, per_device
-from common.datasets import DatasetError, check_available, load_for
+from common.datasets import load_for
 from common.results import write_json_atomic
 from common.runtime import cpu_threads, free_port
 from common.schedule import scaled_lr
+from common.trainer import describe, keep_measured_epochs, run_main
 from frameworks.torch_ddp import FRAMEWORK as COMPARED
 from frameworks.torch_ddp import build_model
-from frameworks.torch_models import decay_parameters
+from frameworks.torch_models import make_optimizer, sync
 
-TUTORIAL = "nvidia-course"
 SOURCE = (
     "NVIDIA DLI, Data Parallelism: How to Train Deep Learning Models on Multiple GPUs, "
     "DDP solution fashion_mnist.py, "
@@ -89,6 +92,8 @@ DEVIATIONS: tuple[str, ...] = (
     "a barrier and destroy_process_group at the end (gloo could abort a rank at exit otherwise)",
 )
 
+PACKAGES = ("torch", "torchvision")
+TUTORIAL = Tutorial("nvidia-course", SOURCE, DEVIATIONS, PACKAGES)
 PROG = "python -m benchmarks.tutorials.nvidia_course"
 
 
@@ -140,12 +145,6 @@ def test(
     return v_accuracy, v_loss, total_labels
 
 
-def sync() -> None:
-    """Wait for queued device work (CUDA kernels run asynchronously; CPU ops do not)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def worker(local_rank: int, cfg: Config, port: int, result: str, argv: list[str]) -> None:
     """One rank: the course's worker(local_rank, args) on our data, model and config."""
     sys.argv = argv  # the record's "command"
@@ -179,9 +178,7 @@ def run_rank(cfg: Config, rank: int, world: int, device: torch.device) -> dict:
     """Datasets, samplers, loaders, DDP model and the epoch loop of one rank."""
     ds = load_for(cfg)
     b = per_device(cfg.batch_size, world)  # the course's per-GPU --batch-size
-    trans = transforms.Compose([transforms.ToTensor(), transforms.Normalize(ds.mean, ds.std)])
-    train_set = ImageArrays(ds.train_x, ds.train_y, trans)
-    test_set = ImageArrays(ds.test_x, ds.test_y, trans)
+    train_set, test_set = image_datasets(ds)  # ToTensor + Normalize per item, no workers
     train_sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, seed=cfg.seed)
     test_sampler = DistributedSampler(test_set, num_replicas=world, rank=rank, seed=cfg.seed)
     train_loader = DataLoader(train_set, batch_size=b, drop_last=True, sampler=train_sampler)
@@ -195,30 +192,14 @@ def run_rank(cfg: Config, rank: int, world: int, device: torch.device) -> dict:
     # DDP broadcasts rank 0's weights now and averages gradients in buckets during backward().
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    decay, no_decay = decay_parameters(model.module)
-    optimizer = torch.optim.SGD(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling),
-        momentum=cfg.momentum,
-        nesterov=cfg.nesterov,
-    )
+    optimizer = make_optimizer(cfg, model.module)  # torch-ddp's SGD: decay on conv/linear only
+    for group in optimizer.param_groups:  # the course's constant LR, no warm-up scheduler
+        group["lr"] = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling)
+    kind = "cpu-simulated" if device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(device)}"
     recorder = TutorialRecorder(
-        cfg,
-        tutorial=TUTORIAL,
-        source=SOURCE,
-        deviations=DEVIATIONS,
-        devices=world,
-        device_kind=f"cuda:{torch.cuda.get_device_name(device)}"
-        if device.type == "cuda"
-        else "cpu-simulated",
-        is_main=rank == 0,
-        packages=("torch", "torchvision"),
-        n_test=len(ds.test_x),
+        cfg, TUTORIAL, devices=world, device_kind=kind, is_main=rank == 0, n_test=len(ds.test_x)
     )
-    try:
+    with keep_measured_epochs(recorder):
         val_accuracy: list[torch.Tensor] = []
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
@@ -251,8 +232,6 @@ def run_rank(cfg: Config, rank: int, world: int, device: torch.device) -> dict:
                 if rank == 0:
                     print(f"Early stopping after epoch {epoch + 1}", flush=True)
                 break
-    except Exception as exc:
-        recorder.fail(f"{type(exc).__name__}: {exc}")
     return recorder.finish()
 
 
@@ -268,9 +247,8 @@ def spawn(cfg: Config) -> dict:
                 raise
             with open(result) as f:  # rank 0 finished, another rank failed after it
                 record = json.load(f)
-            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
             record["status"] = "failed"
-            record["error"] = record.get("error") or (lines[-1] if lines else repr(exc))
+            record["error"] = record.get("error") or describe(exc)
             return record
         with open(result) as f:
             return json.load(f)
@@ -283,22 +261,7 @@ def images_per_rank(n_test: int, world: int, b: int) -> int:
 
 def check_supported(cfg: Config) -> None:
     """Options the course's loop has no equivalent for, and runs it cannot make (ConfigError)."""
-    refused = [
-        (cfg.precision != "fp32", f"--precision {cfg.precision}", "--precision fp32"),
-        (cfg.optimizer != "sgd", f"--optimizer {cfg.optimizer}", "--optimizer sgd"),
-        (
-            cfg.lr_schedule != "constant",
-            f"--lr-schedule {cfg.lr_schedule}",
-            "--lr-schedule constant",
-        ),
-        (cfg.warmup_epochs > 0, f"--warmup-epochs {cfg.warmup_epochs:g}", "--warmup-epochs 0"),
-        (cfg.augment, "--augment", "--no-augment"),
-        (cfg.resume, "--resume", "a run without --resume"),
-        (bool(cfg.checkpoint_dir), "--checkpoint-dir", "a run without --checkpoint-dir"),
-    ]
-    for bad, flag, fix in refused:
-        if bad:
-            raise ConfigError(f"{flag}: the course's loop has no such option; use {fix}")
+    refuse_options(cfg, "the course's loop", early_stop=True)
     if torch.cuda.is_available():
         if cfg.gpus > torch.cuda.device_count():
             raise ConfigError(
@@ -310,7 +273,6 @@ def check_supported(cfg: Config) -> None:
             "--bn sync: torch's SyncBatchNorm (convert_sync_batchnorm) needs CUDA; "
             "use --bn local on CPU"
         )
-    check_available(cfg)
     ds = load_for(cfg)
     b = per_device(cfg.batch_size, cfg.gpus)
     for name, n in (("training", len(ds.train_x)), ("test", len(ds.test_x))):
@@ -322,35 +284,12 @@ def check_supported(cfg: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: the trainers' flags. Exit 0 ok, 1 failed, 2 bad input."""
-    cfg = cli.parse_args(argv, framework=COMPARED, prog=PROG)
-    try:
-        check_supported(cfg)
-    except (ConfigError, DatasetError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        record = spawn(cfg)
-    except Exception as exc:  # a rank failed before rank 0 could write the record
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        failed = TutorialRecorder(
-            cfg,
-            tutorial=TUTORIAL,
-            source=SOURCE,
-            deviations=DEVIATIONS,
-            devices=cfg.gpus,
-            device_kind=f"cuda:{torch.cuda.get_device_name(0)}"
-            if torch.cuda.is_available()
-            else "cpu-simulated",
-            packages=("torch", "torchvision"),
-        )
-        failed.fail(f"{type(exc).__name__}: {lines[-1] if lines else exc!r}")
-        print(f"{PROG}: failed: {failed.error}", file=sys.stderr)
-        failed.finish()
-        return 1
-    if record["status"] != "ok":
-        print(f"{PROG}: failed: {record['error']}", file=sys.stderr)
-    return 0 if record["status"] == "ok" else 1
+    """Command line: the trainers' flags. Exit 0 ok, 1 failed, 2 bad input. A rank that fails
+    before rank 0 writes its record leaves a failed one (the worker's last traceback line)."""
+    cuda = torch.cuda.is_available()
+    kind = f"cuda:{torch.cuda.get_device_name(0)}" if cuda else "cpu-simulated"
+    fail = failure_recorder(TUTORIAL, device_kind=kind)
+    return run_main(argv, COMPARED, prog=PROG, check=check_supported, train=spawn, on_failure=fail)
 
 
 if __name__ == "__main__":

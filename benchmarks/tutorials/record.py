@@ -1,67 +1,89 @@
-"""One record per tutorial run, with the same timing definitions as `common.results.RunRecorder`.
+"""What every tutorial loop shares besides its loop: its run record, its option check and the
+record of a run that failed before its loop began.
 
+The record is `common.results.RunRecorder`'s, so its timing definitions are the trainers':
 `images_per_sec` is the training images of the epochs after the first divided by their summed
-training seconds (the first epoch holds compilation and warm-up), exactly as in the trainers'
-records, so `benchmarks.tutorial_loops` compares like with like. Training seconds end at the
-framework's own sync (a tutorial that stops its clock before queued work finishes would
-otherwise look faster than it is); evaluation is timed separately.
+training seconds (the first epoch holds compilation and warm-up), and `benchmarks.tutorial_loops`
+compares like with like. Training seconds end at the framework's own sync (a tutorial that
+stops its clock before queued work finishes would otherwise look faster than it is); evaluation
+is timed separately.
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
-import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from common.config import Config
-from common.results import host_info, versions, write_json_atomic
+from common.config import Config, ConfigError
+from common.datasets import check_available
+from common.results import RunRecorder
+from common.trainer import process_rank
+
+# Fields of a trainer's record that a tutorial loop does not measure (it reads no loss).
+NOT_MEASURED = (
+    "framework",
+    "bn_mode",
+    "test_loss",
+    "time_to_target_sec",
+    "epochs_to_target",
+    "params",
+    "phases_ms_per_step",
+)
 
 
-class TutorialRecorder:
-    """Per-epoch bookkeeping for a tutorial loop; rank 0 prints and writes."""
+class Tutorial(NamedTuple):
+    """What names a tutorial loop in its records."""
+
+    name: str  # e.g. "d2l-torch"
+    source: str  # the tutorial's title and address
+    deviations: tuple[str, ...]  # where the rebuild differs from it, and why
+    packages: tuple[str, ...]  # whose versions the record lists
+
+
+class TutorialRecorder(RunRecorder):
+    """A RunRecorder for a tutorial loop: per epoch the training and evaluation seconds and the
+    test accuracy (no losses: the tutorials do not read them), and in the record the tutorial,
+    its source and its deviations. Rank 0 prints and writes."""
 
     def __init__(
         self,
         cfg: Config,
+        tutorial: Tutorial,
         *,
-        tutorial: str,
-        source: str,
-        deviations: tuple[str, ...],
         devices: int,
         device_kind: str,
         is_main: bool = True,
-        packages: tuple[str, ...] = (),
         n_test: int | None = None,
     ):
-        self.cfg = cfg
+        super().__init__(
+            cfg,
+            devices=devices,
+            device_kind=device_kind,
+            params=0,
+            is_main=is_main,
+            packages=tutorial.packages,
+            n_test=n_test,
+        )
         self.tutorial = tutorial
-        self.source = source
-        self.deviations = deviations
-        self.devices = devices
-        self.device_kind = device_kind
-        self.is_main = is_main
-        self.packages = packages
-        self.n_test = n_test
-        self.epochs: list[dict[str, Any]] = []
-        self.status = "ok"
-        self.error = ""
-        self.wall_start = time.perf_counter()
 
-    def end_epoch(
+    def end_epoch(  # type: ignore[override]  # no losses, no early stop: the loop decides
         self, sec: float, images: int, eval_sec: float, test_correct: float, test_total: float
     ) -> None:
-        row = {
-            "epoch": len(self.epochs) + 1,
-            "sec": float(sec),
-            "images": int(images),
-            "images_per_sec": images / sec if sec > 0 else 0.0,
-            "eval_sec": float(eval_sec),
-            "test_accuracy": float(test_correct) / max(1.0, float(test_total)),
-            "test_examples": int(round(float(test_total))),
-            "wall_sec": time.perf_counter() - self.wall_start,
-        }
-        self.epochs.append(row)
+        total = float(test_total)
+        self.epochs.append(
+            {
+                "epoch": len(self.epochs) + 1,
+                "sec": float(sec),
+                "images": int(images),
+                "images_per_sec": images / sec if sec > 0 else 0.0,
+                "eval_sec": float(eval_sec),
+                "test_accuracy": float(test_correct) / max(1.0, total),
+                "test_examples": int(round(total)),
+                "wall_sec": self.elapsed(),
+            }
+        )
+        row = self.epochs[-1]
         if self.is_main:
             print(
                 f"epoch {row['epoch']}/{self.cfg.epochs} sec={row['sec']:.3f} "
@@ -70,48 +92,65 @@ class TutorialRecorder:
                 flush=True,
             )
 
-    def fail(self, error: str) -> None:
-        self.status = "failed"
-        self.error = error
-
     def result(self) -> dict[str, Any]:
-        timed = self.epochs[1:] or self.epochs  # the first epoch holds compile/warm-up
-        secs = [e["sec"] for e in timed]
-        images = sum(e["images"] for e in timed)
-        last = self.epochs[-1] if self.epochs else {}
+        record = super().result()
+        for key in NOT_MEASURED:
+            record.pop(key, None)
+        timed = self.epochs[1:] or self.epochs  # as RunRecorder: the first epoch is warm-up
         return {
-            "tutorial": self.tutorial,
-            "source": self.source,
-            "deviations": list(self.deviations),
+            "tutorial": self.tutorial.name,
+            "source": self.tutorial.source,
+            "deviations": list(self.tutorial.deviations),
             "compared_with": self.cfg.framework,
-            "model": self.cfg.model,
-            "dataset": self.cfg.dataset,
-            "devices": self.devices,
-            "device_kind": self.device_kind,
-            "global_batch_size": self.cfg.batch_size,
-            "epochs": self.epochs,
-            "first_epoch_sec": self.epochs[0]["sec"] if self.epochs else None,
-            "sec_per_epoch": statistics.median(secs) if secs else None,
-            "images_per_sec": images / sum(secs) if secs and sum(secs) > 0 else None,
+            **record,
             "eval_sec_per_epoch": statistics.median(e["eval_sec"] for e in timed)
             if timed
             else None,
-            "timed_epochs": len(timed) if len(self.epochs) > 1 else 0,
-            "test_accuracy": last.get("test_accuracy"),
-            "test_examples": last.get("test_examples"),
-            "test_set_size": self.n_test,
-            "wall_sec": time.perf_counter() - self.wall_start,
-            "config": self.cfg.to_dict(),
-            "versions": versions(self.packages),
-            "host": host_info(),
-            "command": [sys.executable, *sys.argv],
-            "status": self.status,
-            "error": self.error,
         }
 
-    def finish(self) -> dict[str, Any]:
-        """Build the record and, on rank 0, write it to `cfg.output` (atomically)."""
-        record = self.result()
-        if self.is_main and self.cfg.output:
-            write_json_atomic(self.cfg.output, record)
-        return record
+
+def failure_recorder(
+    tutorial: Tutorial, *, devices: int | None = None, device_kind: str = "unknown"
+) -> Callable[[Config, str], None]:
+    """`on_failure` for `common.trainer.run_main`: writes a 'failed' record (rank 0 only) for a
+    run that failed before its loop kept any epoch. `devices` defaults to --gpus."""
+
+    def write(cfg: Config, error: str) -> None:
+        n = cfg.gpus if devices is None else devices
+        is_main = process_rank() == 0
+        rec = TutorialRecorder(cfg, tutorial, devices=n, device_kind=device_kind, is_main=is_main)
+        rec.fail(error)
+        rec.finish()
+
+    return write
+
+
+def refuse_options(
+    cfg: Config, loop: str, *extra: tuple[bool, str, str], early_stop: bool = False
+) -> None:
+    """Refuse what `loop` has no equivalent for, with one ConfigError naming the fix, then check
+    the dataset. No tutorial loop has mixed precision, another optimizer, an LR schedule or
+    warm-up, augmentation or checkpoints; `early_stop` for one that stops at
+    --target-accuracy; `extra` rows are (refused, the option, its fix)."""
+    rows = [
+        (cfg.precision != "fp32", f"--precision {cfg.precision}", "--precision fp32"),
+        (cfg.optimizer != "sgd", f"--optimizer {cfg.optimizer}", "--optimizer sgd"),
+        (
+            cfg.lr_schedule != "constant",
+            f"--lr-schedule {cfg.lr_schedule}",
+            "--lr-schedule constant",
+        ),
+        (cfg.warmup_epochs > 0, f"--warmup-epochs {cfg.warmup_epochs:g}", "--warmup-epochs 0"),
+        (cfg.augment, "--augment", "--no-augment"),
+        (bool(cfg.checkpoint_dir), "--checkpoint-dir/--resume", "a run without checkpoints"),
+        (
+            not early_stop and cfg.target_accuracy > 0,
+            f"--target-accuracy {cfg.target_accuracy:g}",
+            "--target-accuracy 0",
+        ),
+        *extra,
+    ]
+    for refused, option, fix in rows:
+        if refused:
+            raise ConfigError(f"{option}: {loop} has no such option; use {fix}")
+    check_available(cfg)
