@@ -99,6 +99,14 @@ def host_info() -> dict[str, Any]:
     return info
 
 
+def load_average() -> float | None:
+    """The host's 1-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
 def reached_target(accuracies: list[float], target: float, patience: int) -> bool:
     """True once the last `patience` test accuracies are all >= `target` (target 0 = never)."""
     if target <= 0 or len(accuracies) < patience:
@@ -137,6 +145,7 @@ class RunRecorder:
         self.time_to_target: float | None = None
         self.epochs_to_target: int | None = None
         self.wall_start = time.perf_counter()
+        self.load_start = load_average()
         self.elapsed_before = 0.0  # wall time of earlier (resumed-from) processes
         self.phases: dict[str, float] = {}
         self.extra: dict[str, Any] = {}
@@ -232,6 +241,9 @@ class RunRecorder:
             "test_loss": last.get("test_loss"),
             "test_examples": last.get("test_examples"),
             "test_set_size": self.n_test,
+            # The host's 1-minute load average when this process started and now: a timing
+            # taken while other work held the cores says so in its own record.
+            "load_avg": {"start": self.load_start, "end": load_average(), "cores": os.cpu_count()},
             "init": self.init,
             "time_to_target_sec": self.time_to_target,
             "epochs_to_target": self.epochs_to_target,
