@@ -59,6 +59,7 @@ from benchmarks.tutorials.record import (
 )
 from common.config import Config
 from common.datasets import Dataset, load_for
+from common.init import init_record
 from common.runtime import cpu_threads, set_omp_threads
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
@@ -194,6 +195,7 @@ def train(cfg: Config) -> dict:
     from mxnet import autograd, gluon
 
     from frameworks.mxnet_gluon import build_model, select_devices
+    from frameworks.mxnet_models import initialize
 
     ctx, kind = select_devices(cfg.gpus)
     ds = load_for(cfg)
@@ -202,13 +204,19 @@ def train(cfg: Config) -> dict:
     mx.random.seed(cfg.seed)  # initial weights (and dropout masks)
     net = build_model(cfg, ds.channels, ds.num_classes)
     recorder = TutorialRecorder(
-        cfg, TUTORIAL, devices=len(ctx), device_kind=kind, n_test=len(ds.test_x)
+        cfg,
+        TUTORIAL,
+        devices=len(ctx),
+        device_kind=kind,
+        n_test=len(ds.test_x),
+        init=init_record(cfg, ds.channels, ds.num_classes),
     )
     train_iter = test_iter = None
     with keep_measured_epochs(recorder):
         batch_size = cfg.batch_size
         train_iter, test_iter = load_data(ds, batch_size)
         net.initialize(ctx=ctx, force_reinit=True)  # our initialisers; no hybridize (as d2l)
+        initialize(cfg, net)  # --init shared: mxnet-gluon's initial weights
         # wd applies where create_model left wd_mult at 1: conv and linear weights only.
         trainer = gluon.Trainer(
             net.collect_params(),

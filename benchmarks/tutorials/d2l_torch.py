@@ -43,12 +43,13 @@ from benchmarks.tutorials.record import (
 )
 from common.config import Config
 from common.datasets import load_for
+from common.init import init_record
 from common.runtime import cpu_threads
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
 from frameworks.torch_dp import FRAMEWORK as COMPARED
 from frameworks.torch_dp import build_model, check_config
-from frameworks.torch_models import make_optimizer, sync
+from frameworks.torch_models import initialize, make_optimizer, sync
 
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (PyTorch), "
@@ -137,9 +138,16 @@ def train(cfg: Config) -> dict:
     ds = load_for(cfg)
     torch.manual_seed(cfg.seed)
     train_iter, test_iter = load_data(cfg, ds)
-    net = build_model(cfg, ds.channels, ds.num_classes).to(devices[0])
+    net = build_model(cfg, ds.channels, ds.num_classes)
+    initialize(cfg, net)  # --init shared: the arrays every framework starts from
+    net = net.to(devices[0])
     recorder = TutorialRecorder(
-        cfg, TUTORIAL, devices=len(devices), device_kind=kind, n_test=len(ds.test_x)
+        cfg,
+        TUTORIAL,
+        devices=len(devices),
+        device_kind=kind,
+        n_test=len(ds.test_x),
+        init=init_record(cfg, ds.channels, ds.num_classes),
     )
     with keep_measured_epochs(recorder):
         # Scatter / replicate / gather every step; gradients summed onto GPU 0 in backward().

@@ -64,11 +64,12 @@ from benchmarks.tutorials.record import (
 )
 from common.config import Config, ConfigError
 from common.datasets import Dataset, load_for
+from common.init import init_record
 from common.pipeline import Normalizer, Prefetcher, epoch_permutation, steps_per_epoch
 from common.runtime import printer, simulate_host_devices
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
-from frameworks.jax_models import init_variables, select_devices
+from frameworks.jax_models import initial_variables, select_devices
 from frameworks.jax_pmap import build_model
 
 SOURCE = (
@@ -86,8 +87,9 @@ DEVIATIONS: tuple[str, ...] = (
     "images normalised with the dataset's constants (ds.mean, ds.std) like our trainers, "
     "instead of the example's ImageNet RGB means",
     "model: jax-pmap's build_model (the project's ResNet-18 / WideResNet, 'train' passed "
-    "explicitly) instead of the example's ResNet-50; weights from the trainers' init_variables "
-    "(same seed, same weights as jax-pmap) instead of PRNGKey(0) and a ones input",
+    "explicitly) instead of the example's ResNet-50; weights from the trainers' "
+    "initial_variables (--init shared: the arrays every framework starts from) instead of "
+    "PRNGKey(0) and a ones input",
     "BatchNorm honours --bn like jax-pmap (default local: per-device statistics); the "
     "example's BatchNorm always uses axis_name='batch' (--bn sync)",
     "constant learning rate common.schedule.scaled_lr(...) instead of the example's linear "
@@ -219,7 +221,7 @@ def create_train_state(
 ) -> TrainState:
     """The example's create_train_state: parameters, BN statistics and optax.sgd (on the host;
     `jax_utils.replicate` puts it on the devices)."""
-    variables = init_variables(model, cfg.seed, image_shape)  # jax-pmap's weights for this seed
+    variables = initial_variables(cfg, model, image_shape)  # jax-pmap's initial weights
     tx = optax.sgd(learning_rate_fn, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
     return TrainState.create(
         apply_fn=model.apply,
@@ -262,7 +264,12 @@ def train(cfg: Config) -> dict:
     state = create_train_state(cfg, model, ds.image_shape, learning_rate_fn)
     state = jax_utils.replicate(state, devices)
     recorder = TutorialRecorder(
-        cfg, TUTORIAL, devices=len(devices), device_kind=kind, n_test=len(ds.test_x)
+        cfg,
+        TUTORIAL,
+        devices=len(devices),
+        device_kind=kind,
+        n_test=len(ds.test_x),
+        init=init_record(cfg, ds.channels, ds.num_classes),
     )
     # tf.data stand-ins: host batches assembled on background threads, 10 ahead.
     train_source = Prefetcher(host_batches(ds, cfg.batch_size, True, cfg.seed), depth=10)

@@ -56,13 +56,14 @@ from benchmarks.tutorials.record import (
 )
 from common.config import Config, ConfigError, per_device
 from common.datasets import load_for
+from common.init import init_record
 from common.results import write_json_atomic
 from common.runtime import cpu_threads, free_port
 from common.schedule import scaled_lr
 from common.trainer import describe, keep_measured_epochs, run_main
 from frameworks.torch_ddp import FRAMEWORK as COMPARED
 from frameworks.torch_ddp import build_model
-from frameworks.torch_models import make_optimizer, sync
+from frameworks.torch_models import initialize, make_optimizer, sync
 
 SOURCE = (
     "NVIDIA DLI, Data Parallelism: How to Train Deep Learning Models on Multiple GPUs, "
@@ -186,6 +187,7 @@ def run_rank(cfg: Config, rank: int, world: int, device: torch.device) -> dict:
 
     torch.manual_seed(cfg.seed)  # the same initial weights as torch-ddp
     model = build_model(cfg, ds.channels, ds.num_classes)
+    initialize(cfg, model)  # --init shared: the arrays every framework starts from
     if cfg.bn == "sync":  # CUDA only (refused on CPU before spawning)
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
@@ -197,7 +199,13 @@ def run_rank(cfg: Config, rank: int, world: int, device: torch.device) -> dict:
         group["lr"] = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling)
     kind = "cpu-simulated" if device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(device)}"
     recorder = TutorialRecorder(
-        cfg, TUTORIAL, devices=world, device_kind=kind, is_main=rank == 0, n_test=len(ds.test_x)
+        cfg,
+        TUTORIAL,
+        devices=world,
+        device_kind=kind,
+        is_main=rank == 0,
+        n_test=len(ds.test_x),
+        init=init_record(cfg, ds.channels, ds.num_classes),
     )
     with keep_measured_epochs(recorder):
         val_accuracy: list[torch.Tensor] = []

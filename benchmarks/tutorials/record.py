@@ -55,6 +55,7 @@ class TutorialRecorder(RunRecorder):
         device_kind: str,
         is_main: bool = True,
         n_test: int | None = None,
+        init: dict[str, Any] | None = None,
     ):
         super().__init__(
             cfg,
@@ -64,6 +65,7 @@ class TutorialRecorder(RunRecorder):
             is_main=is_main,
             packages=tutorial.packages,
             n_test=n_test,
+            init=init,
         )
         self.tutorial = tutorial
 
