@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from common.results import RunRecorder
+from frameworks.jax_models import load_checkpoint, save_checkpoint
 from tests.conftest import read_json, run_module
 from tests.test_jax_pmap import CFG, compiled, evaluated, max_diff, stepped
 
@@ -91,11 +92,12 @@ def test_checkpoint_round_trip_restores_the_state(tmp_path: Path) -> None:
     cfg = CFG.replace(gpus=2, bn="local", framework="jax-shard", checkpoint_dir=str(tmp_path))
     recorder = RunRecorder(cfg, devices=2, device_kind="cpu-simulated", params=0, is_main=True)
     recorder.end_epoch(0, 1.0, 24, 2.5, 1, 10, 23.0)
-    on_devices = mod.replicate(state, mesh)
-    mod.save_checkpoint(on_devices, recorder, 0, cfg)
+    # What train() does: unreplicate -> save; load into a host template -> replicate.
+    save_checkpoint(cfg, mod.unreplicate(mod.replicate(state, mesh)), recorder, 0)
     fresh = RunRecorder(cfg, devices=2, device_kind="cpu-simulated", params=0, is_main=True)
     _, _, initial, _, _ = compiled("jax-shard", 2, "local")
-    restored, epoch = mod.load_checkpoint(mod.replicate(initial, mesh), fresh, cfg, mesh)
+    host, epoch = load_checkpoint(cfg, initial, fresh)
+    restored = mod.replicate(host, mesh)
     assert epoch == 1 and fresh.epochs == recorder.epochs
     assert restored.params["fc"]["kernel"].sharding.is_fully_replicated
     assert max_diff(mod.unreplicate(restored), state) == 0.0

@@ -89,6 +89,7 @@ def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
     from common.datasets import load_for
     from common.pipeline import EvalLoader
     from frameworks import torch_ddp
+    from frameworks.torch_models import evaluate
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -98,7 +99,7 @@ def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
     torch.manual_seed(0)
     model = torch_ddp.build_model(cfg, ds.channels, ds.num_classes)
     state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 1)
-    sums = torch_ddp.evaluate(state, EvalLoader(ds, 7, rank, world, layout="NCHW"))
+    sums = evaluate(torch_ddp.eval_step, state, EvalLoader(ds, 7, rank, world, layout="NCHW"))
     total = torch.stack([sums["correct"], sums["count"], sums["loss_sum"]]).double()
     torch.distributed.all_reduce(total)
     if rank == 0:
@@ -119,11 +120,13 @@ def test_evaluation_identical_at_1_2_3_processes(tmp_path):
     from common.datasets import load_for
     from common.pipeline import Normalizer
     from frameworks.torch_ddp import build_model
+    from frameworks.torch_models import initialize
 
     cfg = eval_config()
     ds = load_for(cfg)
     torch.manual_seed(0)
     model = build_model(cfg, ds.channels, ds.num_classes).eval()
+    initialize(cfg, model)  # what create_train_state does (--init shared)
     with torch.no_grad():  # the whole test set at once, no sharding: the reference
         logits = model(torch.from_numpy(Normalizer(ds.mean, ds.std, "NCHW")(ds.test_x)))
     ref_correct = int((logits.argmax(1).numpy() == ds.test_y).sum())
@@ -268,7 +271,7 @@ def test_failures_give_a_record_or_one_clear_line(tmp_path):
     bad = run("--nesterov", "--momentum", "0")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
-        "python -m frameworks.torch_ddp: error: --nesterov needs --momentum > 0"
+        "python -m frameworks.torch_ddp: error: --nesterov needs --momentum > 0 (see --help)"
     ]
 
 

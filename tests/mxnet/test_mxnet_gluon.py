@@ -14,7 +14,6 @@ import pytest
 from common.config import preset
 from common.datasets import load_for
 from common.pipeline import EvalLoader
-from common.timing import PhaseTimer
 from frameworks import mxnet_gluon as G
 from frameworks.mxnet_models import count_params, create_model, structural_params
 from tests.conftest import read_json, run_module
@@ -103,7 +102,6 @@ def test_evaluation_identical_at_1_2_3_contexts():
     for n in (1, 2, 3):
         ctx = [mx.cpu(i) for i in range(n)]
         state = G.create_train_state(cfg.replace(gpus=n), G.build_model(cfg, 1, 10), ctx, 1)
-        state.phases = PhaseTimer(G.sync, False)
         # 359 images, batches of 64 padded (weight 0) to a multiple of n: 5 full + 1 partial
         results.append(G.evaluate(state, EvalLoader(ds, 64, 0, 1, layout="NCHW", pad_to=n)))
     for r in results:
