@@ -45,7 +45,7 @@ EPILOG = f"""\
 examples:
   {PROG}                       # offline default: 1 and 2 devices
   {PROG} --frameworks torch-ddp,jax-pmap --gpus 4    # devices 1, 2, 4
-  {PROG} --gpus 1,2,3 --preset smoke --repeat 3      # 3 seeds: mean ± std
+  {PROG} --gpus 1,2,3 --preset smoke --repeat 3      # 3 seeds: median (min-max)
   {PROG} --scaling weak --lr-scaling linear          # per-device batch fixed
   {PROG} --target-accuracy 0.95                      # time-to-accuracy columns
 
@@ -109,7 +109,13 @@ def runner_parser() -> harness.Parser:
         "per-device batch, strong otherwise",
     )
     p.add_argument(
-        "--repeat", type=int, default=1, metavar="K", help="seeds seed..seed+K-1 per cell"
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="K",
+        help="runs per cell, seeds seed..seed+K-1: the table shows the median and min-max of "
+        "images/s and s/epoch, the mean ± std of test accuracy, and marks images/s that are "
+        "within noise of another framework's (default: 1, whose spread is not measured)",
     )
     harness.add_flags(p, out="results/", timeout=DEFAULT_TIMEOUT)
     return p

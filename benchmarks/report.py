@@ -1,10 +1,14 @@
 """Tables, CSV, Markdown and plots of a comparison, built from the run-result records.
 
-One row per (framework, device count): the mean +- std over the row's successful runs (one per
-seed), the speed-up over the same framework's 1-device row and the scaling efficiency
-(speed-up / devices). Every title says the device kind, and "cpu-simulated" rows are labelled as
-logical devices on one CPU so nobody reads them as GPU scaling. Every file is written atomically
-(harness.write_atomic): a runner killed half-way leaves the previous complete version.
+One row per (framework, device count), over the row's successful runs (one per seed, --repeat):
+the median and min-max range of images/s and s/epoch (a timing's spread is skewed by other work on
+the machine, so the median, not the mean), the mean +- std of test accuracy, the speed-up over the
+same framework's 1-device row and the scaling efficiency (speed-up / devices). Two frameworks whose
+images/s ranges overlap at the same device count are marked "within noise"; a cell whose host load
+average exceeded its core count is named in a warning. Every title says the device kind, and
+"cpu-simulated" rows are labelled as logical devices on one CPU so nobody reads them as GPU
+scaling. Every file is written atomically (harness.write_atomic): a runner killed half-way leaves
+the previous complete version.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from benchmarks.harness import print_table as show
 
 LEFT = ("framework", "status", "BN", "device kind")
 CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"
+NOISE_MARK = "†"  # after images/s: its min-max range overlaps another framework's at that count
+SPREAD = ("images_per_sec", "sec_per_epoch")  # median (min-max) per cell
 
 
 @dataclass
@@ -67,6 +73,22 @@ def _stats(values: list[float | None]) -> tuple[float | None, float | None]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
 
 
+def _spread(values: list[float | None]) -> tuple[float | None, float | None, float | None]:
+    """(median, min, max) of the finite values."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not xs:
+        return None, None, None
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def _load(record: dict[str, Any]) -> tuple[list[float], int | None]:
+    """The 1-minute load averages around one run (the run's own at start and end, the runner's
+    before and after the process) and the host's core count."""
+    own = record.get("load_avg") or {}
+    loads = [own.get("start"), own.get("end"), *record.get("runner", {}).get("load_avg", [])]
+    return [float(x) for x in loads if x is not None], own.get("cores")
+
+
 def _status(statuses: list[str], planned: int) -> str:
     if not statuses:
         return "not run"
@@ -106,6 +128,12 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             for key in ("test_accuracy", "sec_per_epoch", "first_epoch_sec", "images_per_sec"):
                 row[key], row[key + "_std"] = _stats([r.get(key) for r in ok])
+            for key in SPREAD:  # the mean above gives way to the median
+                row[key], row[key + "_min"], row[key + "_max"] = _spread([r.get(key) for r in ok])
+            loads = [_load(r) for r in runs]
+            if any(x for x, _ in loads):
+                row["load_avg_max"] = max(x for xs, _ in loads for x in xs)
+            row["cores"] = next((c for _, c in loads if c), None) or sweep.host.get("cpu_count")
             reached = [r for r in ok if r.get("time_to_target_sec") is not None]
             row["reached_target"] = len(reached)
             row["time_to_target_sec"], row["time_to_target_sec_std"] = _stats(
@@ -130,7 +158,25 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     f"evaluated {r.get('test_examples')} test images of {r.get('test_set_size')}"
                 )
             out.append(row)
+    mark_within_noise(out)
     return out
+
+
+def mark_within_noise(table: list[dict[str, Any]]) -> None:
+    """Per device count, set row["within_noise_of"] to the frameworks whose images/s min-max
+    range overlaps this row's (only cells with >= 2 successful runs have a range)."""
+    ranged = [
+        r for r in table if r.get("runs_ok", 0) >= 2 and r.get("images_per_sec_min") is not None
+    ]
+    for r in ranged:
+        r["within_noise_of"] = ", ".join(
+            o["framework"]
+            for o in ranged
+            if o is not r
+            and o["devices"] == r["devices"]
+            and max(o["images_per_sec_min"], r["images_per_sec_min"])
+            <= min(o["images_per_sec_max"], r["images_per_sec_max"])
+        )
 
 
 def one_line(record: dict[str, Any]) -> str:
@@ -148,6 +194,21 @@ def _num(mean: float | None, std: float | None, fmt: str) -> str:
     return text if std is None else f"{text} ± {format(std, fmt)}"
 
 
+def _median(row: dict[str, Any], key: str, fmt: str) -> str:
+    """A cell's median over its runs and their (min-max); the value alone for one run."""
+    if row.get(key) is None:
+        return "-"
+    text = format(row[key], fmt)
+    if row.get("runs_ok", 0) >= 2:
+        text += f" ({format(row[key + '_min'], fmt)}-{format(row[key + '_max'], fmt)})"
+    return text
+
+
+def _images_per_sec(row: dict[str, Any]) -> str:
+    mark = f" {NOISE_MARK}" if row.get("within_noise_of") else ""
+    return _median(row, "images_per_sec", ".0f") + mark
+
+
 def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
     """(header, formatter) of the printed and Markdown tables."""
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
@@ -156,12 +217,12 @@ def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
         ("status", lambda r: r["status"]),
         ("global batch", lambda r: r.get("global_batch_size") or "-"),
         ("test acc", lambda r: _num(r.get("test_accuracy"), r.get("test_accuracy_std"), ".4f")),
-        ("s/epoch", lambda r: _num(r.get("sec_per_epoch"), r.get("sec_per_epoch_std"), ".3g")),
+        ("s/epoch", lambda r: _median(r, "sec_per_epoch", ".3g")),
         (
             "1st epoch s",
             lambda r: _num(r.get("first_epoch_sec"), r.get("first_epoch_sec_std"), ".3g"),
         ),
-        ("images/s", lambda r: _num(r.get("images_per_sec"), r.get("images_per_sec_std"), ".0f")),
+        ("images/s", _images_per_sec),
         ("speed-up", lambda r: _num(r.get("speedup"), None, ".2f") + ("x" * ("speedup" in r))),
         ("efficiency", lambda r: f"{r['efficiency']:.0%}" if "efficiency" in r else "-"),
         ("BN", lambda r: r.get("bn_mode") or "-"),
@@ -206,6 +267,35 @@ def notes(sweep: Sweep, table: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def spread_notes(table: list[dict[str, Any]]) -> list[str]:
+    """The "within noise" pairs per device count, or, for cells of one run, that differences
+    under the (unmeasured) run-to-run spread are noise."""
+    lines = []
+    for n in dict.fromkeys(r["devices"] for r in table):
+        marked = [r for r in table if r["devices"] == n and r.get("within_noise_of")]
+        pairs = [
+            f"{r['framework']} ~ {other}"
+            for i, r in enumerate(marked)
+            for other in r["within_noise_of"].split(", ")
+            if other not in [m["framework"] for m in marked[:i]]
+        ]
+        if pairs:
+            devices = f"{n} device" + "s" * (n != 1)
+            lines.append(
+                f"{NOISE_MARK} images/s within noise at {devices} (min-max ranges over the "
+                f"repeats overlap): {'; '.join(pairs)}"
+            )
+    single = [r for r in table if r.get("runs_ok") == 1]
+    if single:
+        every = len(single) == sum(bool(r.get("runs_ok")) for r in table)
+        lines.append(
+            f"{'Every cell is' if every else 'Some cells are'} one run, so the run-to-run spread "
+            "is not measured: differences smaller than that spread are noise (use --repeat 3 to "
+            "measure it)."
+        )
+    return lines
+
+
 def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None) -> None:
     """The summary table on stdout, coloured by status where rich is installed."""
     table = rows(sweep, records)
@@ -215,7 +305,7 @@ def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None)
         heading(sweep, records, sep="\n"),
         headers,
         body,
-        [*notes(sweep, table), load_note(sweep, records)],
+        [*notes(sweep, table), *spread_notes(table), load_note(sweep, table)],
         left=LEFT,
         styles=[colour.get(r["status"], "red") for r in table],
         stream=stream,
@@ -237,10 +327,15 @@ CSV_COLUMNS = [
     "test_accuracy_std",
     "sec_per_epoch",
     "sec_per_epoch_std",
+    "sec_per_epoch_min",
+    "sec_per_epoch_max",
     "first_epoch_sec",
     "first_epoch_sec_std",
     "images_per_sec",
     "images_per_sec_std",
+    "images_per_sec_min",
+    "images_per_sec_max",
+    "within_noise_of",
     "speedup",
     "efficiency",
     "bn_mode",
@@ -251,6 +346,8 @@ CSV_COLUMNS = [
     "reached_target",
     "test_examples",
     "test_set_size",
+    "load_avg_max",
+    "cores",
     "note",
 ]
 RUN_COLUMNS = [
@@ -271,6 +368,9 @@ RUN_COLUMNS = [
     "runner_wall_sec",
     "load_avg_before",
     "load_avg_after",
+    "load_avg_start",
+    "load_avg_end",
+    "cores",
     "bn_mode",
     "device_kind",
     "test_examples",
@@ -300,21 +400,33 @@ def run_row(record: dict[str, Any]) -> dict[str, Any]:
         "runner_wall_sec": runner.get("wall_sec"),
         "load_avg_before": (runner.get("load_avg") or [None, None])[0],
         "load_avg_after": (runner.get("load_avg") or [None, None])[1],
+        "load_avg_start": (record.get("load_avg") or {}).get("start"),
+        "load_avg_end": (record.get("load_avg") or {}).get("end"),
+        "cores": (record.get("load_avg") or {}).get("cores"),
         "returncode": runner.get("returncode"),
         "log": runner.get("log"),
         "error": one_line(record) if record["status"] != "ok" else "",
     }
 
 
-def load_note(sweep: Sweep, records: list[dict[str, Any]]) -> str:
-    """A warning when other work competed for the CPUs during the runs (noisy timings)."""
-    loads = [x for r in records for x in r.get("runner", {}).get("load_avg", [])]
-    cpus = sweep.host.get("cpu_count") or 0
-    if not loads or not cpus or max(loads) <= cpus:
+def load_note(sweep: Sweep, table: list[dict[str, Any]]) -> str:
+    """A warning naming the cells whose host 1-minute load average (at a run's start or end)
+    exceeded the core count: more work than cores competed with those runs, so their timings are
+    noisy. The runs' own processes count too: a 2-process run on 2 cores adds about 2."""
+    busy = [
+        r
+        for r in table
+        if r.get("load_avg_max") and r.get("cores") and r["load_avg_max"] > r["cores"]
+    ]
+    if not busy:
         return ""
+    cells = ", ".join(
+        f"{r['framework']} x{r['devices']} ({r['load_avg_max']:.1f} on {r['cores']} cores)"
+        for r in busy
+    )
     return (
-        f"Busy machine: the 1-minute load average reached {max(loads):.1f} on {cpus} logical "
-        "CPUs during the runs, so other work competed with them and the timings are noisy."
+        f"Busy machine: the 1-minute load average exceeded the core count during {cells}; more "
+        "work than cores competed with these runs, so their timings are noisy."
     )
 
 
@@ -330,15 +442,18 @@ def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plo
         f"- Machine: {host.get('cpu', '?')} ({host.get('cpu_count', '?')} logical CPUs); "
         f"GPUs: {gpus}; {host.get('platform', '')}",
         f"- Started {sweep.started}" + (f", finished {sweep.finished}" if sweep.finished else ""),
-        *([f"- {busy}"] if (busy := load_note(sweep, records)) else []),
+        *([f"- {busy}"] if (busy := load_note(sweep, table)) else []),
         "- s/epoch = median of the timed epochs (the first epoch, with compilation and warm-up, "
-        "is reported separately); images/s over the timed epochs; speed-up = images/s over the "
-        "same framework's 1-device row; efficiency = speed-up / devices.",
+        "is reported separately); images/s over the timed epochs; with several runs per cell "
+        "(--repeat) both show the median over the runs and (min-max), test acc the mean ± std; "
+        f"{NOISE_MARK} = images/s within noise of another framework's (ranges overlap); "
+        "speed-up = images/s over the same framework's 1-device row; efficiency = speed-up / "
+        "devices.",
         "",
         markdown_table(headers, body),
         "",
     ]
-    parts += [f"- {line}" for line in notes(sweep, table)]
+    parts += [f"- {line}" for line in [*notes(sweep, table), *spread_notes(table)]]
     failed = [r for r in records if r["status"] != "ok"]
     if failed:
         parts += ["", "## Failed runs", ""]
@@ -416,14 +531,20 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         ax.grid(alpha=0.3)
         return fig, ax
 
-    fig, ax = axes("images/s (timed epochs)", "Throughput vs devices (dashed: ideal scaling)")
+    fig, ax = axes(
+        "images/s (timed epochs)",
+        "Throughput vs devices (median, bars: min-max over repeats; dashed: ideal scaling)",
+    )
     for fw in sweep.frameworks:
         pts = [r for r in table if r["framework"] == fw]
         if not pts:
             continue
         xs = [r["devices"] for r in pts]
         ys = [r["images_per_sec"] for r in pts]
-        err = [r.get("images_per_sec_std") or 0.0 for r in pts]
+        err = [  # the min-max range over the repeats around the median
+            [r["images_per_sec"] - r["images_per_sec_min"] for r in pts],
+            [r["images_per_sec_max"] - r["images_per_sec"] for r in pts],
+        ]
         ax.errorbar(xs, ys, yerr=err, marker="o", color=colours[fw], label=fw, capsize=3)
         base = next((r["images_per_sec"] for r in pts if r["devices"] == 1), None)
         if base:

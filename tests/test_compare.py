@@ -63,6 +63,11 @@ def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
         assert float(r["efficiency"]) == pytest.approx(speedup / int(r["devices"]))
         if r["devices"] == "1":
             assert speedup == pytest.approx(1.0)
+        # one run per cell: its range is the value itself, and no "within noise" mark
+        assert r["images_per_sec_min"] == r["images_per_sec"] == r["images_per_sec_max"]
+        assert r["sec_per_epoch_min"] == r["sec_per_epoch"] == r["sec_per_epoch_max"]
+        assert r["test_accuracy_std"] == "" and r["within_noise_of"] == ""
+        assert int(r["cores"]) == os.cpu_count()
 
     runs = sorted(p.name for p in (out / "runs").glob("*.json"))
     assert runs == sorted(f"{fw}-{n}dev.json" for fw in PAIR for n in (1, 2))
@@ -72,6 +77,8 @@ def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
         assert len(record["epochs"]) == 2
         log = out / record["runner"]["log"]
         assert log.read_text().startswith("$ ") and "epoch 2/2" in log.read_text()
+    for run in read_csv(out / "runs.csv"):  # every record carries the load around its run
+        assert float(run["load_avg_start"]) >= 0 and float(run["load_avg_end"]) >= 0
     assert len(read_csv(out / "runs.csv")) == 4
 
     config = read_json(out / "config.json")
@@ -91,6 +98,7 @@ def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
     # progress lines while running, then the table
     assert f"{PAIR[1]} x2: epoch 2/2 test_accuracy=" in proc.stdout
     assert "NOT GPU scaling" in proc.stdout and "mxnet-gluon: skipped" in proc.stdout
+    assert "Every cell is one run" in proc.stdout and "use --repeat 3" in md
 
 
 def test_crashed_run_is_reported_and_the_others_keep_their_results(tmp_path: Path) -> None:
@@ -334,6 +342,16 @@ def test_default_plan_is_every_framework_at_1_and_2_on_digits(
     assert not (tmp_path / "out").exists()  # planning writes nothing
 
 
+def test_every_framework_starts_from_the_shared_initial_arrays_by_default(
+    no_probe: None, tmp_path: Path
+) -> None:
+    plan = compare.make_plan(["--out", str(tmp_path / "out")])
+    for spec in plan.runs:  # the trainers' default (--init shared); native only when asked
+        assert "--init" not in spec.command and spec.cfg.init == "shared"
+    native = compare.make_plan(["--init", "native", "--out", str(tmp_path / "out")])
+    assert all("--init native" in " ".join(s.command) for s in native.runs)
+
+
 def test_weak_and_strong_scaling_batches_lr_and_pass_through(
     no_probe: None, tmp_path: Path
 ) -> None:
@@ -375,13 +393,24 @@ def test_on_cuda_torch_dp_runs_every_count(monkeypatch: pytest.MonkeyPatch, tmp_
 # -- reporting ----------------------------------------------------------------------------------
 
 
-def _record(fw: str, n: int, seed: int, ips: float, acc: float, status: str = "ok") -> dict:
+def _record(
+    fw: str,
+    n: int,
+    seed: int,
+    ips: float,
+    acc: float,
+    status: str = "ok",
+    *,
+    sec: float = 1.0,
+    load: float = 1.0,
+) -> dict:
     return {
         "framework": fw, "devices": n, "status": status, "device_kind": "cpu-simulated",
-        "bn_mode": "local", "global_batch_size": 24, "test_accuracy": acc, "sec_per_epoch": 1.0,
+        "bn_mode": "local", "global_batch_size": 24, "test_accuracy": acc, "sec_per_epoch": sec,
         "first_epoch_sec": 3.0, "images_per_sec": ips, "test_examples": 10, "test_set_size": 10,
         "time_to_target_sec": 2.0 if acc >= 0.9 else None, "epochs_to_target": 1,
         "epochs": [{"epoch": 1, "wall_sec": 1.0, "test_accuracy": acc}],
+        "load_avg": {"start": 0.5, "end": load, "cores": 2},
         "error": "" if status == "ok" else "RuntimeError: boom",
         "runner": {"run_id": f"{fw}-{n}dev-seed{seed}", "seed": seed, "peak_lr": 0.05,
                    "returncode": 0 if status == "ok" else 1, "log": "logs/x.log",
@@ -431,10 +460,109 @@ def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
     assert len(read_csv(tmp_path / "runs.csv")) == 5
     md = (tmp_path / "results.md").read_text()
     assert "## Failed runs" in md and "### a-2dev-seed1: failed" in md and "±" in md
-    assert "load average reached 3.0 on 2 logical CPUs" in md  # noisy timings are flagged
+    assert "load average exceeded the core count during a x2 (3.0 on 2 cores)" in md
     printed = io.StringIO()
     report.print_table(sweep, records, stream=printed)
     assert "0.9200 ± 0.0283" in printed.getvalue() and "needs CUDA" in printed.getvalue()
+
+
+def _repeat_sweep(frameworks: list[str], repeat: int) -> report.Sweep:
+    return report.Sweep(
+        title="resnet18 on synthetic",
+        command="python -m benchmarks.compare --repeat 3",
+        frameworks=frameworks,
+        counts=[1, 2],
+        planned={(fw, n): repeat for fw in frameworks for n in (1, 2)},
+        host={"cpu_count": 2},
+    )
+
+
+def test_repeats_give_median_range_noise_marks_and_load_warning(tmp_path: Path) -> None:
+    sweep = _repeat_sweep(["a", "b", "c"], repeat=3)
+    records = [
+        _record("a", 1, 0, 100.0, 0.90, sec=2.0),
+        _record("a", 1, 1, 130.0, 0.92, sec=1.5),
+        _record("a", 1, 2, 110.0, 0.94, sec=1.8),
+        _record("b", 1, 0, 125.0, 0.90),  # 125-150 overlaps a's 100-130
+        _record("b", 1, 1, 150.0, 0.90),
+        _record("b", 1, 2, 140.0, 0.90),
+        _record("c", 1, 0, 200.0, 0.90),  # 200-210: clear of both
+        _record("c", 1, 1, 210.0, 0.90, load=3.5),  # more work than the 2 cores
+        _record("c", 1, 2, 205.0, 0.90),
+        # at 2 devices a and c overlap only at a point (a's max = c's min); b has one run
+        *(_record("a", 2, s, ips, 0.9) for s, ips in enumerate((180.0, 190.0, 200.0))),
+        *(_record("c", 2, s, ips, 0.9) for s, ips in enumerate((200.0, 240.0, 220.0))),
+        _record("b", 2, 0, 195.0, 0.9),
+        _record("b", 2, 1, 0.0, 0.0, status="failed"),
+    ]
+    rows = {(r["framework"], r["devices"]): r for r in report.rows(sweep, records)}
+    a1, b1, c1 = rows["a", 1], rows["b", 1], rows["c", 1]
+    assert (a1["images_per_sec"], a1["images_per_sec_min"], a1["images_per_sec_max"]) == (
+        110.0, 100.0, 130.0,
+    )  # fmt: skip
+    assert (a1["sec_per_epoch"], a1["sec_per_epoch_min"], a1["sec_per_epoch_max"]) == (
+        1.8, 1.5, 2.0,
+    )  # fmt: skip
+    assert a1["test_accuracy"] == pytest.approx(0.92)  # mean
+    assert a1["test_accuracy_std"] == pytest.approx(0.02)  # sample std of 0.90, 0.92, 0.94
+    assert rows["a", 2]["speedup"] == pytest.approx(190 / 110)  # of the medians
+    assert (a1["within_noise_of"], b1["within_noise_of"], c1["within_noise_of"]) == ("b", "a", "")
+    assert rows["a", 2]["within_noise_of"] == "c" and rows["c", 2]["within_noise_of"] == "a"
+    assert "within_noise_of" not in rows["b", 2]  # one successful run: no range to compare
+    assert c1["load_avg_max"] == 3.5 and c1["cores"] == 2
+
+    headers, body = report.table_cells(sweep, list(rows.values()))
+    cells = {(line[0], line[1]): dict(zip(headers, line)) for line in body}
+    assert cells["a", "1"]["images/s"] == "110 (100-130) †"
+    assert cells["c", "1"]["images/s"] == "205 (200-210)"
+    assert cells["b", "2"]["images/s"] == "195"  # one run: the value alone
+    assert cells["a", "1"]["s/epoch"] == "1.8 (1.5-2)"
+    assert cells["a", "1"]["test acc"] == "0.9200 ± 0.0200"
+
+    noise = [
+        "† images/s within noise at 1 device (min-max ranges over the repeats overlap): a ~ b",
+        "† images/s within noise at 2 devices (min-max ranges over the repeats overlap): a ~ c",
+    ]
+    assert report.spread_notes(report.rows(sweep, records))[:2] == noise
+    busy = report.load_note(sweep, report.rows(sweep, records))  # runner's load: 3.0 at x2
+    assert busy.startswith("Busy machine: the 1-minute load average exceeded the core count ")
+    assert "a x2 (3.0 on 2 cores), b x2 (3.0 on 2 cores), c x1 (3.5 on 2 cores)" in busy
+    assert "a x1" not in busy and "b x1" not in busy
+    report.write_tables(tmp_path, sweep, records)
+    table = read_csv(tmp_path / "results.csv")
+    for column in (
+        "images_per_sec_min", "images_per_sec_max", "sec_per_epoch_min", "sec_per_epoch_max",
+        "test_accuracy_std", "within_noise_of", "load_avg_max", "cores",
+    ):  # fmt: skip
+        assert column in table[0]
+    assert (table[0]["images_per_sec"], table[0]["images_per_sec_min"]) == ("110.0", "100.0")
+    assert table[0]["within_noise_of"] == "b" and table[4]["load_avg_max"] == "3.5"
+    runs = read_csv(tmp_path / "runs.csv")
+    assert (runs[7]["load_avg_start"], runs[7]["load_avg_end"], runs[7]["cores"]) == (
+        "0.5", "3.5", "2",
+    )  # fmt: skip
+    md = (tmp_path / "results.md").read_text()
+    assert all(f"- {line}" in md for line in noise) and busy in md
+    assert "| 110 (100-130) † |" in md
+    printed = io.StringIO()
+    report.print_table(sweep, records, stream=printed)
+    text = printed.getvalue()
+    assert "110 (100-130) †" in text and "a ~ b" in text and "c x1 (3.5 on 2 cores)" in text
+    assert "one run" in text  # b x2 lost a run: "Some cells are one run"
+
+
+def test_one_run_per_cell_says_spread_is_unmeasured_and_marks_nothing() -> None:
+    sweep = _repeat_sweep(["a", "b"], repeat=1)
+    records = [_record(fw, n, 0, 100.0 + n, 0.9) for fw in ("a", "b") for n in (1, 2)]
+    table = report.rows(sweep, records)
+    assert not any(r.get("within_noise_of") for r in table)  # equal values, but no ranges
+    assert report.spread_notes(table) == [
+        "Every cell is one run, so the run-to-run spread is not measured: differences smaller "
+        "than that spread are noise (use --repeat 3 to measure it)."
+    ]
+    assert "x1" not in report.load_note(sweep, table)  # load <= 1.5 on 2 cores at 1 device
+    _, body = report.table_cells(sweep, table)
+    assert [line[7] for line in body] == ["101", "102", "101", "102"]
 
 
 def test_epoch_line_contract_with_the_recorder(capsys: pytest.CaptureFixture[str]) -> None:
