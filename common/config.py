@@ -141,6 +141,11 @@ class Config:
     max_steps_per_epoch: int = opt(0, "cap the training steps per epoch (0 = the whole epoch)")
     output: str = opt("", "write the run-result JSON here")
     checkpoint_dir: str = opt("", "save a checkpoint here after every epoch")
+    save_state: str = opt(
+        "",
+        "write the final parameters and BN running statistics here (.npz in torch's names and "
+        "layouts, the same in every framework; benchmarks.parity compares them)",
+    )
     resume: bool = opt(False, "continue from the latest checkpoint in --checkpoint-dir")
     log_every: int = opt(0, "print training metrics every N steps (0 = per epoch only)")
     phase_timing: bool = opt(

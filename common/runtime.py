@@ -86,3 +86,14 @@ def injected_failure(framework: str, epoch: int | None = None) -> None:
             raise RuntimeError(f"failure injected by {FAIL_ENV}={spec}")
         if epoch is not None and at and int(at) == epoch:
             os._exit(17)
+
+
+INJECT_ENV = "DPBENCH_INJECT"
+
+
+def injected(bug: str, framework: str) -> bool:
+    """Semantic-bug injection, for the tests that prove a cross-framework check can fail:
+    `DPBENCH_INJECT=<bug>@<framework>[,...]` (e.g. `lr-shift@jax-pmap`: that trainer uses the
+    next step's learning rate at every step). Set by tests only; unset, always False."""
+    entries = {e.strip() for e in os.environ.get(INJECT_ENV, "").split(",")}
+    return f"{bug}@{framework}" in entries

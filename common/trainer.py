@@ -19,6 +19,7 @@ behave the same wherever the framework is not the reason:
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -28,10 +29,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from common import cli
 from common.config import Config, ConfigError, check_same_run
 from common.datasets import DatasetError
 from common.results import RunRecorder
+from common.runtime import atomic_write_bytes
 
 BAD_INPUT = (ConfigError, DatasetError)
 
@@ -155,6 +159,16 @@ def restore_meta(meta: dict[str, Any], recorder: RunRecorder) -> tuple[int, int]
     """Restore the recorder from checkpoint metadata; return (epoch to continue from, step)."""
     recorder.load_state(meta["recorder"])
     return int(meta["epoch"]), int(meta["step"])
+
+
+def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
+    """`--save-state PATH`: the final parameters and BN statistics (numpy arrays in torch's
+    names and layouts, from the framework's support module) as one .npz, written atomically."""
+    if not cfg.save_state:
+        return
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    atomic_write_bytes(cfg.save_state, buf.getvalue())
 
 
 def check_resume(cfg: Config, path: Path, read_config: Callable[[Path], dict[str, Any]]) -> None:

@@ -438,6 +438,23 @@ def load_checkpoint(
     return restored, epoch
 
 
+def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
+    """Parameters and BN statistics of a host state (the trainer's unreplicate) in torch's
+    names and layouts (--save-state): the inverse of from_torch_state."""
+    out: dict[str, np.ndarray] = {}
+    for tree in (state.params, state.batch_stats):
+        for path, v in traverse_util.flatten_dict(tree).items():
+            *mods, leaf = path
+            name = ".".join(m.replace("_", ".") for m in mods)  # layer1_0 -> layer1.0
+            v = np.asarray(v)
+            if leaf == "kernel":  # conv HWIO -> OIHW, linear (in, out) -> (out, in)
+                out[f"{name}.weight"] = v.transpose(3, 2, 0, 1) if v.ndim == 4 else v.T
+            else:
+                torch_leaf = {"scale": "weight", "mean": "running_mean", "var": "running_var"}
+                out[f"{name}.{torch_leaf.get(leaf, leaf)}"] = v
+    return out
+
+
 def checkpoint_config(path: Path) -> dict[str, Any]:
     """The config saved in a checkpoint (for common.trainer.check_resume)."""
     return json.loads(serialization.msgpack_restore(path.read_bytes())["meta"])["config"]

@@ -46,9 +46,16 @@ from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.runtime import injected_failure, printer, simulate_host_devices
 from common.timing import PhaseTimer, Timer
-from common.trainer import check_resume, keep_measured_epochs, run_main, should_log
+from common.trainer import (
+    check_resume,
+    keep_measured_epochs,
+    run_main,
+    save_final_state,
+    should_log,
+)
 from frameworks.jax_models import (
     TrainState,
+    canonical_state,
     checkpoint_config,
     checkpoint_path,
     compute_dtype,
@@ -336,6 +343,8 @@ def train(cfg: Config) -> dict:
             "update: one XLA program); allreduce = a separate pmean of a gradient-sized tree, "
             "also contained in forward_backward; optimizer is not separable (0)"
         )
+    if is_main:
+        save_final_state(cfg, canonical_state(unreplicate(state)))  # --save-state
     return recorder.finish()
 
 

@@ -76,7 +76,13 @@ from common.results import RunRecorder, host_info
 from common.runtime import cpu_threads, injected_failure, printer, set_omp_threads
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
-from common.trainer import check_resume, keep_measured_epochs, run_main, should_log
+from common.trainer import (
+    check_resume,
+    keep_measured_epochs,
+    run_main,
+    save_final_state,
+    should_log,
+)
 
 if TYPE_CHECKING:
     from frameworks.mxnet_models import TrainState
@@ -302,6 +308,7 @@ def train(cfg: Config) -> dict:
     import mxnet as mx
 
     from frameworks.mxnet_models import (
+        canonical_state,
         checkpoint_path,
         count_params,
         load_checkpoint,
@@ -391,6 +398,7 @@ def train(cfg: Config) -> dict:
                 state.phases = PhaseTimer(sync, cfg.phase_timing)
     if cfg.phase_timing:
         recorder.phases = state.phases.per_step_ms()
+    save_final_state(cfg, canonical_state(state))  # --save-state
     return recorder.finish()
 
 

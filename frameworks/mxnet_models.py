@@ -517,6 +517,13 @@ def load_checkpoint(
     return state, epoch
 
 
+def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
+    """Parameters and BN statistics (context 0's copy) in torch's names and layouts
+    (--save-state): Gluon's layouts are torch's, only BN gamma/beta are renamed."""
+    params = structural_params(state.model)
+    return {torch_key(n): p.data(state.ctx[0]).asnumpy() for n, p in params.items()}
+
+
 def checkpoint_config(path: Path) -> dict[str, Any]:
     """The config saved in a checkpoint (for common.trainer.check_resume)."""
     return json.loads(path.read_text())["config"]

@@ -17,8 +17,10 @@ needs --checkpoint-dir on a filesystem every node sees.
 
 `--bn sync`: torch's SyncBatchNorm on CUDA; it refuses CPU tensors, so on CPU `CpuSyncBatchNorm`
 all-reduces (sum, sum of squares, count) per layer with a differentiable all-reduce instead.
-`--bn local` keeps DDP's default: rank 0's BN buffers are broadcast at every forward, and once
-more before evaluation so that every rank evaluates (and rank 0 checkpoints) the same model.
+`--bn local`: each rank normalises with its shard's statistics and keeps its own running
+statistics (DDP's buffer broadcast is off); they are averaged over the ranks at the end of every
+epoch (`sync_batch_stats`), as jax-pmap and mxnet-gluon do, so every rank evaluates (and rank 0
+checkpoints) the same model.
 
 Known differences from the other frameworks: running_var uses the unbiased batch variance (torch);
 the test loss uses the training loss (label smoothing included).
@@ -56,11 +58,13 @@ from common.trainer import (
     describe,
     keep_measured_epochs,
     run_main,
+    save_final_state,
     should_log,
 )
 from frameworks.torch_models import (
     TrainState,
     autocast,
+    canonical_state,
     checkpoint_config,
     checkpoint_path,
     count_params,
@@ -159,12 +163,20 @@ def create_train_state(
         model = model.to(memory_format=torch.channels_last)
     optimizer = make_optimizer(cfg, model)
     # DDP broadcasts rank 0's parameters now and averages gradients bucket by bucket during
-    # backward(), overlapping the all-reduce with the rest of the backward pass. A world of one
+    # backward(), overlapping the all-reduce with the rest of the backward pass. Its default
+    # also broadcasts rank 0's BN buffers at every forward; broadcast_buffers=False keeps each
+    # rank's running statistics of its own shard instead, averaged at the end of every epoch
+    # (sync_batch_stats), as jax-pmap and mxnet-gluon do. A world of one
     # has nothing to average: the bare model trains identically without DDP's per-step bucket
     # bookkeeping (about 4% of a ResNet-18 step on CPU, measured).
     world = dist.get_world_size()
     if world > 1:
-        ddp = DDP(model, device_ids=[device.index] if cuda else None, gradient_as_bucket_view=True)
+        ddp = DDP(
+            model,
+            device_ids=[device.index] if cuda else None,
+            gradient_as_bucket_view=True,
+            broadcast_buffers=False,
+        )
     else:
         ddp = model
     forward = torch.compile(ddp) if cuda and cfg.compile else ddp
@@ -251,12 +263,15 @@ def allreduce_gradients(module: nn.Module, world: int) -> None:
 
 
 def sync_batch_stats(state: TrainState) -> None:
-    """--bn local: every rank takes rank 0's BN running statistics (DDP's own convention: it
-    broadcasts them at every forward), so that every rank evaluates, and rank 0 checkpoints,
-    the same model. A no-op in a world of one."""
+    """--bn local: every rank's BN running statistics -> their mean over the ranks (as jax-pmap
+    and mxnet-gluon do), so that every rank evaluates, and rank 0 checkpoints, the same model.
+    The running average is linear, so this equals averaging them after every step. A no-op in
+    a world of one; num_batches_tracked is the same on every rank."""
     if state.world > 1:
         for buf in state.module.buffers():
-            dist.broadcast(buf, 0)
+            if buf.is_floating_point():
+                dist.all_reduce(buf)  # a sync point, once per epoch
+                buf.div_(state.world)
 
 
 # ---- devices: processes, replicas and shards -----------------------------------------------
@@ -432,7 +447,7 @@ def train(cfg: Config, record_path: str = "") -> dict:
                     if should_log(cfg, state.step):  # host sync: log point
                         running = float(totals["loss_sum"] / totals["count"])
                         log(f"step {state.step} train_loss={running:.4f} (rank 0's shard)")
-                if cfg.bn == "local":  # every rank takes rank 0's BN statistics (see docstring)
+                if cfg.bn == "local":  # ranks' running statistics -> their mean (see docstring)
                     sync_batch_stats(state)
                 sec = timer.stop()
                 state.phases.add("data_wait", batches.wait_sec)
@@ -474,6 +489,8 @@ def train(cfg: Config, record_path: str = "") -> dict:
                     state.phases = PhaseTimer(sync, cfg.phase_timing)
         if cfg.phase_timing:
             recorder.phases = state.phases.per_step_ms()
+        if is_main:
+            save_final_state(cfg, canonical_state(state))  # --save-state
         dist.barrier()  # no rank tears gloo/NCCL down while another is still in a collective
         record = recorder.finish()
         if is_main and record_path:

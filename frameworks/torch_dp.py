@@ -32,10 +32,17 @@ from common.results import RunRecorder
 from common.runtime import cpu_threads, injected_failure, printer
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
-from common.trainer import check_resume, keep_measured_epochs, run_main, should_log
+from common.trainer import (
+    check_resume,
+    keep_measured_epochs,
+    run_main,
+    save_final_state,
+    should_log,
+)
 from frameworks.torch_models import (
     TrainState,
     autocast,
+    canonical_state,
     checkpoint_config,
     checkpoint_path,
     count_params,
@@ -263,6 +270,7 @@ def train(cfg: Config) -> dict:
                 state.phases = PhaseTimer(sync, cfg.phase_timing)
     if cfg.phase_timing:
         recorder.phases = state.phases.per_step_ms()
+    save_final_state(cfg, canonical_state(state))  # --save-state
     return recorder.finish()
 
 

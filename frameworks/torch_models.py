@@ -400,6 +400,11 @@ def load_checkpoint(
     return state, epoch
 
 
+def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
+    """Parameters and BN buffers in torch's names and layouts (--save-state), as numpy."""
+    return {k: v.detach().cpu().numpy() for k, v in state.module.state_dict().items()}
+
+
 def checkpoint_config(path: Path) -> dict[str, Any]:
     """The config saved in a checkpoint (for common.trainer.check_resume)."""
     return torch.load(path, map_location="cpu", weights_only=True)["config"]
