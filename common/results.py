@@ -99,6 +99,29 @@ def host_info() -> dict[str, Any]:
     return info
 
 
+def timing_summary(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The timing fields of a record, by the one rule (common/timing.py, TIMING_RULE): over the
+    timed epochs, `sec_per_epoch` = timed seconds / timed epochs and `images_per_sec` = timed
+    images / timed seconds; medians and per-epoch ranges as extra fields. With no timed epoch
+    (a one-epoch run) the figures fall back to every epoch and `timed_epochs` is 0."""
+    timed = [e for e in epochs if e.get("timed", e["epoch"] > 1)]
+    used = timed or epochs
+    secs = [e["sec"] for e in used]
+    rates = [e["images"] / e["sec"] for e in used if e["sec"] > 0]
+    total = sum(secs)
+    return {
+        "first_epoch_sec": epochs[0]["sec"] if epochs else None,
+        "sec_per_epoch": total / len(secs) if secs else None,
+        "images_per_sec": sum(e["images"] for e in used) / total if total > 0 else None,
+        "timed_epochs": len(timed),
+        "sec_per_epoch_median": statistics.median(secs) if secs else None,
+        "sec_per_epoch_min": min(secs) if secs else None,
+        "sec_per_epoch_max": max(secs) if secs else None,
+        "images_per_sec_min": min(rates) if rates else None,
+        "images_per_sec_max": max(rates) if rates else None,
+    }
+
+
 def load_average() -> float | None:
     """The host's 1-minute load average (None where the OS has none)."""
     try:
@@ -149,6 +172,15 @@ class RunRecorder:
         self.elapsed_before = 0.0  # wall time of earlier (resumed-from) processes
         self.phases: dict[str, float] = {}
         self.extra: dict[str, Any] = {}
+        self.epochs_this_process = 0  # the first epoch of every process is untimed
+
+    def add_epoch(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Append one epoch's row, marked `timed` unless it is this process's first epoch (it
+        holds compilation and warm-up, also after --resume: TIMING_RULE in common/timing.py)."""
+        row["timed"] = self.epochs_this_process > 0
+        self.epochs_this_process += 1
+        self.epochs.append(row)
+        return row
 
     # -- per epoch ----------------------------------------------------------------------------
     def end_epoch(
@@ -174,7 +206,7 @@ class RunRecorder:
             "test_examples": int(round(float(test_total))),
             "wall_sec": self.elapsed(),
         }
-        self.epochs.append(row)
+        self.add_epoch(row)
         if self.is_main:
             print(
                 f"epoch {row['epoch']}/{self.cfg.epochs} sec={row['sec']:.3f} "
@@ -220,9 +252,6 @@ class RunRecorder:
 
     # -- the record -------------------------------------------------------------------------------
     def result(self) -> dict[str, Any]:
-        timed = self.epochs[1:] or self.epochs  # the first epoch holds compile/warm-up
-        secs = [e["sec"] for e in timed]
-        images = sum(e["images"] for e in timed)
         last = self.epochs[-1] if self.epochs else {}
         return {
             "framework": self.cfg.framework,
@@ -233,10 +262,7 @@ class RunRecorder:
             "bn_mode": self.bn_mode,
             "global_batch_size": self.cfg.batch_size,
             "epochs": self.epochs,
-            "first_epoch_sec": self.epochs[0]["sec"] if self.epochs else None,
-            "sec_per_epoch": statistics.median(secs) if secs else None,
-            "images_per_sec": images / sum(secs) if secs and sum(secs) > 0 else None,
-            "timed_epochs": len(timed) if len(self.epochs) > 1 else 0,
+            **timing_summary(self.epochs),
             "test_accuracy": last.get("test_accuracy"),
             "test_loss": last.get("test_loss"),
             "test_examples": last.get("test_examples"),

@@ -1,6 +1,18 @@
 """Timing shared by every framework. Each framework supplies `sync()`, the call that waits for
 its queued device work (`torch.cuda.synchronize`, `jax.block_until_ready`, `mx.nd.waitall`):
 asynchronous frameworks would otherwise be timed at enqueue, not at completion.
+
+TIMING_RULE (the one definition; README "Timing"; `common.results.timing_summary`):
+- An epoch's time runs from `Timer.start()` before its first batch is read to `Timer.stop()`
+  after its last step AND the end-of-epoch reconciliation of replicated state
+  (`sync_batch_stats`: averaging per-device BN running statistics), each boundary behind the
+  framework's sync. Evaluation, checkpoints and logging are outside it. torch-ddp takes the
+  slowest rank's time (an epoch ends when its last rank is done).
+- The first epoch of every process (compilation, allocator and thread-pool warm-up) is recorded
+  but untimed, also the first epoch after `--resume`.
+- `sec_per_epoch` = timed seconds / timed epochs; `images_per_sec` = timed training images /
+  timed seconds; their medians and per-epoch min/max are extra fields.
+- No host sync inside an epoch except at `--log-every` points (which the user asked for).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class TutorialRecorder(RunRecorder):
         self, sec: float, images: int, eval_sec: float, test_correct: float, test_total: float
     ) -> None:
         total = float(test_total)
-        self.epochs.append(
+        self.add_epoch(
             {
                 "epoch": len(self.epochs) + 1,
                 "sec": float(sec),
@@ -98,7 +98,7 @@ class TutorialRecorder(RunRecorder):
         record = super().result()
         for key in NOT_MEASURED:
             record.pop(key, None)
-        timed = self.epochs[1:] or self.epochs  # as RunRecorder: the first epoch is warm-up
+        timed = [e for e in self.epochs if e["timed"]] or self.epochs  # as RunRecorder
         return {
             "tutorial": self.tutorial.name,
             "source": self.tutorial.source,
