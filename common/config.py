@@ -156,6 +156,11 @@ class Config:
     precision: str = opt("fp32", "CUDA: fp32, or mixed precision bf16 / fp16", choices=PRECISIONS)
     channels_last: bool = opt(True, "CUDA: channels-last memory format (torch)")
     compile: bool = opt(False, "CUDA: torch.compile the model (torch)")
+    tf32: bool = opt(
+        False,
+        "CUDA: TF32 for float32 matmuls and convolutions in every framework alike (default off: "
+        "full fp32 everywhere)",
+    )
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

@@ -173,6 +173,11 @@ class RunRecorder:
         self.phases: dict[str, float] = {}
         self.extra: dict[str, Any] = {}
         self.epochs_this_process = 0  # the first epoch of every process is untimed
+        # How the run executed, set by the trainer (common.runtime.threads_record; e.g. "eager",
+        # "jit", "hybridized"; the float32 matmul/conv precision on CUDA).
+        self.threads: dict[str, Any] | None = None
+        self.execution: str | None = None
+        self.float32_precision: str | None = None
 
     def add_epoch(self, row: dict[str, Any]) -> dict[str, Any]:
         """Append one epoch's row, marked `timed` unless it is this process's first epoch (it
@@ -271,6 +276,9 @@ class RunRecorder:
             # taken while other work held the cores says so in its own record.
             "load_avg": {"start": self.load_start, "end": load_average(), "cores": os.cpu_count()},
             "init": self.init,
+            "threads": self.threads,
+            "execution": self.execution,
+            "float32_precision": self.float32_precision,
             "time_to_target_sec": self.time_to_target,
             "epochs_to_target": self.epochs_to_target,
             "wall_sec": self.elapsed(),

@@ -31,6 +31,14 @@ def cpu_threads(workers: int = 1) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
+def threads_record(total: int, per_device: int | None, how: str) -> dict[str, object]:
+    """The run record's `threads` entry. THREADS RULE: a CPU run on C cores uses C threads in all,
+    however many devices it simulates, split evenly over the devices where the framework lets
+    us (torch-ddp: C/N per process; mxnet-gluon: C/N OpenMP threads per context; torch-dp: one
+    process, C threads; JAX: XLA:CPU's one intra-op pool of C threads, shared by the devices)."""
+    return {"total": total, "per_device": per_device, "cores": os.cpu_count(), "how": how}
+
+
 def set_omp_threads(n: int) -> None:
     """Set the OpenMP/MKL thread count explicitly (MXNet used one core when it was unset)."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -463,6 +463,28 @@ def checkpoint_config(path: Path) -> dict[str, Any]:
 # -- devices ------------------------------------------------------------------------------------
 
 
+def set_float32_precision(cfg: Config, platform: str) -> str:
+    """float32 matmuls and convolutions: full fp32 ("highest") unless --tf32, the same choice as
+    every other framework. CPUs compute float32 in full precision whatever the setting."""
+    if platform != "gpu":
+        return "fp32 (CPU)"
+    jax.config.update("jax_default_matmul_precision", "tensorfloat32" if cfg.tf32 else "highest")
+    return "tf32" if cfg.tf32 else "fp32 (TF32 off)"
+
+
+def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
+    """The `threads` record of a JAX run: XLA:CPU runs every host device's programs on one
+    intra-op thread pool per process, sized to the machine's cores by XLA and shared by the
+    devices (jax 0.10 offers no setting for its size: C threads in all, as the rule asks)."""
+    from common.runtime import threads_record
+
+    if devices[0].platform != "cpu":
+        return threads_record(0, None, "GPU run: host threads are not the compute")
+    return threads_record(
+        os.cpu_count() or 1, None, "XLA:CPU's intra-op pool, one per process, shared by the devices"
+    )
+
+
 def init_distributed() -> None:
     """Join a multi-process run when the launch environment asks for one; a no-op otherwise.
 

@@ -65,11 +65,13 @@ from frameworks.jax_models import (
     evaluate,
     init_distributed,
     initial_variables,
+    jax_threads,
     load_checkpoint,
     make_optimizer,
     prefetch_to_devices,
     save_checkpoint,
     select_devices,
+    set_float32_precision,
 )
 
 FRAMEWORK = "jax-pmap"
@@ -248,6 +250,7 @@ def train(cfg: Config) -> dict:
     ds = load_for(cfg)
     model = build_model(cfg, ds.channels, ds.num_classes, compute_dtype(cfg, devices[0].platform))
     log = printer(is_main)
+    fp32 = set_float32_precision(cfg, devices[0].platform)
     if devices[0].platform != "gpu" and cfg.precision != "fp32":
         log("note: --precision applies on GPUs only; this run is fp32")
     loader = TrainLoader(
@@ -277,6 +280,9 @@ def train(cfg: Config) -> dict:
         n_test=len(ds.test_x),
         init=init_record(cfg, ds.channels, ds.num_classes),
     )
+    recorder.threads = jax_threads(devices)
+    recorder.execution = "pmap (one XLA program per device)"
+    recorder.float32_precision = fp32
     p_train_step, p_eval_step = parallelize(cfg, mesh)
     p_mean = cross_replica_mean(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh

@@ -69,11 +69,13 @@ from frameworks.jax_models import (
     evaluate,
     init_distributed,
     initial_variables,
+    jax_threads,
     load_checkpoint,
     make_optimizer,
     prefetch_to_devices,
     save_checkpoint,
     select_devices,
+    set_float32_precision,
 )
 
 FRAMEWORK = "jax-shard"
@@ -273,6 +275,7 @@ def train(cfg: Config) -> dict:
     ds = load_for(cfg)
     model = build_model(cfg, ds.channels, ds.num_classes, compute_dtype(cfg, devices[0].platform))
     log = printer(is_main)
+    fp32 = set_float32_precision(cfg, devices[0].platform)
     if devices[0].platform != "gpu" and cfg.precision != "fp32":
         log("note: --precision applies on GPUs only; this run is fp32")
     loader = TrainLoader(
@@ -302,6 +305,9 @@ def train(cfg: Config) -> dict:
         n_test=len(ds.test_x),
         init=init_record(cfg, ds.channels, ds.num_classes),
     )
+    recorder.threads = jax_threads(devices)
+    recorder.execution = "jit (XLA SPMD over the mesh)"
+    recorder.float32_precision = fp32
     j_train_step, j_eval_step = parallelize(cfg, mesh)
     j_allreduce = cross_device_sum(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh

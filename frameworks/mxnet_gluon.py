@@ -73,7 +73,13 @@ from common.datasets import check_available, load_for
 from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder, host_info
-from common.runtime import cpu_threads, injected_failure, printer, set_omp_threads
+from common.runtime import (
+    cpu_threads,
+    injected_failure,
+    printer,
+    set_omp_threads,
+    threads_record,
+)
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
 from common.trainer import (
@@ -347,8 +353,15 @@ def train(cfg: Config) -> dict:
         n_test=len(ds.test_x),
         init=init_record(cfg, ds.channels, ds.num_classes),
     )
-    recorder.extra["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS", "")
-    recorder.extra["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
+    omp = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
+    recorder.threads = threads_record(
+        omp * len(ctx), omp, "OMP_NUM_THREADS per context (each engine worker's OpenMP team)"
+    )
+    recorder.threads["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
+    recorder.execution = "hybridized (static_alloc, static_shape)"
+    gpu = ctx[0].device_type == "gpu"
+    tf32 = "tf32" if cfg.tf32 else "fp32 (TF32 off)"
+    recorder.float32_precision = tf32 if gpu else "fp32 (CPU)"
     if ctx[0].device_type == "cpu" and (cfg.precision != "fp32" or cfg.compile):
         log("note: --precision and --compile apply on CUDA only; this run is fp32")
     start = 0
@@ -415,6 +428,8 @@ def setup(cfg: Config) -> None:
     idle machine the two measured the same, 398 vs 405 ms), hence PASSIVE unless set."""
     set_omp_threads(cpu_threads(cfg.gpus))
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if not cfg.tf32:  # cuBLAS and cuDNN read it: full fp32 on GPUs, as in every framework
+        os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
 
 
 def check_config(cfg: Config) -> None:

@@ -49,7 +49,7 @@ from common.datasets import check_available, load_for
 from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder, write_json_atomic
-from common.runtime import cpu_threads, free_port, injected_failure, printer
+from common.runtime import cpu_threads, free_port, injected_failure, printer, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
 from common.trainer import (
@@ -76,6 +76,7 @@ from frameworks.torch_models import (
     make_optimizer,
     save_checkpoint,
     seed_for,
+    set_float32_precision,
     sync,
     to_device,
 )
@@ -381,6 +382,7 @@ def train(cfg: Config, record_path: str = "") -> dict:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(cpu_threads(launch.local_world))  # N processes share the cores
+    fp32 = set_float32_precision(cfg, cuda)
     dist.init_process_group(
         "nccl" if cuda else "gloo",
         init_method="env://",
@@ -421,6 +423,13 @@ def train(cfg: Config, record_path: str = "") -> dict:
             n_test=len(ds.test_x),
             init=init_record(cfg, ds.channels, ds.num_classes),
         )
+        recorder.threads = threads_record(
+            torch.get_num_threads() * launch.local_world,
+            torch.get_num_threads(),
+            "torch.set_num_threads in each process (one process per device)",
+        )
+        recorder.execution = "torch.compile" if cuda and cfg.compile else "eager"
+        recorder.float32_precision = fp32
         if not cuda and (cfg.precision != "fp32" or cfg.compile):
             log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
         start = 0

@@ -29,7 +29,7 @@ from common.datasets import check_available, load_for
 from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
-from common.runtime import cpu_threads, injected_failure, printer
+from common.runtime import cpu_threads, injected_failure, printer, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
 from common.trainer import (
@@ -54,6 +54,7 @@ from frameworks.torch_models import (
     make_optimizer,
     save_checkpoint,
     seed_for,
+    set_float32_precision,
     sync,
     to_device,
 )
@@ -182,6 +183,7 @@ def train(cfg: Config) -> dict:
         torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest conv algorithms
     else:
         torch.set_num_threads(cpu_threads(1))
+    fp32 = set_float32_precision(cfg, cuda)
     ds = load_for(cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, ds.channels, ds.num_classes)
@@ -210,6 +212,13 @@ def train(cfg: Config) -> dict:
         n_test=len(ds.test_x),
         init=init_record(cfg, ds.channels, ds.num_classes),
     )
+    recorder.threads = threads_record(
+        torch.get_num_threads(), None, "torch.set_num_threads in the one process"
+    )
+    recorder.execution = (
+        "torch.compile" if cuda and cfg.compile and len(device_ids) == 1 else "eager"
+    )
+    recorder.float32_precision = fp32
     if not cuda and (cfg.precision != "fp32" or cfg.compile):
         log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
     if cuda and cfg.compile and len(device_ids) > 1:

@@ -320,6 +320,16 @@ def autocast(state: TrainState) -> torch.autocast:
     )
 
 
+def set_float32_precision(cfg: Config, cuda: bool) -> str:
+    """float32 matmuls and convolutions: full fp32 unless --tf32, the same choice as every other
+    framework (torch's own defaults differ: TF32 on for cuDNN convolutions, off for matmuls)."""
+    if not cuda:
+        return "fp32 (CPU)"
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+    torch.backends.cudnn.allow_tf32 = cfg.tf32
+    return "tf32" if cfg.tf32 else "fp32 (TF32 off)"
+
+
 def seed_for(seed: int, epoch: int, rank: int) -> int:
     """Torch RNG seed (dropout) of one rank's epoch: reproducible after --resume."""
     return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
