@@ -1,7 +1,7 @@
-"""jax-pmap on simulated CPU devices: an N-device step equals the 1-device step, same seed same
-losses, evaluation counts every test image once at 1, 2 and 3 devices, per-device BN statistics
-are reconciled, checkpoints resume to the uninterrupted weights, bad input and failures are
-reported, and a short run on real digits learns.
+"""jax-pmap on simulated CPU devices: same seed same losses, evaluation counts every test image
+once at 1, 2 and 3 devices, per-device BN statistics are reconciled, too many devices is one
+clear error, and a short run on real digits learns. The N-device step = 1-device step,
+kill-and-resume, bad input and failures: tests/test_trainer_contract.py.
 
 One pytest process holds 4 simulated host devices and builds pmaps / meshes over the first 1, 2
 or 3 of them (XLA_FLAGS is read when JAX's CPU backend starts, i.e. at the first device query,
@@ -18,7 +18,6 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from flax import serialization
 from jax.sharding import Mesh
 
 from common.config import ConfigError, preset
@@ -99,21 +98,6 @@ def max_diff(a: Any, b: Any) -> float:
     return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.abs(x - y).max()), a, b)))
 
 
-@pytest.mark.parametrize("n", [2])  # 4 devices in test_jax_multihost.py; 3 in evaluation
-def test_n_device_step_equals_1_device_step_with_sync_bn(n: int) -> None:
-    one, m1 = stepped("jax-pmap", 1, "sync")
-    many, mn = stepped("jax-pmap", n, "sync")
-    assert max_diff(one.params, many.params) <= 1e-5
-    assert max_diff(one.batch_stats, many.batch_stats) <= 1e-5
-    assert max_diff(one.opt_state, many.opt_state) <= 1e-5
-    assert int(many.step) == 1
-    assert mn[0]["count"] == CFG.batch_size and mn[0]["correct"] == m1[0]["correct"]
-    assert abs(mn[0]["loss_sum"] - m1[0]["loss_sum"]) <= 1e-4
-    # The step really moved the weights (a no-op step would pass the comparisons above).
-    _, _, initial, _, _ = compiled("jax-pmap", 1, "sync")
-    assert max_diff(initial.params, one.params) > 1e-3
-
-
 def test_same_seed_same_losses() -> None:
     a, ma = stepped("jax-pmap", 2, "sync", steps=2)
     b, mb = stepped("jax-pmap", 2, "sync", steps=2)
@@ -149,99 +133,6 @@ def test_too_many_devices_is_one_clear_error() -> None:
     host_devices(4)
     with pytest.raises(ConfigError, match="--gpus 9: only 4 devices"):
         jax_pmap.train(CFG.replace(gpus=9))
-
-
-def _final_state(path: Path) -> Any:
-    return serialization.msgpack_restore(path.read_bytes())["state"]
-
-
-def test_resume_after_a_crash_ends_with_the_uninterrupted_weights(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    # WideResNet with dropout: the masks must be redrawn identically after the restart.
-    args = [
-        "--preset",
-        "smoke",
-        "--gpus",
-        "2",
-        "--epochs",
-        "2",
-        "--max-steps-per-epoch",
-        "2",
-        "--model",
-        "wideresnet",
-        "--width",
-        "0.05",
-        "--dropout",
-        "0.3",
-    ]
-    # Persistent XLA cache: the three runs compile the same programs once.
-    env = {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "xla-cache"),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    }
-    whole = run_module(
-        "frameworks.jax_pmap", *args, "--checkpoint-dir", str(tmp_path / "a"), env=env
-    )
-    assert whole.returncode == 0, whole.stderr[-2000:]
-    crash = run_module(
-        "frameworks.jax_pmap",
-        *args,
-        "--checkpoint-dir",
-        str(tmp_path / "b"),
-        env={**env, "DPBENCH_FAIL": "jax-pmap@1"},
-    )
-    assert crash.returncode == 17 and "epoch 2/2" not in crash.stdout
-    resumed = run_module(
-        "frameworks.jax_pmap",
-        *args,
-        "--checkpoint-dir",
-        str(tmp_path / "b"),
-        "--resume",
-        "--output",
-        str(tmp_path / "r.json"),
-        env=env,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resumed from" in resumed.stdout and "epoch 1/2" not in resumed.stdout
-    record = read_json(tmp_path / "r.json")
-    assert [e["epoch"] for e in record["epochs"]] == [1, 2]  # epoch 1 from the checkpoint
-    a = _final_state(tmp_path / "a" / "jax-pmap.msgpack")
-    b = _final_state(tmp_path / "b" / "jax-pmap.msgpack")
-    assert int(b["step"]) == 4 and max_diff(a, b) == 0.0
-    # A checkpoint of another run is refused with one line, exit 2.
-    other = run_module(
-        "frameworks.jax_pmap",
-        *args,
-        "--seed",
-        "1",
-        "--checkpoint-dir",
-        str(tmp_path / "b"),
-        "--resume",
-    )
-    assert other.returncode == 2
-    assert other.stderr.strip().count("\n") == 0 and "--seed 0 (now 1)" in other.stderr
-
-
-def test_startup_failure_writes_a_failed_record(tmp_path: Path) -> None:
-    out = tmp_path / "f.json"
-    r = run_module(
-        "frameworks.jax_pmap",
-        "--preset",
-        "smoke",
-        "--output",
-        str(out),
-        env={"DPBENCH_FAIL": "jax-pmap"},
-    )
-    assert r.returncode == 1 and "failed: RuntimeError" in r.stderr
-    record = read_json(out)
-    assert record["status"] == "failed" and "DPBENCH_FAIL" in record["error"]
-
-
-def test_bad_input_is_one_line_exit_2() -> None:
-    r = run_module("frameworks.jax_pmap", "--preset", "smoke", "--gpus", "2", "--batch-size", "25")
-    assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and "--batch-size 24 or 26" in r.stderr
 
 
 def test_digits_short_run_reaches_90_percent(tmp_path: Path) -> None:
