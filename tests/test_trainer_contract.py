@@ -168,6 +168,16 @@ def differs(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     return any(not np.array_equal(a[k], b[k]) for k in a)
 
 
+@pytest.fixture(scope="module")
+def cache_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A persistent XLA compilation cache for this module's JAX runs: the full, killed and
+    resumed runs compile the same programs once (torch and MXNet ignore it)."""
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla-cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
+
+
 @pytest.mark.parametrize("framework", framework_params())
 def test_bad_input_is_one_line_exit_2(framework: str) -> None:
     skip_without_interpreter(framework)
@@ -192,7 +202,9 @@ def test_startup_failure_leaves_a_failed_record(framework: str, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("framework", framework_params())
-def test_kill_resume_ends_with_the_uninterrupted_weights(framework: str, tmp_path: Path) -> None:
+def test_kill_resume_ends_with_the_uninterrupted_weights(
+    framework: str, tmp_path: Path, cache_env: dict[str, str]
+) -> None:
     skip_without_interpreter(framework)
     ok(
         run_trainer(
@@ -202,6 +214,7 @@ def test_kill_resume_ends_with_the_uninterrupted_weights(framework: str, tmp_pat
             str(tmp_path / "full"),
             "--output",
             str(tmp_path / "full.json"),
+            env=cache_env,
         )
     )
     killed = run_trainer(
@@ -211,7 +224,7 @@ def test_kill_resume_ends_with_the_uninterrupted_weights(framework: str, tmp_pat
         str(tmp_path / "cut"),
         "--output",
         str(tmp_path / "cut.json"),
-        env={"DPBENCH_FAIL": f"{framework}@1"},
+        env={**cache_env, "DPBENCH_FAIL": f"{framework}@1"},
     )
     assert "epoch 2/2" not in killed.stdout
     if framework == "torch-ddp":
@@ -234,6 +247,7 @@ def test_kill_resume_ends_with_the_uninterrupted_weights(framework: str, tmp_pat
         "--resume",
         "--output",
         str(tmp_path / "cut.json"),
+        env=cache_env,
     )
     ok(resumed)
     assert "resumed from" in resumed.stdout and "epoch 1/2" not in resumed.stdout
