@@ -14,17 +14,22 @@ import pytest
 from flax import serialization
 from flax.traverse_util import flatten_dict
 
+from common.config import preset
+from common.init import initial_state
 from common.runtime import free_port
-from tests.conftest import ROOT, read_json, relative_update_difference
-from tests.test_jax_pmap import UPDATE_RTOL, compiled, stepped
-
-
-@pytest.mark.xfail(
-    reason="2 processes x 2 devices differ from 1 device by 1.1% of the update with --init "
-    "shared (4 devices in one process: 3e-6); torch-ddp at 2 processes shows the same 1.1% "
-    "(see MULTI_PROCESS_SHARED_INIT in test_trainer_contract.py)",
-    strict=False,
+from frameworks.jax_models import from_torch_state
+from tests.conftest import (
+    CONDITIONED_SEED,
+    ROOT,
+    SMOKE,
+    ok,
+    read_json,
+    relative_update_difference,
+    run_trainer,
 )
+from tests.test_jax_pmap import UPDATE_RTOL
+
+
 @pytest.mark.parametrize("framework", ["jax-shard"])
 def test_two_processes_of_two_devices_equal_one_device(framework: str, tmp_path: Path) -> None:
     module = f"frameworks.{framework.replace('-', '_')}"
@@ -46,6 +51,8 @@ def test_two_processes_of_two_devices_equal_one_device(framework: str, tmp_path:
             module,
             "--preset",
             "smoke",
+            "--seed",
+            str(CONDITIONED_SEED),  # see its comment in conftest.py
             "--gpus",
             "2",
             "--bn",
@@ -81,11 +88,30 @@ def test_two_processes_of_two_devices_equal_one_device(framework: str, tmp_path:
     assert int(ckpt["state"]["step"]) == 1
     # One step of two different programs (4 devices in 2 processes, 1 device): their updates
     # agree to float rounding (see UPDATE_RTOL), relative to the update.
-    one, _ = stepped("jax-pmap", 1, "sync")  # the same first global batch on one device
-    _, _, initial, _, _ = compiled("jax-pmap", 1, "sync")
+    ref = tmp_path / "one"  # the same first global batch on one device
+    ok(
+        run_trainer(
+            "jax-pmap",
+            *SMOKE,
+            "--seed",
+            str(CONDITIONED_SEED),
+            "--gpus",
+            "1",
+            "--bn",
+            "sync",
+            "--epochs",
+            "1",
+            "--max-steps-per-epoch",
+            "1",
+            "--checkpoint-dir",
+            str(ref),
+        )
+    )
+    one = serialization.msgpack_restore((ref / "jax-pmap.msgpack").read_bytes())["state"]
+    arrays, _ = initial_state(preset("smoke", seed=CONDITIONED_SEED), 3, 10)
     diff = relative_update_difference(
-        flatten_dict(initial.params),
+        flatten_dict(from_torch_state(arrays)["params"]),
         flatten_dict(ckpt["state"]["params"]),
-        flatten_dict(one.params),
+        flatten_dict(one["params"]),
     )
     assert diff <= UPDATE_RTOL
