@@ -1,12 +1,20 @@
 """torch-dp (nn.DataParallel) on a CPU-only machine: it claims one device and says so once, and
-it follows torch-ddp's arithmetic. Kill-and-resume, bad input, start-up failures and a crash in
-the loop: tests/test_trainer_contract.py."""
+its step is the SGD step written out from its definition. Kill-and-resume, bad input, start-up
+failures and a crash in the loop: tests/test_trainer_contract.py."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from tests.conftest import SMOKE, ok, read_json, run_trainer
+from common.config import preset
+from common.datasets import load_for
+from common.pipeline import TrainLoader
+from common.schedule import lr_table_for
+from frameworks.torch_models import create_model, initialize
+from tests.conftest import SMOKE, ok, read_json, relative_update_difference, run_trainer
 
 
 def run(framework: str, *args: str, env: dict[str, str] | None = None):
@@ -36,12 +44,66 @@ def test_cpu_run_records_one_device_and_warns_once(tmp_path):
     assert "DataParallel" not in proc.stdout
 
 
-def test_step_equals_torch_ddp_single_process_step(tmp_path):
-    step = ("--epochs", "1", "--max-steps-per-epoch", "1", "--gpus", "1")
-    ok(run("torch-dp", *step, "--checkpoint-dir", str(tmp_path)))
-    ok(run("torch-ddp", *step, "--checkpoint-dir", str(tmp_path)))
-    dp = torch.load(tmp_path / "torch-dp.pt", weights_only=True)["model"]
-    ddp = torch.load(tmp_path / "torch-ddp.pt", weights_only=True)["model"]
-    assert set(dp) == set(ddp)
-    for key in dp:
-        torch.testing.assert_close(dp[key], ddp[key], rtol=0, atol=1e-6, msg=key)
+def reference_step(cfg) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(initial, after one step) of an SGD step written out here from its definition, on the
+    trainers' first global batch: the shared initial weights, the mean label-smoothed loss over
+    the global batch, buf = grad + wd * w on conv/linear weights only (torch's first momentum
+    step), w -= lr[0] * buf; BN running statistics from the training-mode forward."""
+    ds = load_for(cfg)
+    model = create_model(cfg.model, ds.channels, ds.num_classes, cfg.width)
+    initialize(cfg, model)
+    initial = {k: v.detach().clone().numpy() for k, v in model.state_dict().items()}
+    loader = TrainLoader(ds, cfg.batch_size, cfg.seed, 0, 1, layout="NCHW", prefetch=0)
+    x, y = next(iter(loader.epoch(0)))
+    model.train()
+    logits = model(torch.from_numpy(x))
+    loss = F.cross_entropy(
+        logits, torch.from_numpy(y).long(), label_smoothing=cfg.label_smoothing
+    ).mean()
+    loss.backward()
+    lr = float(lr_table_for(cfg, 1)[0])
+    decayed = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+    with torch.no_grad():
+        for p in model.parameters():
+            wd = cfg.weight_decay if id(p) in decayed else 0.0
+            p -= lr * (p.grad + wd * p)
+    return initial, {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+def test_step_equals_the_sgd_step_written_out(tmp_path):
+    """torch-dp's first step (the LR table built for 2 steps: cosine 0.05 -> 0.025; checkpoint
+    after step 1, then killed) equals the step written out in reference_step, and the check
+    sees an off-by-one LR index injected into torch-dp (it then takes the second step's LR)."""
+    flags = ("--epochs", "2", "--max-steps-per-epoch", "1", "--lr-schedule", "cosine")
+    flags += ("--warmup-epochs", "0", "--weight-decay", "0.05", "--label-smoothing", "0.1")
+    cfg = preset(
+        "smoke",
+        epochs=2,
+        max_steps_per_epoch=1,
+        lr_schedule="cosine",
+        warmup_epochs=0,
+        weight_decay=0.05,
+        label_smoothing=0.1,
+        framework="torch-dp",
+    )
+    initial, want = reference_step(cfg)
+
+    def first_step(name: str, inject: str = "") -> dict[str, np.ndarray]:
+        env = {"DPBENCH_FAIL": "torch-dp@1"}  # killed after epoch 1's checkpoint: one step
+        if inject:
+            env["DPBENCH_INJECT"] = inject
+        run("torch-dp", *flags, "--checkpoint-dir", str(tmp_path / name), env=env)
+        ckpt = torch.load(tmp_path / name / "torch-dp.pt", weights_only=True)
+        assert ckpt["step"] == 1
+        return {k: v.numpy() for k, v in ckpt["model"].items()}
+
+    params = [k for k in want if not k.endswith(("running_mean", "running_var", "tracked"))]
+    stats = [k for k in want if k.endswith("running_mean")]
+
+    def diff(got: dict[str, np.ndarray], keys: list[str]) -> float:
+        return relative_update_difference({k: initial[k] for k in keys}, got, want)
+
+    got = first_step("ok")
+    assert diff(got, params) < 1e-5 and diff(got, stats) < 1e-5
+    shifted = first_step("shifted", inject="lr-shift@torch-dp")
+    assert diff(shifted, params) > 0.1  # the second step's LR is half the first's
