@@ -17,7 +17,7 @@ from common.datasets import load_for
 from common.pipeline import EvalLoader
 from frameworks import mxnet_gluon as G
 from frameworks.mxnet_models import count_params, create_model, structural_params
-from tests.conftest import ok, read_json, run_trainer
+from tests.conftest import ok, read_json, relative_update_difference, run_trainer
 
 
 def run(*args: str, env: dict[str, str] | None = None):
@@ -83,10 +83,11 @@ def test_n_context_step_equals_one_context_step(monkeypatch):
     for n in (2, 3):
         _, replicas, losses = results[n]
         for i, got in enumerate(replicas):  # every replica equals the 1-context weights
-            for k in ref:
-                np.testing.assert_allclose(
-                    got[k], ref[k], rtol=0, atol=1e-5, err_msg=f"{n} contexts, replica {i}: {k}"
-                )
+            # On the relative update (two programs: the gradient sums differ in order), not an
+            # absolute tolerance per tensor: measured 8e-7 here; a lost context's gradient or a
+            # per-context LR slip moves it by > 1e-1.
+            diff = relative_update_difference(before, got, ref)
+            assert diff < 1e-4, f"{n} contexts, replica {i}: {diff:.2e}"
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
 
 
