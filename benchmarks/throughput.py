@@ -177,6 +177,16 @@ def measure(plan: Plan, command: list[str], tag: str) -> tuple[harness.Child, di
     return child, facts
 
 
+def workload(ns: Any, batch: int) -> list[str]:
+    """The flags both loops get alike: the same model, images, batch, LR and fast paths."""
+    return [
+        *("--model", ns.model, "--width", f"{ns.width:g}", "--image-size", str(ns.image_size)),
+        *("--batch-size", str(batch), "--lr", f"{ns.lr:g}", "--precision", ns.precision),
+        "--channels-last" if ns.channels_last else "--no-channels-last",
+        "--compile" if ns.compile else "--no-compile",
+    ]
+
+
 def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> dict[str, Any]:
     """One run of the framework module; its record's throughput figures."""
     ns = plan.ns
@@ -187,32 +197,10 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
         str(framework.python),
         "-m",
         framework.module,
-        "--preset",
-        "throughput",
-        "--dataset",
-        "synthetic",
-        "--model",
-        ns.model,
-        "--width",
-        f"{ns.width:g}",
-        "--image-size",
-        str(ns.image_size),
-        "--batch-size",
-        str(plan.global_batch(n)),
-        "--gpus",
-        str(n),
-        "--epochs",
-        str(ns.epochs),
-        "--max-steps-per-epoch",
-        str(ns.steps),
-        "--lr",
-        f"{ns.lr:g}",
-        "--precision",
-        ns.precision,
-        "--channels-last" if ns.channels_last else "--no-channels-last",
-        "--compile" if ns.compile else "--no-compile",
-        "--output",
-        str(output),
+        *("--preset", "throughput", "--dataset", "synthetic"),
+        *workload(ns, plan.global_batch(n)),
+        *("--gpus", str(n), "--epochs", str(ns.epochs), "--max-steps-per-epoch", str(ns.steps)),
+        *("--output", str(output)),
     ]
     if phases:
         command.append("--phase-timing")
@@ -248,26 +236,10 @@ def compute_only(plan: Plan, fw: str, batch: int, rep: int) -> dict[str, Any]:
         str(REGISTRY[fw].python),
         "-m",
         "benchmarks.compute_only",
-        "--framework",
-        family,
-        "--model",
-        ns.model,
-        "--width",
-        f"{ns.width:g}",
-        "--image-size",
-        str(ns.image_size),
-        "--batch-size",
-        str(batch),
-        "--precision",
-        ns.precision,
-        "--channels-last" if ns.channels_last else "--no-channels-last",
-        "--compile" if ns.compile else "--no-compile",
-        "--steps",
-        str(ns.compute_steps or ns.steps * (ns.epochs - 1)),
-        "--warmup",
-        str(ns.warmup),
-        "--lr",
-        f"{ns.lr:g}",
+        *("--framework", family),
+        *workload(ns, batch),
+        *("--steps", str(ns.compute_steps or ns.steps * (ns.epochs - 1))),
+        *("--warmup", str(ns.warmup)),
     ]
     child, out = measure(plan, command, tag)
     result = child.json_line() if child.ok else None

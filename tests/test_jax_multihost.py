@@ -29,6 +29,10 @@ from tests.conftest import (
 )
 from tests.test_jax_pmap import UPDATE_RTOL
 
+# One step with global-batch BN, the seed whose first step has no near-tie (conftest.py).
+ONE_STEP = (*SMOKE, "--seed", str(CONDITIONED_SEED), "--bn", "sync", "--epochs", "1")
+ONE_STEP += ("--max-steps-per-epoch", "1")
+
 
 @pytest.mark.parametrize("framework", ["jax-shard"])
 def test_two_processes_of_two_devices_equal_one_device(framework: str, tmp_path: Path) -> None:
@@ -45,27 +49,9 @@ def test_two_processes_of_two_devices_equal_one_device(framework: str, tmp_path:
             "JAX_PROCESS_ID": str(rank),
         }
         env.pop("XLA_FLAGS", None)  # main() sets the per-process device count (--gpus 2)
-        args = [
-            sys.executable,
-            "-m",
-            module,
-            "--preset",
-            "smoke",
-            "--seed",
-            str(CONDITIONED_SEED),  # see its comment in conftest.py
-            "--gpus",
-            "2",
-            "--bn",
-            "sync",
-            "--epochs",
-            "1",
-            "--max-steps-per-epoch",
-            "1",
-            "--checkpoint-dir",
-            str(tmp_path / f"ckpt{rank}"),
-            "--output",
-            str(tmp_path / f"record{rank}.json"),
-        ]
+        args = [sys.executable, "-m", module, *ONE_STEP, "--gpus", "2"]
+        args += ["--checkpoint-dir", str(tmp_path / f"ckpt{rank}")]
+        args += ["--output", str(tmp_path / f"record{rank}.json")]
         procs.append(
             subprocess.Popen(
                 args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -89,24 +75,7 @@ def test_two_processes_of_two_devices_equal_one_device(framework: str, tmp_path:
     # One step of two different programs (4 devices in 2 processes, 1 device): their updates
     # agree to float rounding (see UPDATE_RTOL), relative to the update.
     ref = tmp_path / "one"  # the same first global batch on one device
-    ok(
-        run_trainer(
-            "jax-pmap",
-            *SMOKE,
-            "--seed",
-            str(CONDITIONED_SEED),
-            "--gpus",
-            "1",
-            "--bn",
-            "sync",
-            "--epochs",
-            "1",
-            "--max-steps-per-epoch",
-            "1",
-            "--checkpoint-dir",
-            str(ref),
-        )
-    )
+    ok(run_trainer("jax-pmap", *ONE_STEP, "--gpus", "1", "--checkpoint-dir", str(ref)))
     one = serialization.msgpack_restore((ref / "jax-pmap.msgpack").read_bytes())["state"]
     arrays, _ = initial_state(preset("smoke", seed=CONDITIONED_SEED), 3, 10)
     diff = relative_update_difference(

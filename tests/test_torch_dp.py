@@ -23,17 +23,8 @@ def run(framework: str, *args: str, env: dict[str, str] | None = None):
 
 def test_cpu_run_records_one_device_and_warns_once(tmp_path):
     out = tmp_path / "dp.json"
-    proc = run(
-        "torch-dp",
-        "--gpus",
-        "2",
-        "--epochs",
-        "1",
-        "--max-steps-per-epoch",
-        "2",
-        "--output",
-        str(out),
-    )
+    args = ("--gpus", "2", "--epochs", "1", "--max-steps-per-epoch", "2")
+    proc = run("torch-dp", *args, "--output", str(out))
     ok(proc)
     rec = read_json(out)
     assert rec["devices"] == 1 and rec["device_kind"] == "cpu"

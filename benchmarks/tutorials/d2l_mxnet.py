@@ -59,7 +59,6 @@ from benchmarks.tutorials.record import (
 )
 from common.config import Config
 from common.datasets import Dataset, load_for
-from common.init import init_record
 from common.runtime import cpu_threads, set_omp_threads
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
@@ -203,14 +202,7 @@ def train(cfg: Config) -> dict:
     np.random.seed(cfg.seed)  # noqa: NPY002
     mx.random.seed(cfg.seed)  # initial weights (and dropout masks)
     net = build_model(cfg, ds.channels, ds.num_classes)
-    recorder = TutorialRecorder(
-        cfg,
-        TUTORIAL,
-        devices=len(ctx),
-        device_kind=kind,
-        n_test=len(ds.test_x),
-        init=init_record(cfg, ds.channels, ds.num_classes),
-    )
+    recorder = TutorialRecorder(cfg, TUTORIAL, ds, devices=len(ctx), device_kind=kind)
     train_iter = test_iter = None
     with keep_measured_epochs(recorder):
         batch_size = cfg.batch_size

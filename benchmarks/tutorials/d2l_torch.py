@@ -43,7 +43,6 @@ from benchmarks.tutorials.record import (
 )
 from common.config import Config
 from common.datasets import load_for
-from common.init import init_record
 from common.runtime import cpu_threads
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
@@ -141,14 +140,7 @@ def train(cfg: Config) -> dict:
     net = build_model(cfg, ds.channels, ds.num_classes)
     initialize(cfg, net)  # --init shared: the arrays every framework starts from
     net = net.to(devices[0])
-    recorder = TutorialRecorder(
-        cfg,
-        TUTORIAL,
-        devices=len(devices),
-        device_kind=kind,
-        n_test=len(ds.test_x),
-        init=init_record(cfg, ds.channels, ds.num_classes),
-    )
+    recorder = TutorialRecorder(cfg, TUTORIAL, ds, devices=len(devices), device_kind=kind)
     with keep_measured_epochs(recorder):
         # Scatter / replicate / gather every step; gradients summed onto GPU 0 in backward().
         net = nn.DataParallel(net, device_ids=devices if cuda else None)

@@ -64,7 +64,6 @@ from benchmarks.tutorials.record import (
 )
 from common.config import Config, ConfigError
 from common.datasets import Dataset, load_for
-from common.init import init_record
 from common.pipeline import Normalizer, Prefetcher, epoch_permutation, steps_per_epoch
 from common.runtime import printer, simulate_host_devices
 from common.schedule import scaled_lr
@@ -263,14 +262,7 @@ def train(cfg: Config) -> dict:
     )
     state = create_train_state(cfg, model, ds.image_shape, learning_rate_fn)
     state = jax_utils.replicate(state, devices)
-    recorder = TutorialRecorder(
-        cfg,
-        TUTORIAL,
-        devices=len(devices),
-        device_kind=kind,
-        n_test=len(ds.test_x),
-        init=init_record(cfg, ds.channels, ds.num_classes),
-    )
+    recorder = TutorialRecorder(cfg, TUTORIAL, ds, devices=len(devices), device_kind=kind)
     # tf.data stand-ins: host batches assembled on background threads, 10 ahead.
     train_source = Prefetcher(host_batches(ds, cfg.batch_size, True, cfg.seed), depth=10)
     eval_source = Prefetcher(host_batches(ds, cfg.batch_size, False, cfg.seed), depth=10)

@@ -56,7 +56,6 @@ from benchmarks.tutorials.record import (
 )
 from common.config import Config, ConfigError, per_device
 from common.datasets import load_for
-from common.init import init_record
 from common.results import write_json_atomic
 from common.runtime import cpu_threads, free_port
 from common.schedule import scaled_lr
@@ -199,13 +198,7 @@ def run_rank(cfg: Config, rank: int, world: int, device: torch.device) -> dict:
         group["lr"] = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling)
     kind = "cpu-simulated" if device.type == "cpu" else f"cuda:{torch.cuda.get_device_name(device)}"
     recorder = TutorialRecorder(
-        cfg,
-        TUTORIAL,
-        devices=world,
-        device_kind=kind,
-        is_main=rank == 0,
-        n_test=len(ds.test_x),
-        init=init_record(cfg, ds.channels, ds.num_classes),
+        cfg, TUTORIAL, ds, devices=world, device_kind=kind, is_main=rank == 0
     )
     with keep_measured_epochs(recorder):
         val_accuracy: list[torch.Tensor] = []

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from common.config import Config, ConfigError
-from common.datasets import check_available
+from common.datasets import Dataset, check_available
+from common.init import init_record
 from common.results import RunRecorder
 from common.trainer import process_rank
 
@@ -50,12 +51,11 @@ class TutorialRecorder(RunRecorder):
         self,
         cfg: Config,
         tutorial: Tutorial,
+        ds: Dataset | None = None,
         *,
         devices: int,
         device_kind: str,
         is_main: bool = True,
-        n_test: int | None = None,
-        init: dict[str, Any] | None = None,
     ):
         super().__init__(
             cfg,
@@ -64,8 +64,8 @@ class TutorialRecorder(RunRecorder):
             params=0,
             is_main=is_main,
             packages=tutorial.packages,
-            n_test=n_test,
-            init=init,
+            n_test=len(ds.test_x) if ds is not None else None,
+            init=init_record(cfg, ds.channels, ds.num_classes) if ds is not None else None,
         )
         self.tutorial = tutorial
 
