@@ -330,7 +330,7 @@ def test_n_device_step_equals_1_device_step(framework: str, one_step_runs: Any) 
     if framework == "torch-dp":
         pytest.skip(
             "nn.DataParallel on a CPU-only machine runs one device (test_torch_dp.py checks "
-            "that its record says so and that its step equals torch-ddp's 1-process step)"
+            "that its record says so and that its step equals the SGD step written out)"
         )
     if framework == "mxnet-gluon":
         pytest.skip(
