@@ -627,7 +627,7 @@ def print_table(
         return
     console = Console(file=stream)
     if not console.is_terminal:
-        console = Console(file=stream, width=max(console.width, 200))
+        console = Console(file=stream, width=max(console.width, 260))
     table = Table(title=title, caption="\n".join(notes) or None)
     for h in headers:
         table.add_column(h, justify="left" if h in left else "right")

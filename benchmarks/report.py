@@ -128,6 +128,10 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             for key in ("test_accuracy", "sec_per_epoch", "first_epoch_sec", "images_per_sec"):
                 row[key], row[key + "_std"] = _stats([r.get(key) for r in ok])
+            # Same start, same data: epoch 1's training loss agrees across frameworks.
+            row["epoch1_train_loss"], row["epoch1_train_loss_std"] = _stats(
+                [epoch1_loss(r) for r in ok]
+            )
             for key in SPREAD:  # the mean above gives way to the median
                 row[key], row[key + "_min"], row[key + "_max"] = _spread([r.get(key) for r in ok])
             loads = [_load(r) for r in runs]
@@ -160,6 +164,28 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(row)
     mark_within_noise(out)
     return out
+
+
+def epoch1_loss(record: dict[str, Any]) -> float | None:
+    """Epoch 1's mean training loss (None for a tutorial record, which has no losses)."""
+    epochs = record.get("epochs") or []
+    return epochs[0].get("train_loss") if epochs else None
+
+
+def start_note(records: list[dict[str, Any]]) -> str:
+    """Whether every run started from the shared initial weights: one digest per seed."""
+    ok = [r for r in records if r.get("status") == "ok"]
+    modes = {(r.get("init") or {}).get("mode") for r in ok}
+    if modes != {"shared"}:
+        return f"initial weights: {', '.join(sorted(str(m) for m in modes))} (not one shared start)"
+    by_seed: dict[Any, set[str]] = {}
+    for r in ok:
+        by_seed.setdefault(r["config"].get("seed"), set()).add(r["init"]["sha256"])
+    same = all(len(d) == 1 for d in by_seed.values())
+    return (
+        f"initial weights: shared, one sha256 per seed for every framework and device count "
+        f"({'yes' if same else 'NO'}: {len(by_seed)} seed(s))"
+    )
 
 
 def mark_within_noise(table: list[dict[str, Any]]) -> None:
@@ -217,6 +243,10 @@ def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
         ("status", lambda r: r["status"]),
         ("global batch", lambda r: r.get("global_batch_size") or "-"),
         ("test acc", lambda r: _num(r.get("test_accuracy"), r.get("test_accuracy_std"), ".4f")),
+        (
+            "epoch-1 loss",
+            lambda r: _num(r.get("epoch1_train_loss"), r.get("epoch1_train_loss_std"), ".4f"),
+        ),
         ("s/epoch", lambda r: _median(r, "sec_per_epoch", ".3g")),
         (
             "1st epoch s",
@@ -305,7 +335,12 @@ def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None)
         heading(sweep, records, sep="\n"),
         headers,
         body,
-        [*notes(sweep, table), *spread_notes(table), load_note(sweep, table)],
+        [
+            *notes(sweep, table),
+            *spread_notes(table),
+            start_note(records),
+            load_note(sweep, table),
+        ],
         left=LEFT,
         styles=[colour.get(r["status"], "red") for r in table],
         stream=stream,
@@ -325,6 +360,8 @@ CSV_COLUMNS = [
     "peak_lr",
     "test_accuracy",
     "test_accuracy_std",
+    "epoch1_train_loss",
+    "epoch1_train_loss_std",
     "sec_per_epoch",
     "sec_per_epoch_std",
     "sec_per_epoch_min",
@@ -359,6 +396,8 @@ RUN_COLUMNS = [
     "global_batch_size",
     "peak_lr",
     "test_accuracy",
+    "epoch1_train_loss",
+    "init_sha256",
     "sec_per_epoch",
     "first_epoch_sec",
     "images_per_sec",
@@ -395,6 +434,8 @@ def run_row(record: dict[str, Any]) -> dict[str, Any]:
     return {
         **record,
         "run_id": runner.get("run_id"),
+        "epoch1_train_loss": epoch1_loss(record),
+        "init_sha256": (record.get("init") or {}).get("sha256"),
         "seed": runner.get("seed"),
         "peak_lr": runner.get("peak_lr"),
         "runner_wall_sec": runner.get("wall_sec"),
@@ -443,8 +484,10 @@ def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plo
         f"GPUs: {gpus}; {host.get('platform', '')}",
         f"- Started {sweep.started}" + (f", finished {sweep.finished}" if sweep.finished else ""),
         *([f"- {busy}"] if (busy := load_note(sweep, table)) else []),
-        "- s/epoch = median of the timed epochs (the first epoch, with compilation and warm-up, "
-        "is reported separately); images/s over the timed epochs; with several runs per cell "
+        "- s/epoch = timed seconds / timed epochs (the first epoch of every process, with "
+        "compilation and warm-up, is reported separately); images/s = timed images / timed "
+        "seconds; epoch-1 loss = the first epoch's mean training loss (same start, same data: "
+        "it agrees across frameworks); with several runs per cell "
         "(--repeat) both show the median over the runs and (min-max), test acc the mean ± std; "
         f"{NOISE_MARK} = images/s within noise of another framework's (ranges overlap); "
         "speed-up = images/s over the same framework's 1-device row; efficiency = speed-up / "
@@ -453,7 +496,9 @@ def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plo
         markdown_table(headers, body),
         "",
     ]
-    parts += [f"- {line}" for line in [*notes(sweep, table), *spread_notes(table)]]
+    parts += [
+        f"- {line}" for line in [*notes(sweep, table), *spread_notes(table), start_note(records)]
+    ]
     failed = [r for r in records if r["status"] != "ok"]
     if failed:
         parts += ["", "## Failed runs", ""]

@@ -561,8 +561,9 @@ def test_one_run_per_cell_says_spread_is_unmeasured_and_marks_nothing() -> None:
         "than that spread are noise (use --repeat 3 to measure it)."
     ]
     assert "x1" not in report.load_note(sweep, table)  # load <= 1.5 on 2 cores at 1 device
-    _, body = report.table_cells(sweep, table)
-    assert [line[7] for line in body] == ["101", "102", "101", "102"]
+    headers, body = report.table_cells(sweep, table)
+    ips = headers.index("images/s")
+    assert [line[ips] for line in body] == ["101", "102", "101", "102"]
 
 
 def test_epoch_line_contract_with_the_recorder(capsys: pytest.CaptureFixture[str]) -> None:
@@ -587,3 +588,27 @@ def test_live_display_on_a_terminal() -> None:
         progress.end_run("ok in 3.0s")
     text = stream.getvalue()
     assert "[1/2] torch-ddp x1: ok in 3.0s" in text and "test_accuracy=0.5000" in text
+
+
+def test_epoch1_loss_and_the_shared_start_are_reported() -> None:
+    """Same start, same data: the table shows epoch 1's training loss per cell, and a note
+    says whether every run of a seed started from the same initial weights (one digest)."""
+    sweep = report.Sweep(
+        title="t", command="c", frameworks=["a", "b"], counts=[1], planned={}, host={}
+    )
+    records = []
+    for fw, loss in (("a", 2.30), ("b", 2.31)):
+        r = _record(fw, 1, 0, 100.0, 0.9)
+        r["epochs"][0]["train_loss"] = loss
+        r["init"] = {"mode": "shared", "sha256": "d0" * 32}
+        r["config"] = {"seed": 0}
+        records.append(r)
+    table = report.rows(sweep, records)
+    assert [row["epoch1_train_loss"] for row in table] == [2.30, 2.31]
+    headers, body = report.table_cells(sweep, table)
+    assert [line[headers.index("epoch-1 loss")] for line in body] == ["2.3000", "2.3100"]
+    assert "(yes: 1 seed(s))" in report.start_note(records)
+    records[1]["init"]["sha256"] = "e1" * 32  # another start for the same seed: said so
+    assert "(NO: 1 seed(s))" in report.start_note(records)
+    records[1]["init"] = {"mode": "native", "sha256": None}
+    assert "not one shared start" in report.start_note(records)
