@@ -49,13 +49,14 @@ from flax import serialization, struct, traverse_util
 from flax.training import train_state
 
 from common.config import Config, ConfigError
+from common.datasets import check_available
 from common.init import initial_state
 from common.pipeline import EvalLoader
 from common.results import RunRecorder
-from common.runtime import atomic_write_bytes
+from common.runtime import atomic_write_bytes, simulate_host_devices
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from common.trainer import checkpoint_meta, restore_meta
+from common.trainer import check_resume, checkpoint_meta, restore_meta
 
 # torchvision's kaiming_normal_(mode="fan_out", nonlinearity="relu"): jax's variance_scaling
 # computes fan_out = prod(kernel_shape[:-2]) * out_channels for an HWIO kernel, "normal" is the
@@ -483,6 +484,21 @@ def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
     return threads_record(
         os.cpu_count() or 1, None, "XLA:CPU's intra-op pool, one per process, shared by the devices"
     )
+
+
+def setup_process(cfg: Config) -> None:
+    """What a JAX trainer's process does before JAX starts: XLA reads XLA_FLAGS when its CPU
+    backend starts (the first device query, not the import), so this gives `--gpus` simulated
+    CPU devices (on a GPU machine only the unused CPU backend sees it); then it joins a
+    multi-process run if one is configured."""
+    simulate_host_devices(cfg.gpus)
+    init_distributed()
+
+
+def check_config(cfg: Config) -> None:
+    """The JAX trainers' checks before training starts (ConfigError / DatasetError)."""
+    check_available(cfg)
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
 
 
 def init_distributed() -> None:

@@ -40,14 +40,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from common.config import Config, per_device
-from common.datasets import check_available, load_for
+from common.datasets import load_for
 from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
-from common.runtime import injected_failure, printer, simulate_host_devices
+from common.runtime import injected_failure, printer
 from common.timing import PhaseTimer, Timer
 from common.trainer import (
-    check_resume,
     keep_measured_epochs,
     run_main,
     save_final_state,
@@ -56,14 +55,13 @@ from common.trainer import (
 from frameworks.jax_models import (
     TrainState,
     canonical_state,
-    checkpoint_config,
+    check_config,
     checkpoint_path,
     compute_dtype,
     count_params,
     create_model,
     cross_entropy,
     evaluate,
-    init_distributed,
     initial_variables,
     jax_threads,
     load_checkpoint,
@@ -72,6 +70,7 @@ from frameworks.jax_models import (
     save_checkpoint,
     select_devices,
     set_float32_precision,
+    setup_process,
 )
 
 FRAMEWORK = "jax-pmap"
@@ -357,24 +356,11 @@ def train(cfg: Config) -> dict:
 # ---- main ----------------------------------------------------------------------------------
 
 
-def setup(cfg: Config) -> None:
-    """Before JAX starts: XLA reads XLA_FLAGS when its CPU backend starts (the first device
-    query, not the import), so this gives `--gpus` simulated CPU devices (on a GPU machine only
-    the unused CPU backend sees it); then join a multi-process run if one is configured."""
-    simulate_host_devices(cfg.gpus)
-    init_distributed()
-
-
-def check_config(cfg: Config) -> None:
-    """JAX-specific checks before training starts (ConfigError / DatasetError)."""
-    check_available(cfg)
-    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
+    # setup_process: simulated devices and jax.distributed, before JAX starts (jax_models.py)
     return run_main(
-        argv, FRAMEWORK, setup=setup, check=check_config, train=train, packages=PACKAGES
+        argv, FRAMEWORK, setup=setup_process, check=check_config, train=train, packages=PACKAGES
     )
 
 
