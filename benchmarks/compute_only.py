@@ -202,7 +202,7 @@ def run_torch(
     forward = state.forward if cuda and cfg.compile else state.module
     x, y = synthetic_batch(cfg, batch, "NCHW")
     xt = torch.from_numpy(x).to(state.device)  # (B, C, H, W), resident for every step
-    if cuda and cfg.channels_last:
+    if cfg.channels_last:  # as the trainers' to_device
         xt = xt.contiguous(memory_format=torch.channels_last)
     yt = torch.from_numpy(y).long().to(state.device)
     state.module.train()
@@ -235,7 +235,8 @@ def run_torch(
     else:
         out["peak_memory_bytes"] = peak_rss_bytes()
         out["memory_source"] = "peak RSS (resource.getrusage)"
-        out["precision_note"] = "fp32 eager (CUDA fast paths do not apply on CPU)"
+        layout = "channels_last" if cfg.channels_last else "NCHW"
+        out["precision_note"] = f"fp32 eager, {layout} (oneDNN)"
     if rounds:
         loop = torch_loop(framework, cfg, batch, 4 + rounds * steps)
         out["interleaved"] = interleaved(step, loop, sync, rounds, steps)

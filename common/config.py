@@ -154,7 +154,11 @@ class Config:
     prefetch: int = opt(2, "batches prepared ahead by the background loader")
     # CUDA fast paths (ignored on CPU): mixed precision, channels-last, torch.compile.
     precision: str = opt("fp32", "CUDA: fp32, or mixed precision bf16 / fp16", choices=PRECISIONS)
-    channels_last: bool = opt(True, "CUDA: channels-last memory format (torch)")
+    channels_last: bool = opt(
+        True,
+        "channels-last (NHWC) memory format for torch's images and conv weights, on CUDA and on "
+        "CPU (oneDNN); --no-channels-last for NCHW. Same values, faster convolutions",
+    )
     compile: bool = opt(False, "CUDA: torch.compile the model (torch)")
     tf32: bool = opt(
         False,

@@ -70,6 +70,7 @@ from frameworks.torch_models import (
     count_params,
     create_model,
     evaluate,
+    execution,
     initialize,
     load_checkpoint,
     loss_fn,
@@ -160,7 +161,7 @@ def create_train_state(
     cuda = device.type == "cuda"
     initialize(cfg, model)  # --init shared: the arrays every framework starts from
     model = model.to(device)
-    if cuda and cfg.channels_last:
+    if cfg.channels_last:  # NHWC convolutions: cuDNN's and oneDNN's fast path (measured)
         model = model.to(memory_format=torch.channels_last)
     optimizer = make_optimizer(cfg, model)
     # DDP broadcasts rank 0's parameters now and averages gradients bucket by bucket during
@@ -428,7 +429,7 @@ def train(cfg: Config, record_path: str = "") -> dict:
             torch.get_num_threads(),
             "torch.set_num_threads in each process (one process per device)",
         )
-        recorder.execution = "torch.compile" if cuda and cfg.compile else "eager"
+        recorder.execution = execution(cfg, cuda, compiled=cuda and cfg.compile)
         recorder.float32_precision = fp32
         if not cuda and (cfg.precision != "fp32" or cfg.compile):
             log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")

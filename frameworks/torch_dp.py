@@ -48,6 +48,7 @@ from frameworks.torch_models import (
     count_params,
     create_model,
     evaluate,
+    execution,
     initialize,
     load_checkpoint,
     loss_fn,
@@ -84,7 +85,7 @@ def create_train_state(
     device = torch.device("cuda", device_ids[0]) if cuda else torch.device("cpu")
     initialize(cfg, model)  # --init shared: the arrays every framework starts from
     model = model.to(device)  # GPU 0 holds the master copy; replicas are made every step
-    if cuda and cfg.channels_last:
+    if cfg.channels_last:  # NHWC convolutions: cuDNN's and oneDNN's fast path (measured)
         model = model.to(memory_format=torch.channels_last)
     optimizer = make_optimizer(cfg, model)
     # Scatter / replicate / gather every step; gradients are summed onto GPU 0 in backward().
@@ -215,8 +216,8 @@ def train(cfg: Config) -> dict:
     recorder.threads = threads_record(
         torch.get_num_threads(), None, "torch.set_num_threads in the one process"
     )
-    recorder.execution = (
-        "torch.compile" if cuda and cfg.compile and len(device_ids) == 1 else "eager"
+    recorder.execution = execution(
+        cfg, cuda, compiled=cuda and cfg.compile and len(device_ids) == 1
     )
     recorder.float32_precision = fp32
     if not cuda and (cfg.precision != "fp32" or cfg.compile):

@@ -320,6 +320,13 @@ def autocast(state: TrainState) -> torch.autocast:
     )
 
 
+def execution(cfg: Config, cuda: bool, compiled: bool) -> str:
+    """The record's `execution`: eager or torch.compile, and the memory layout of the convs."""
+    mode = "torch.compile" if compiled else "eager"
+    layout = "channels_last" if cfg.channels_last else "NCHW"
+    return f"{mode}, {layout}, {'cuDNN' if cuda else 'oneDNN'}"
+
+
 def set_float32_precision(cfg: Config, cuda: bool) -> str:
     """float32 matmuls and convolutions: full fp32 unless --tf32, the same choice as every other
     framework (torch's own defaults differ: TF32 on for cuDNN convolutions, off for matmuls)."""
@@ -353,7 +360,7 @@ def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[torch.T
         t = torch.from_numpy(a)
         if cuda:
             t = t.pin_memory().to(state.device, non_blocking=True)
-        if i == 0 and cuda and state.cfg.channels_last:
+        if i == 0 and state.cfg.channels_last:  # the images, laid out as the weights are
             t = t.contiguous(memory_format=torch.channels_last)
         out.append(t.long() if i == 1 else t)
     return tuple(out)

@@ -98,3 +98,36 @@ def test_step_equals_the_sgd_step_written_out(tmp_path):
     assert diff(got, params) < 1e-5 and diff(got, stats) < 1e-5
     shifted = first_step("shifted", inject="lr-shift@torch-dp")
     assert diff(shifted, params) > 0.1  # the second step's LR is half the first's
+
+
+def one_step(channels_last: bool, wrong_layout: bool = False) -> tuple[dict, dict]:
+    """(initial, after) of one torch-dp step on a batch of random images, in either layout."""
+    from frameworks import torch_dp
+    from frameworks.torch_models import to_device
+
+    cfg = preset("smoke", channels_last=channels_last, framework="torch-dp")
+    torch.manual_seed(0)
+    model = torch_dp.build_model(cfg, 3, 10)
+    state = torch_dp.create_train_state(cfg, model, [], steps_per_epoch=1)
+    initial = {k: v.detach().clone().numpy() for k, v in state.module.state_dict().items()}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((24, 3, 16, 16)).astype(np.float32)  # no ties: random values
+    y = rng.integers(0, 10, 24).astype(np.int64)
+    batch = to_device((x, y), state)
+    assert batch[0].is_contiguous(memory_format=torch.channels_last) == channels_last
+    if wrong_layout:  # the bug the check guards against: NHWC bytes read as NCHW
+        batch = (torch.from_numpy(x).permute(0, 2, 3, 1).reshape(x.shape), batch[1])
+    torch_dp.train_step(state, batch)
+    return initial, {k: v.detach().numpy() for k, v in state.module.state_dict().items()}
+
+
+def test_channels_last_step_equals_the_nchw_step():
+    """The CPU fast path (channels-last convolutions in oneDNN) changes no value: the same step
+    to float rounding (measured 9e-7 of the update), while a layout slip changes it by O(1)."""
+    initial, nchw = one_step(channels_last=False)
+    keys = [k for k in initial if not k.endswith("num_batches_tracked")]
+    before = {k: initial[k] for k in keys}
+    _, cl = one_step(channels_last=True)
+    assert relative_update_difference(before, cl, nchw) < 1e-4
+    _, slipped = one_step(channels_last=True, wrong_layout=True)
+    assert relative_update_difference(before, slipped, nchw) > 0.1

@@ -1,0 +1,154 @@
+"""ab: one trainer, two settings, alternating runs: is B faster than A on the same work?
+
+    python -m benchmarks.ab --framework torch-ddp --a=--no-channels-last --b=--channels-last \
+        --repeat 3 -- --preset digits --gpus 1
+
+Runs the framework's trainer (its own interpreter, one process per run, through the harness)
+with the shared trainer flags after `--` plus A's extra flags, then B's, `--repeat` times,
+alternating which goes first (A first in even pairs, B first in odd ones), and reports the
+median of the per-pair ratios B/A of the records' `images_per_sec` (the timing rule of
+common/timing.py: timed images / timed seconds, the first epoch untimed), with the pairs, the
+load average around every run and every record. This is how a fast path is accepted: measured
+side by side on the same machine at the same time, not against a number from another day.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness
+from benchmarks.harness import REGISTRY, UsageError
+from common.results import host_info, write_json_atomic
+
+TOOL = "ab"
+
+
+@dataclass
+class Plan:
+    framework: str
+    a: list[str]
+    b: list[str]
+    shared: list[str]
+    repeat: int
+    timeout: float
+    wait_load: float
+    out: Path
+    command: str
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = harness.Parser(TOOL, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p.add_argument("--framework", required=True, choices=list(REGISTRY), help="the trainer to run")
+    p.add_argument("--a", default="", help="A's extra trainer flags, one string (the baseline)")
+    p.add_argument("--b", default="", help="B's extra trainer flags, one string (the candidate)")
+    harness.add_flags(p, repeat=3, out="results/ab-", timeout=900.0, wait_load=True)
+    p.add_argument(
+        "shared",
+        nargs=argparse.REMAINDER,
+        help="after --: the trainer flags both sides get (e.g. --preset digits --gpus 1)",
+    )
+    return p
+
+
+def make_plan(argv: list[str]) -> Plan:
+    ns = build_parser().parse_args(argv)
+    shared = ns.shared[1:] if ns.shared[:1] == ["--"] else ns.shared
+    a, b = shlex.split(ns.a), shlex.split(ns.b)
+    if a == b:
+        raise UsageError("--a and --b are the same settings; give B the flags to compare")
+    if ns.repeat < 1:
+        raise UsageError(f"--repeat must be >= 1 (got {ns.repeat})")
+    for flag in ("--output", "--resume", "--checkpoint-dir"):
+        if any(arg.startswith(flag) for arg in [*a, *b, *shared]):
+            raise UsageError(f"{flag} is set by ab itself; leave it out")
+    missing = harness.unavailable([ns.framework])
+    if missing:
+        raise UsageError(f"{ns.framework}: {missing[ns.framework]}")
+    return Plan(
+        ns.framework,
+        a,
+        b,
+        shared,
+        ns.repeat,
+        ns.timeout,
+        ns.wait_load,
+        harness.output_dir(ns.out, "ab-", "ab.json"),
+        shlex.join(["python", "-m", "benchmarks.ab", *argv]),
+    )
+
+
+def run_side(plan: Plan, side: str, pair: int) -> dict[str, Any]:
+    """One run of the trainer with one side's flags; its record's timing, or why it failed."""
+    fw = REGISTRY[plan.framework]
+    tag = f"{side}-{pair}"
+    output = plan.out / "runs" / f"{tag}.json"
+    flags = plan.a if side == "A" else plan.b
+    command = [str(fw.python), "-m", fw.module, *plan.shared, *flags, "--output", str(output)]
+    child = harness.run_child(
+        command, plan.out / "logs" / f"{tag}.log", plan.timeout, tag=tag, wait_load=plan.wait_load
+    )
+    record = harness.read_record(output) or {}
+    row: dict[str, Any] = {"side": side, "pair": pair, "load_avg": list(child.load_avg)}
+    if not child.ok or record.get("status") != "ok":
+        return {**row, "status": "failed", "error": record.get("error") or child.error()}
+    for key in ("images_per_sec", "sec_per_epoch", "first_epoch_sec", "timed_epochs"):
+        row[key] = record.get(key)
+    return {**row, "status": "ok", "execution": record.get("execution"), "record": str(output)}
+
+
+def execute(plan: Plan) -> int:
+    rows: list[dict[str, Any]] = []
+    ratios: list[float] = []
+    try:
+        for pair in range(plan.repeat):
+            order = ("A", "B") if pair % 2 == 0 else ("B", "A")  # who goes first alternates
+            got = {side: run_side(plan, side, pair) for side in order}
+            rows += [got["A"], got["B"]]
+            if got["A"]["status"] == got["B"]["status"] == "ok":
+                ratios.append(got["B"]["images_per_sec"] / got["A"]["images_per_sec"])
+            print(
+                f"[{TOOL}] pair {pair + 1}/{plan.repeat}: "
+                + ", ".join(
+                    f"{s} {r.get('images_per_sec') or 0:.1f} images/s ({r['status']})"
+                    for s, r in got.items()
+                )
+                + (f", B/A {ratios[-1]:.3f}" if len(ratios) == pair + 1 else ""),
+                flush=True,
+            )
+    except KeyboardInterrupt:
+        print(f"[{TOOL}] interrupted: the pairs measured so far are saved", flush=True)
+    result = {
+        "command": plan.command,
+        "framework": plan.framework,
+        "a": plan.a,
+        "b": plan.b,
+        "shared": plan.shared,
+        "ratios_b_over_a": ratios,
+        "median_ratio": statistics.median(ratios) if ratios else None,
+        "runs": rows,
+        "host": host_info(),
+    }
+    write_json_atomic(plan.out / "ab.json", result)
+    median = f"{result['median_ratio']:.3f}" if ratios else "n/a (no pair ran)"
+    print(
+        f"[{TOOL}] B/A images/s, median of {len(ratios)} pair(s): {median}; "
+        f"pairs: {', '.join(f'{r:.3f}' for r in ratios)}",
+        flush=True,
+    )
+    print(json.dumps({"ab": str(plan.out / "ab.json")}), flush=True)
+    failed = any(r["status"] != "ok" for r in rows)
+    return 1 if failed or not ratios else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return harness.run_tool(TOOL, argv, make_plan, execute)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
