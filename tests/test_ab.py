@@ -1,0 +1,49 @@
+"""benchmarks.ab: alternating A/B runs of one trainer; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import read_json, run_module
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--framework", "torch-dp", "--a=--lr 0.1", "--b=--lr 0.1"], "same settings"),
+        (["--framework", "torch-dp", "--b=--output x.json"], "--output is set by ab"),
+        (["--framework", "nope"], "invalid choice"),
+        (["--framework", "torch-dp", "--b=--no-channels-last", "--repeat", "0"], "--repeat"),
+    ],
+)
+def test_bad_input_is_one_line(args: list[str], words: str) -> None:
+    proc = run_module("benchmarks.ab", *args, timeout=60)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr
+
+
+def test_pairs_alternate_and_the_ratio_is_reported(tmp_path) -> None:
+    out = tmp_path / "ab"
+    proc = run_module(
+        "benchmarks.ab",
+        *("--framework", "torch-dp", "--a=--no-channels-last", "--b=--channels-last"),
+        *("--repeat", "2", "--out", str(out), "--", "--preset", "smoke", "--epochs", "2"),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = read_json(out / "ab.json")
+    assert [(r["pair"], r["side"]) for r in result["runs"]] == [
+        (0, "A"),
+        (0, "B"),
+        (1, "A"),
+        (1, "B"),
+    ]
+    assert len(result["ratios_b_over_a"]) == 2 and result["median_ratio"] > 0
+    by_side = {r["side"]: r for r in result["runs"]}
+    assert "NCHW" in by_side["A"]["execution"] and "channels_last" in by_side["B"]["execution"]
+    # B went first in the second pair: its log was written before A's
+    logs = sorted((out / "logs").glob("*-1.log"), key=lambda p: p.stat().st_mtime)
+    assert [p.name for p in logs] == ["B-1.log", "A-1.log"]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"ab": str(out / "ab.json")}
