@@ -184,7 +184,8 @@ def test_bad_input_is_one_line_and_exit_2(module: str, args: list[str], tmp_path
 
 
 @pytest.mark.parametrize(
-    "module", ["throughput", "comm_probe", "compute_only", "compare", "tutorial_loops"]
+    "module",
+    ["throughput", "comm_probe", "compute_only", "compare", "tutorial_loops", "parity", "ab"],
 )
 def test_every_flag_has_a_help_text(module: str) -> None:
     import argparse
