@@ -152,6 +152,16 @@ class Config:
         False, "measure data / transfer / compute / communication / update time per phase"
     )
     prefetch: int = opt(2, "batches prepared ahead by the background loader")
+    compile_cache: bool = opt(
+        True,
+        "JAX: keep compiled XLA programs in --cache-dir, so that a second run of the same "
+        "configuration does not compile again (safe for concurrent runs)",
+    )
+    cache_dir: str = opt(
+        "~/.cache/dp-bench",
+        "where the JAX compilation cache lives (<cache-dir>/jax; JAX_COMPILATION_CACHE_DIR, if "
+        "set, wins)",
+    )
     # CUDA fast paths (ignored on CPU): mixed precision, channels-last, torch.compile.
     precision: str = opt("fp32", "CUDA: fp32, or mixed precision bf16 / fp16", choices=PRECISIONS)
     channels_last: bool = opt(

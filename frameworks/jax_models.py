@@ -489,10 +489,80 @@ def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
 def setup_process(cfg: Config) -> None:
     """What a JAX trainer's process does before JAX starts: XLA reads XLA_FLAGS when its CPU
     backend starts (the first device query, not the import), so this gives `--gpus` simulated
-    CPU devices (on a GPU machine only the unused CPU backend sees it); then it joins a
-    multi-process run if one is configured."""
+    CPU devices (on a GPU machine only the unused CPU backend sees it); then it turns the
+    persistent compilation cache on (or off) and joins a multi-process run if one is
+    configured."""
     simulate_host_devices(cfg.gpus)
+    use_compile_cache(cfg)
     init_distributed()
+
+
+def use_compile_cache(cfg: Config) -> str | None:
+    """--compile-cache (default): every compiled XLA program goes to <cache-dir>/jax (or
+    JAX_COMPILATION_CACHE_DIR), whatever its compile time, and a later run of the same program
+    loads it instead of compiling. A size limit turns on JAX's LRU eviction, which also takes a
+    file lock around every read and write: several processes may share the directory. Returns
+    the directory (None: off)."""
+    if not cfg.compile_cache:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(
+        Path(cfg.cache_dir).expanduser() / "jax"
+    )
+    Path(path).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", 4 * 1024**3)  # eviction + file lock
+    return path
+
+
+class CompileMeter:
+    """Seconds this process spent turning programs into executables (tracing, lowering, XLA
+    compilation or a load from the persistent cache), and the cache's hits and misses, from
+    JAX's monitoring events. One meter per process; `record()` is the run record's entry."""
+
+    _events = {
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    }
+    _instance: CompileMeter | None = None
+
+    def __init__(self) -> None:
+        self.sec = 0.0
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def get(cls) -> CompileMeter:
+        if cls._instance is None:
+            meter = cls._instance = cls()
+            jax.monitoring.register_event_duration_secs_listener(meter._duration)
+            jax.monitoring.register_event_listener(meter._event)
+        return cls._instance
+
+    def _duration(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event in self._events:
+            self.sec += duration
+
+    def _event(self, event: str, **kwargs: Any) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self.hits += 1
+        elif event == "/jax/compilation_cache/cache_misses":
+            self.misses += 1
+
+    def record(self) -> dict[str, Any]:
+        on = jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir
+        return {
+            "compile_sec": round(self.sec, 3),
+            "compile_cache": {
+                "dir": jax.config.jax_compilation_cache_dir if on else None,
+                "hits": self.hits,
+                "misses": self.misses,
+            },
+        }
 
 
 def check_config(cfg: Config) -> None:

@@ -57,6 +57,7 @@ from common.trainer import (
     should_log,
 )
 from frameworks.jax_models import (
+    CompileMeter,
     TrainState,
     canonical_state,
     check_config,
@@ -266,6 +267,7 @@ def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...
 def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     injected_failure(FRAMEWORK)
+    compiles = CompileMeter.get()  # compile time and cache hits, for the record
     devices, kind = select_devices(cfg.gpus)  # cfg.gpus per process, all processes' devices
     per_device(cfg.batch_size, len(devices))  # all processes' devices (ConfigError names a fix)
     mesh = Mesh(np.array(devices), (AXIS,))
@@ -373,6 +375,7 @@ def train(cfg: Config) -> dict:
             "gradient-sized tree, also contained in forward_backward; optimizer is not "
             "separable (0)"
         )
+    recorder.extra.update(compiles.record())  # compile_sec, compile_cache
     if is_main:
         save_final_state(cfg, canonical_state(unreplicate(state)))  # --save-state
     return recorder.finish()

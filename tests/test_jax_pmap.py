@@ -12,6 +12,7 @@ and cache their compiled steps: XLA compiles on CPU are the expensive part of th
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,6 +26,7 @@ from common.pipeline import EvalLoader, TrainLoader
 from common.runtime import simulate_host_devices
 from frameworks import jax_pmap, jax_shard
 from frameworks.jax_models import evaluate
+from tests.conftest import read_json, run_trainer
 
 simulate_host_devices(4)  # before the first device query (see the module docstring)
 
@@ -131,3 +133,22 @@ def test_too_many_devices_is_one_clear_error() -> None:
     host_devices(4)
     with pytest.raises(ConfigError, match="--gpus 9: only 4 devices"):
         jax_pmap.train(CFG.replace(gpus=9))
+
+
+def test_a_second_run_loads_its_programs_from_the_compile_cache(tmp_path: Path) -> None:
+    """--compile-cache (the default): the first run compiles and stores every program, a second
+    run of the same configuration loads them all (no miss) and spends less time on them; the
+    record says both. --no-compile-cache stores and loads nothing."""
+    args = ("--preset", "smoke", "--epochs", "2", "--cache-dir", str(tmp_path / "cache"))
+    env = {"JAX_COMPILATION_CACHE_DIR": ""}  # the flag decides, not the caller's environment
+    records = []
+    for name, extra in (("cold", ()), ("warm", ()), ("off", ("--no-compile-cache",))):
+        out = tmp_path / f"{name}.json"
+        proc = run_trainer("jax-pmap", *args, *extra, "--output", str(out), env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        records.append(read_json(out))
+    cold, warm, off = (r["compile_cache"] for r in records)
+    assert cold["dir"] == str(tmp_path / "cache" / "jax") and cold["misses"] > 0
+    assert warm["hits"] >= cold["misses"] and warm["misses"] == 0
+    assert records[1]["compile_sec"] < records[0]["compile_sec"]
+    assert off == {"dir": None, "hits": 0, "misses": 0} and records[2]["compile_sec"] > 0
