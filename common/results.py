@@ -173,6 +173,7 @@ class RunRecorder:
         self.phases: dict[str, float] = {}
         self.extra: dict[str, Any] = {}
         self.epochs_this_process = 0  # the first epoch of every process is untimed
+        self._host: tuple[dict[str, str], dict[str, Any]] | None = None  # see _about_host
         # How the run executed, set by the trainer (common.runtime.threads_record; e.g. "eager",
         # "jit", "hybridized"; the float32 matmul/conv precision on CUDA).
         self.threads: dict[str, Any] | None = None
@@ -285,13 +286,20 @@ class RunRecorder:
             "params": self.params,
             "phases_ms_per_step": self.phases,
             "config": self.cfg.to_dict(),
-            "versions": versions(self.packages),
-            "host": host_info(),
+            "versions": self._about_host()[0],
+            "host": self._about_host()[1],
             "command": [sys.executable, *sys.argv],
             "status": self.status,
             "error": self.error,
             **self.extra,
         }
+
+    def _about_host(self) -> tuple[dict[str, str], dict[str, Any]]:
+        """(versions, host): read once per recorder (host_info may call nvidia-smi), since a
+        record can be built every epoch (torch-ddp's per-epoch snapshot)."""
+        if self._host is None:
+            self._host = (versions(self.packages), host_info())
+        return self._host
 
     def finish(self) -> dict[str, Any]:
         """Build the record and, on rank 0, write it to `cfg.output` (atomically)."""

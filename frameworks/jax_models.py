@@ -53,7 +53,7 @@ from common.datasets import check_available
 from common.init import initial_state
 from common.pipeline import EvalLoader
 from common.results import RunRecorder
-from common.runtime import atomic_write_bytes, simulate_host_devices
+from common.runtime import atomic_write_bytes, simulate_host_devices, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from common.trainer import check_resume, checkpoint_meta, restore_meta
@@ -477,8 +477,6 @@ def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
     """The `threads` record of a JAX run: XLA:CPU runs every host device's programs on one
     intra-op thread pool per process, sized to the machine's cores by XLA and shared by the
     devices (jax 0.10 offers no setting for its size: C threads in all, as the rule asks)."""
-    from common.runtime import threads_record
-
     if devices[0].platform != "cpu":
         return threads_record(0, None, "GPU run: host threads are not the compute")
     return threads_record(

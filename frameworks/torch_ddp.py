@@ -476,10 +476,10 @@ def train(cfg: Config, record_path: str = "") -> dict:
                 slowest = torch.tensor([sec], dtype=torch.float64, device=device)
                 dist.all_reduce(sums)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                loss_sum, count, correct, n_test, test_loss = sums.tolist()
+                loss_sum, count, correct, n_test, test_loss = sums.tolist()  # host sync, 1/epoch
                 stop = recorder.end_epoch(
                     epoch,
-                    slowest.item(),
+                    slowest.item(),  # host sync, once per epoch (after the timed region)
                     len(loader) * cfg.batch_size,
                     loss_sum / count,
                     correct,
@@ -515,8 +515,8 @@ def train(cfg: Config, record_path: str = "") -> dict:
 
 def check_config(cfg: Config) -> None:
     """torch-specific checks before any process starts (ConfigError / DatasetError)."""
-    launch_env()  # under srun: MASTER_ADDR / MASTER_PORT must be set
-    if torch.cuda.is_available() and launch_env() is None and cfg.gpus > torch.cuda.device_count():
+    launched = launch_env()  # under srun: MASTER_ADDR / MASTER_PORT must be set
+    if torch.cuda.is_available() and launched is None and cfg.gpus > torch.cuda.device_count():
         raise ConfigError(
             f"--gpus {cfg.gpus} but only {torch.cuda.device_count()} CUDA devices "
             f"are visible; use --gpus {torch.cuda.device_count()} or fewer"
