@@ -119,7 +119,9 @@ STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "fashion-mnist": ((0.2860,), (0.3530,)),
 }
-MARGIN = 1 << 20  # bytes allowed beyond an official member's image data (labels, names, keys)
+# Bytes a CIFAR member may hold beyond its pixels: per image (its label(s) and file name, about
+# 50 in the official files) and per member (keys, pickle framing).
+PER_IMAGE_EXTRA, PER_MEMBER_EXTRA = 128, 64 << 10
 OTHER_MEMBER_MAX = 1 << 20  # an archive member the reader does not use (readme, meta)
 MAX_MEMBERS = 32  # the official archives hold 8 (CIFAR-10) and 5 (CIFAR-100) members
 VERIFIED = ".verified.json"  # per dataset directory: {file: [size, mtime_ns, md5]} checked
@@ -530,7 +532,9 @@ def read_members(archive: Path, wanted: dict[str, int]) -> dict[str, bytes]:
 def load_cifar(name: str, data_dir: str, download: bool, verify: bool = True) -> Dataset:
     (archive,) = ensure_files(name, data_dir, download, verify).values()
     folder, members, label_key, classes = CIFAR[name]
-    caps = {f"{folder}/{m}": n * 3072 + MARGIN for m, n in members.items()}
+    caps = {
+        f"{folder}/{m}": n * (3072 + PER_IMAGE_EXTRA) + PER_MEMBER_EXTRA for m, n in members.items()
+    }
     blobs = read_members(archive, caps)
     batches = {}
     for member, n in members.items():
