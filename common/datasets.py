@@ -458,23 +458,25 @@ class _Capped:
     def __init__(self, raw: Any, limit: int, per_read: int, where: str) -> None:
         self.raw, self.limit, self.per_read, self.where = raw, limit, per_read, where
 
-    def _refuse(self, wanted: int) -> DatasetError:
+    def _refuse(self, what: str) -> DatasetError:
         return DatasetError(
-            f"{self.where} asks to inflate past {wanted} bytes, more than the official archive "
-            f"holds ({self.limit}); it is not the official file, delete it and download it again"
+            f"{self.where} {what}; it is not the official archive, delete it and download it again"
         )
 
     def read(self, size: int = -1) -> bytes:
         if size < 0 or size > self.per_read:
-            raise self._refuse(max(size, self.per_read + 1))
+            raise self._refuse(
+                f"asks to read {size if size >= 0 else 'all'} bytes at once, more than any "
+                f"member of the official archive ({self.per_read})"
+            )
         if self.raw.tell() + size > self.limit:
-            raise self._refuse(self.raw.tell() + size)
+            raise self._refuse(f"inflates past {self.limit} bytes, more than the official one")
         return self.raw.read(size)
 
     def seek(self, offset: int, whence: int = 0) -> int:
         target = offset if whence == 0 else self.raw.tell() + offset if whence == 1 else -1
         if target < 0 or target > self.limit:
-            raise self._refuse(target)
+            raise self._refuse(f"inflates past {self.limit} bytes, more than the official one")
         return self.raw.seek(target)
 
     def tell(self) -> int:

@@ -155,7 +155,7 @@ def test_pax_header_bomb_is_refused_before_it_is_read(tmp_path: Path) -> None:
     path.write_bytes(gzip.compress(info.tobuf(tarfile.GNU_FORMAT)) + _zeros(1024))
     base = baseline_mib(tmp_path)
     got = peak_load(tmp_path, "cifar10")
-    assert "asks to inflate past" in got["msg"], got
+    assert "asks to read 1073741824 bytes at once" in got["msg"], got
     assert got["peak_mib"] < base + 50, (got, base)
 
 
@@ -617,3 +617,20 @@ def test_a_workers_dataset_error_is_bad_input(capsys: pytest.CaptureFixture[str]
         rc == 2 and len(err) == 1 and err[0].endswith("label -1 is outside 0..9; download it again")
     )
     assert "DatasetError" not in err[0]
+
+
+def test_capped_stream_refuses_to_go_past_its_limit() -> None:
+    """The backstop under every archive read: no seek or read past the official size."""
+    import io
+
+    capped = datasets._Capped(io.BytesIO(bytes(100)), limit=64, per_read=32, where="x.tar.gz")
+    assert capped.read(32) == bytes(32) and capped.tell() == 32
+    with pytest.raises(DatasetError, match="asks to read 33 bytes at once"):
+        capped.read(33)
+    with pytest.raises(DatasetError, match="asks to read all bytes"):
+        capped.read()
+    with pytest.raises(DatasetError, match="inflates past 64 bytes"):
+        capped.seek(65)
+    capped.seek(40)
+    with pytest.raises(DatasetError, match="inflates past 64 bytes"):
+        capped.read(30)
