@@ -570,17 +570,18 @@ def _bad_label_dir(tmp_path: Path) -> Path:
 def test_trainers_refuse_bad_data_with_one_line(tmp_path: Path, framework: str) -> None:
     skip_without_interpreter(framework)
     data = _bad_label_dir(tmp_path)
-    out, ckpt = tmp_path / "rec.json", tmp_path / "ckpt"
+    out, state = tmp_path / "rec.json", tmp_path / "final.npz"
     proc = run_trainer(
         framework, "--preset", "smoke", "--dataset", "cifar10", "--data-dir", str(data),
         "--no-download", "--no-verify", "--gpus", "2", "--output", str(out),
-        "--checkpoint-dir", str(ckpt),
+        "--save-state", str(state),
         env={"TMPDIR": str(tmp_path)},
         timeout=120,
     )  # fmt: skip
     one_line_error(proc, "label -1 is outside 0..9", "data_batch_1")
-    assert not out.exists() and not ckpt.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # nothing left behind
+    # Nothing written or left behind: no record, no state, no temp files, no cache entry.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert [p.name for p in (data / "cifar10").iterdir()] == ["cifar-10-python.tar.gz"]
 
 
 def test_torch_ddp_tampered_file_refused_before_any_process(tmp_path: Path) -> None:
@@ -594,6 +595,7 @@ def test_torch_ddp_tampered_file_refused_before_any_process(tmp_path: Path) -> N
     )  # fmt: skip
     one_line_error(proc, "the official cifar-10-python.tar.gz is 170498071")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    assert [p.name for p in (data / "cifar10").iterdir()] == ["cifar-10-python.tar.gz"]
 
 
 def test_a_workers_dataset_error_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
