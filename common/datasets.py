@@ -123,7 +123,7 @@ STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 # 50 in the official files) and per member (keys, pickle framing).
 PER_IMAGE_EXTRA, PER_MEMBER_EXTRA = 128, 64 << 10
 OTHER_MEMBER_MAX = 1 << 20  # an archive member the reader does not use (readme, meta)
-MAX_MEMBERS = 32  # the official archives hold 8 (CIFAR-10) and 5 (CIFAR-100) members
+MAX_MEMBERS = 32  # the official archives hold 9 (CIFAR-10) and 5 (CIFAR-100), folders included
 VERIFIED = ".verified.json"  # per dataset directory: {file: [size, mtime_ns, md5]} checked
 
 
