@@ -178,6 +178,7 @@ def test_idx_header_beyond_the_official_shape_is_refused_before_inflating(tmp_pa
         (struct.pack(">HBBIII", 0, 9, 3, 5, 28, 28), "not an idx-ubyte file"),
         (b"\0\0", "too short to be an idx file"),
     ],
+    ids=["ndim 255", "28x28 -> 32x32", "header cut", "dtype code 9", "2 bytes"],
 )
 def test_idx_headers_give_clear_errors(tmp_path: Path, header: bytes, fragment: str) -> None:
     write_fashion(tmp_path)
@@ -229,10 +230,11 @@ class _Reduce:
 
 def _copyreg_bomb() -> bytes:
     """copyreg._reconstructor(ndarray, ndarray, shape): a ~150-byte pickle that allocates
-    200,000 CIFAR images (614 MB) in an unrestricted unpickler (the old allow-list let it by)."""
+    20,000 CIFAR rows of float64 (491 MB) in an unrestricted unpickler (the old allow-list let
+    it by; any shape fits in the same bytes)."""
     import copyreg
 
-    return _batch(_Reduce(copyreg._reconstructor, (np.ndarray, np.ndarray, (200_000, 3072))), [0])
+    return _batch(_Reduce(copyreg._reconstructor, (np.ndarray, np.ndarray, (20_000, 3072))), [0])
 
 
 def test_copyreg_reconstructor_bomb_refused(tmp_path: Path) -> None:
@@ -240,8 +242,8 @@ def test_copyreg_reconstructor_bomb_refused(tmp_path: Path) -> None:
     assert len(blob) < 200
     _cifar_with(tmp_path, blob)
     refused(tmp_path, "cifar10", "refusing to unpickle copy_reg._reconstructor")
-    # The bug injected (any unpickler): the same bytes build the 614 MB array.
-    assert pickle.loads(blob)[b"data"].nbytes == 200_000 * 3072 * 8
+    # The bug injected (any unpickler): the same bytes build the 491 MB array.
+    assert pickle.loads(blob)[b"data"].nbytes == 20_000 * 3072 * 8
 
 
 def _reconstruct_bomb() -> bytes:
@@ -373,6 +375,7 @@ def test_label_check_can_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         (np.zeros((4, 3072), np.int64), "b'data' must be (N, 3072) uint8 rows"),
         ([[0] * 3072] * 4, "b'data' must be (N, 3072) uint8 rows"),
     ],
+    ids=["1024 columns", "10001 rows", "int64", "a list"],
 )
 def test_cifar_images_checked(tmp_path: Path, data: object, fragment: str) -> None:
     n = len(data) if isinstance(data, list) else data.shape[0]  # type: ignore[union-attr]
@@ -392,6 +395,7 @@ def test_cifar100_fine_label_100_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "labels, fragment",
     [(np.array([0, 1, 10]), "label 10 is outside 0..9"), (np.array([0, 1]), "3 images but 2")],
+    ids=["label 10", "2 labels for 3 images"],
 )
 def test_fashion_labels_checked(tmp_path: Path, labels: np.ndarray, fragment: str) -> None:
     write_fashion(tmp_path, n_test=3)
