@@ -121,6 +121,10 @@ def run_main(
         return 1
     except Exception as exc:
         error = describe(exc)
+        name, _, message = error.partition(": ")
+        if name in {e.__name__ for e in BAD_INPUT}:  # raised in a worker process (torch-ddp)
+            print(f"{prog}: error: {message}", file=sys.stderr)
+            return 2
         print(f"{prog}: failed: {error}", file=sys.stderr)
         (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
         return 1
