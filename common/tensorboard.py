@@ -12,8 +12,9 @@ resolved config) and `environment` (versions, device kind and count, threads, ex
 The writer is tensorboardX's: framework-neutral (numpy and protobuf only), and the same pinned
 version installs in both environments (torch's `torch.utils.tensorboard` is missing from the
 MXNet one; TensorBoard's own package is the viewer, pinned in the main environment only). It is
-imported lazily, only by a process that writes. Writing TensorBoard never costs the run its
-record: the first error is reported in one line and the run goes on without TensorBoard.
+imported lazily, only by a process that writes, and without torch (`summary_writer_class`).
+Writing TensorBoard never costs the run its record: the first error is reported in one line and
+the run goes on without TensorBoard.
 """
 
 from __future__ import annotations
