@@ -244,3 +244,15 @@ def test_compare_help_offers_only_the_switch(capsys: pytest.CaptureFixture[str])
     help_text = capsys.readouterr().out
     assert "--tensorboard, --no-tensorboard" in help_text
     assert "--tensorboard TENSORBOARD" not in help_text  # the trainers' DIR is set per run
+
+
+def test_tutorial_loops_refuses_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its timed runs would all write into the one directory: not offered, one line, exit 2."""
+    from benchmarks import tutorial_loops
+
+    with pytest.raises(SystemExit) as exit_:
+        tutorial_loops.main(["--tensorboard", str(tmp_path / "tb"), "--out", str(tmp_path)])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "unrecognized arguments: --tensorboard" in line
