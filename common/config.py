@@ -145,6 +145,11 @@ class Config:
     patience: int = opt(1, "epochs --target-accuracy must hold before the run stops")
     max_steps_per_epoch: int = opt(0, "cap the training steps per epoch (0 = the whole epoch)")
     output: str = opt("", "write the run-result JSON here")
+    tensorboard: str = opt(
+        "",
+        "write TensorBoard event files here (process 0, once per epoch: losses, accuracy, "
+        "images/s, epoch time, LR; the config and environment as text)",
+    )
     checkpoint_dir: str = opt("", "save a checkpoint here after every epoch")
     save_state: str = opt(
         "",

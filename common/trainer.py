@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from common import cli
+from common import cli, tensorboard
 from common.config import Config, ConfigError, check_same_run
 from common.datasets import DatasetError
 from common.results import RunRecorder
@@ -112,6 +112,7 @@ def run_main(
         if setup is not None:
             setup(cfg)
         check(cfg)
+        tensorboard.check(cfg)
         record = train(cfg)
     except BAD_INPUT as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
