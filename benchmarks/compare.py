@@ -38,7 +38,7 @@ from common.schedule import scaled_lr
 PROG = "python -m benchmarks.compare"
 DEFAULT_TIMEOUT = 900.0
 DEFAULT_GPUS = "2"
-RUNNER_OWNED = ("gpus", "output")  # set per run by the runner, not passed through
+RUNNER_OWNED = ("gpus", "output", "tensorboard")  # set per run by the runner, not passed through
 PER_RUN = ("batch_size", "batch_per_device", "seed")  # derived per run from the scaling mode
 
 EPILOG = f"""\
@@ -51,7 +51,8 @@ examples:
 
 outputs (in --out DIR): config.json (resolved config, every run's command), runs/*.json (every
 run's record, written when it ends), logs/*.log, results.csv (one row per framework x devices),
-runs.csv (one row per run), results.md, throughput.png, efficiency.png, accuracy_vs_time.png.
+runs.csv (one row per run), results.md, throughput.png, efficiency.png, accuracy_vs_time.png,
+tensorboard/<run id>/ (every run's curves: `tensorboard --logdir DIR/tensorboard` overlays them).
 exit code: 0 all runs ok, 1 a run failed / diverged / timed out, 2 bad input (nothing ran).
 """
 
@@ -117,6 +118,14 @@ def runner_parser() -> harness.Parser:
         "images/s and s/epoch, the mean ± std of test accuracy, and marks images/s that are "
         "within noise of another framework's (default: 1, whose spread is not measured)",
     )
+    p.add_argument(
+        "--tensorboard",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write every run's TensorBoard curves to DIR/tensorboard/<run id>/, so that "
+        "`tensorboard --logdir DIR/tensorboard` overlays every framework and device count "
+        "(default: on)",
+    )
     harness.add_flags(p, out="results/", timeout=DEFAULT_TIMEOUT)
     return p
 
@@ -151,6 +160,7 @@ class Plan:
     repeat: int
     timeout: float
     out: Path
+    tensorboard: bool  # every run writes out/tensorboard/<run id>/
     gpus: list[str]  # GPU names from nvidia-smi (empty: simulated CPU devices)
     command: list[str]
     runs: list[RunSpec] = field(default_factory=list)
@@ -240,6 +250,7 @@ def make_plan(argv: list[str]) -> Plan:
         repeat=ns.repeat,
         timeout=ns.timeout,
         out=out,
+        tensorboard=ns.tensorboard,
         gpus=gpus,
         command=[*PROG.split(), *argv],
     )
@@ -274,9 +285,17 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
         if key not in PER_RUN:
             args += harness.flag(key, value)
     args += ["--gpus", str(n), "--batch-size", str(global_batch), "--seed", str(seed)]
+    tensorboard = str(tensorboard_dir(plan.out) / run_id) if plan.tensorboard else ""
+    if tensorboard:
+        args += ["--tensorboard", tensorboard]
     args += ["--output", str(output)]
     cfg = plan.base.replace(
-        framework=fw, gpus=n, batch_size=global_batch, batch_per_device=0, seed=seed
+        framework=fw,
+        gpus=n,
+        batch_size=global_batch,
+        batch_per_device=0,
+        seed=seed,
+        tensorboard=tensorboard,
     )
     if "checkpoint_dir" in plan.passthrough:
         cfg = cfg.replace(checkpoint_dir=str(Path(plan.passthrough["checkpoint_dir"]) / run_id))
@@ -287,6 +306,11 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
     framework = REGISTRY[fw]
     command = (str(framework.python), "-m", framework.module, *args)
     return RunSpec(run_id, fw, n, seed, cfg, command, plan.out / "logs" / f"{run_id}.log", output)
+
+
+def tensorboard_dir(out: Path) -> Path:
+    """Where every run's event files go, one directory per run id (TensorBoard's run name)."""
+    return out / "tensorboard"
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -401,6 +425,7 @@ def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
             for (fw, n), why in plan.not_applicable.items()
         ],
         "passthrough": plan.passthrough,
+        "tensorboard": str(tensorboard_dir(plan.out)) if plan.tensorboard else None,
         "base_config": plan.base.to_dict(),
         "runs": [
             {
@@ -461,6 +486,11 @@ def execute(plan: Plan) -> int:
         ["results.md", "results.csv", "runs.csv", "runs/", "logs/"] + [p.name for p in plots]
     )
     print(f"\ncompare: results in {plan.out} ({files})")
+    if plan.tensorboard:
+        print(
+            "compare: every run's curves, overlaid: "
+            f".venv/bin/tensorboard --logdir {tensorboard_dir(plan.out)}  (http://localhost:6006)"
+        )
     if status == "interrupted":
         return 130
     return 0 if all(r["status"] == "ok" for r in records) else 1

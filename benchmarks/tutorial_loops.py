@@ -79,8 +79,17 @@ TUTORIALS: dict[str, Tutorial] = {
 DEFAULT_WORK = dict(preset="throughput", width=0.25, train_limit=4096, epochs=3)
 # Flags the runner sets itself, and values forced on both sides (the tutorials have no
 # augmentation and a constant LR, and run NCHW on CUDA: channels-last is a layout choice, not a
-# loop one, so it stays off; cuDNN autotuning stays on in ours, part of its loop).
-RUNNER_OWNED = ("gpus", "output", "checkpoint_dir", "resume", "log_every", "phase_timing")
+# loop one, so it stays off; cuDNN autotuning stays on in ours, part of its loop). No
+# --tensorboard: every timed run would write into the one directory.
+RUNNER_OWNED = (
+    "gpus",
+    "output",
+    "checkpoint_dir",
+    "resume",
+    "log_every",
+    "phase_timing",
+    "tensorboard",
+)
 FORCED: dict[str, Any] = dict(
     augment=False, lr_schedule="constant", warmup_epochs=0.0, channels_last=False
 )

@@ -71,6 +71,11 @@ class Config:
     dataset: str = opt("digits", "dataset name", choices=DATASETS)
     data_dir: str = opt("data", "directory holding (or receiving) the dataset files")
     download: bool = opt(True, "download missing dataset files (verified by checksum) when online")
+    verify: bool = opt(
+        True,
+        "check dataset files on disk against the published MD5 checksums (each hashed once, then "
+        "cached by size and mtime); --no-verify skips it with a warning",
+    )
     image_size: int = opt(0, "resize images to this side (0 = native size)")
     augment: bool = opt(True, "random pad-and-crop (+ horizontal flip where it makes sense)")
     train_limit: int = opt(0, "use only the first N training images (0 = all)")
@@ -140,6 +145,11 @@ class Config:
     patience: int = opt(1, "epochs --target-accuracy must hold before the run stops")
     max_steps_per_epoch: int = opt(0, "cap the training steps per epoch (0 = the whole epoch)")
     output: str = opt("", "write the run-result JSON here")
+    tensorboard: str = opt(
+        "",
+        "write TensorBoard event files here (process 0, once per epoch: losses, accuracy, "
+        "images/s, epoch time, LR; the config and environment as text)",
+    )
     checkpoint_dir: str = opt("", "save a checkpoint here after every epoch")
     save_state: str = opt(
         "",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import Config
+from common.tensorboard import EventLog
 
 STATUSES = ("ok", "diverged", "failed")
 
@@ -179,6 +180,8 @@ class RunRecorder:
         self.threads: dict[str, Any] | None = None
         self.execution: str | None = None
         self.float32_precision: str | None = None
+        # --tensorboard: process 0's event file, written per epoch from the rows below.
+        self.tensorboard = EventLog(cfg.tensorboard) if is_main and cfg.tensorboard else None
 
     def add_epoch(self, row: dict[str, Any]) -> dict[str, Any]:
         """Append one epoch's row, marked `timed` unless it is this process's first epoch (it
@@ -213,6 +216,8 @@ class RunRecorder:
             "wall_sec": self.elapsed(),
         }
         self.add_epoch(row)
+        if self.tensorboard is not None:
+            self.tensorboard.epoch(self, row)
         if self.is_main:
             print(
                 f"epoch {row['epoch']}/{self.cfg.epochs} sec={row['sec']:.3f} "
@@ -304,6 +309,8 @@ class RunRecorder:
     def finish(self) -> dict[str, Any]:
         """Build the record and, on rank 0, write it to `cfg.output` (atomically)."""
         record = self.result()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.is_main and self.cfg.output:
             write_json_atomic(self.cfg.output, record)
         return record

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from common import cli
+from common import cli, tensorboard
 from common.config import Config, ConfigError, check_same_run
 from common.datasets import DatasetError
 from common.results import RunRecorder
@@ -112,6 +112,7 @@ def run_main(
         if setup is not None:
             setup(cfg)
         check(cfg)
+        tensorboard.check(cfg)
         record = train(cfg)
     except BAD_INPUT as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -121,6 +122,10 @@ def run_main(
         return 1
     except Exception as exc:
         error = describe(exc)
+        name, _, message = error.partition(": ")
+        if name in {e.__name__ for e in BAD_INPUT}:  # raised in a worker process (torch-ddp)
+            print(f"{prog}: error: {message}", file=sys.stderr)
+            return 2
         print(f"{prog}: failed: {error}", file=sys.stderr)
         (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
         return 1

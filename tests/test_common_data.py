@@ -49,7 +49,7 @@ def write_cifar10(root: Path, n: int = 4) -> tuple[np.ndarray, np.ndarray]:
 
 def test_cifar10_reader_official_layout(tmp_path: Path) -> None:
     x, y = write_cifar10(tmp_path)
-    ds = datasets.load("cifar10", str(tmp_path), download=False)
+    ds = datasets.load("cifar10", str(tmp_path), download=False, verify=False)
     assert ds.train_x.shape == (20, 32, 32, 3) and ds.test_x.shape == (4, 32, 32, 3)
     assert ds.train_x.dtype == np.uint8 and ds.num_classes == 10
     # The row layout is 1024 red, 1024 green, 1024 blue values: pixel (r, c) of channel k.
@@ -66,7 +66,7 @@ def test_cifar100_reader_uses_fine_labels(tmp_path: Path) -> None:
         tmp_path / "cifar100" / "cifar-100-python.tar.gz",
         {"cifar-100-python/train": tr, "cifar-100-python/test": te},
     )
-    ds = datasets.load("cifar100", str(tmp_path), download=False)
+    ds = datasets.load("cifar100", str(tmp_path), download=False, verify=False)
     assert ds.num_classes == 100 and len(ds.train_x) == 6 and len(ds.test_x) == 3
     np.testing.assert_array_equal(ds.train_y, ty)
 
@@ -81,7 +81,7 @@ def test_pickle_that_runs_code_is_refused(tmp_path: Path) -> None:
     members["cifar-10-batches-py/test_batch"] = evil
     _write_tar(tmp_path / "cifar10" / "cifar-10-python.tar.gz", members)
     with pytest.raises(DatasetError, match="refusing to unpickle"):
-        datasets.load("cifar10", str(tmp_path), download=False)
+        datasets.load("cifar10", str(tmp_path), download=False, verify=False)
     assert not (tmp_path / "pwned").exists()
 
 
@@ -90,7 +90,7 @@ def test_truncated_archive_gives_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "cifar10" / "cifar-10-python.tar.gz"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(DatasetError, match="truncated|damaged"):
-        datasets.load("cifar10", str(tmp_path), download=False)
+        datasets.load("cifar10", str(tmp_path), download=False, verify=False)
 
 
 def _idx(arr: np.ndarray) -> bytes:
@@ -109,9 +109,9 @@ def write_fashion(root: Path, n_train: int = 7, n_test: int = 3) -> None:
 
 def test_fashion_mnist_reader_and_resize(tmp_path: Path) -> None:
     write_fashion(tmp_path)
-    ds = datasets.load("fashion-mnist", str(tmp_path), download=False)
+    ds = datasets.load("fashion-mnist", str(tmp_path), download=False, verify=False)
     assert ds.train_x.shape == (7, 28, 28, 1) and ds.test_x.shape == (3, 28, 28, 1)
-    big = datasets.load("fashion-mnist", str(tmp_path), download=False, image_size=32)
+    big = datasets.load("fashion-mnist", str(tmp_path), download=False, image_size=32, verify=False)
     assert big.train_x.shape == (7, 32, 32, 1)
 
 
@@ -121,12 +121,12 @@ def test_truncated_idx_file_gives_clear_error(tmp_path: Path) -> None:
     raw = gzip.decompress(path.read_bytes())
     path.write_bytes(gzip.compress(raw[:-100]))
     with pytest.raises(DatasetError, match="truncated"):
-        datasets.load("fashion-mnist", str(tmp_path), download=False)
+        datasets.load("fashion-mnist", str(tmp_path), download=False, verify=False)
 
 
 def test_missing_files_offline_say_where_to_put_them(tmp_path: Path) -> None:
     with pytest.raises(DatasetError) as exc:
-        datasets.load("cifar10", str(tmp_path), download=False)
+        datasets.load("cifar10", str(tmp_path), download=False, verify=False)
     msg = str(exc.value)
     assert "cifar-10-python.tar.gz" in msg and str(tmp_path / "cifar10") in msg
 

@@ -23,6 +23,7 @@ from benchmarks.progress import RichProgress, parse_epoch_line
 from common.config import preset
 from common.results import RunRecorder
 from tests.conftest import ROOT, read_json, run_module
+from tests.test_tensorboard import assert_events_match_record
 
 # Two real frameworks of different families, each at 1 and 2 simulated devices.
 PAIR = ("torch-ddp", "jax-shard")
@@ -99,11 +100,23 @@ def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
     assert f"{PAIR[1]} x2: epoch 2/2 test_accuracy=" in proc.stdout
     assert "NOT GPU scaling" in proc.stdout and "mxnet-gluon: skipped" in proc.stdout
     assert "Every cell is one run" in proc.stdout and "use --repeat 3" in md
+    # TensorBoard (on by default): one event file per run under tensorboard/<run id>/, with the
+    # record's values; the viewer's own loader lists every run; the summary prints the command
+    tb = out / "tensorboard"
+    for name in runs:
+        assert_events_match_record(tb / name.removesuffix(".json"), read_json(out / "runs" / name))
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    viewer = EventMultiplexer().AddRunsFromDirectory(str(tb))
+    assert sorted(viewer.Runs()) == sorted(name.removesuffix(".json") for name in runs)
+    assert f".venv/bin/tensorboard --logdir {tb}" in proc.stdout
+    assert read_json(out / "config.json")["tensorboard"] == str(tb)
 
 
 def test_crashed_run_is_reported_and_the_others_keep_their_results(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["--frameworks", ",".join(PAIR), "--gpus", "1", "--preset", "smoke", "--out", str(out)]
+    args += ["--no-tensorboard"]
     proc = run_module("benchmarks.compare", *args, *RUN_TIMEOUT, env={"DPBENCH_FAIL": PAIR[1]})
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
@@ -119,6 +132,9 @@ def test_crashed_run_is_reported_and_the_others_keep_their_results(tmp_path: Pat
     md = (out / "results.md").read_text()
     assert "## Failed runs" in md and "failure injected" in md
     assert "failure injected" in proc.stdout  # the log tail, printed after the table
+    # --no-tensorboard: no event file anywhere, and no TensorBoard command printed
+    assert not list(out.rglob("events.out.tfevents.*")) and not (out / "tensorboard").exists()
+    assert "tensorboard --logdir" not in proc.stdout
 
 
 def _stand_in_python(tmp_path: Path, body: str) -> Path:

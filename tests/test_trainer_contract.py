@@ -40,6 +40,7 @@ from tests.conftest import (
     run_trainer,
     skip_without_interpreter,
 )
+from tests.test_tensorboard import assert_events_match_record
 
 # One step of two different programs (N devices vs 1): the updates from the same weights may
 # differ by float32 rounding only (reduction order; XLA and oneDNN choose differently per CPU).
@@ -372,11 +373,14 @@ def test_crash_inside_the_loop_keeps_the_measured_epochs(
 def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Path) -> None:
     """The digits preset at 1/8 width, 2 devices, 4 epochs: far above chance (0.10) on every
     test image, one epoch line per epoch (process 0 alone prints), and a record that says how
-    the run went: the shared start, the threads, the execution mode, the BN mode it used."""
+    the run went: the shared start, the threads, the execution mode, the BN mode it used; and
+    its TensorBoard curves (--tensorboard; MXNet's written in its own environment), read back
+    with TensorBoard's reader, hold the record's values (tests/test_tensorboard.py)."""
     bn = "sync" if framework == "jax-shard" else "local"  # jax-shard's global-batch BN
     out = tmp_path / "digits.json"
     args = ("--preset", "digits", "--width", "0.125", "--gpus", "2", "--epochs", "4")
-    proc = run_trainer(framework, *args, "--bn", bn, "--output", str(out))
+    tb = tmp_path / "tb"
+    proc = run_trainer(framework, *args, "--bn", bn, "--output", str(out), "--tensorboard", str(tb))
     ok(proc)
     rec = read_json(out)
     assert rec["status"] == "ok" and rec["bn_mode"] == bn
@@ -389,3 +393,4 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
     assert rec["threads"]["total"] == rec["threads"]["cores"]  # the threads rule on CPU
     assert rec["execution"] and rec["float32_precision"] == "fp32 (CPU)"
     assert [e["timed"] for e in rec["epochs"]] == [False, True, True, True]
+    assert_events_match_record(tb, rec)  # one event file: process 0 alone writes

@@ -1,0 +1,162 @@
+"""`--tensorboard DIR`: a run's curves as TensorBoard event files, written by process 0.
+
+Once per epoch, from the figures `RunRecorder` already holds (no extra host sync), with the
+global step (epochs done x steps per epoch) as the x axis:
+
+    train/loss  test/accuracy  test/loss  perf/images_per_sec  perf/epoch_sec  lr
+
+`lr` is the LR of the epoch's last step, read from the one LR table every trainer follows
+(`common.schedule.lr_table_for`). With the first epoch come two text entries: `config` (the
+resolved config) and `environment` (versions, device kind and count, threads, execution, host).
+
+The writer is tensorboardX's: framework-neutral (numpy and protobuf only), and the same pinned
+version installs in both environments (torch's `torch.utils.tensorboard` is missing from the
+MXNet one; TensorBoard's own package is the viewer, pinned in the main environment only). It is
+imported lazily, only by a process that writes, and without torch (`summary_writer_class`).
+Writing TensorBoard never costs the run its record: the first error is reported in one line and
+the run goes on without TensorBoard.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from common.config import Config, ConfigError
+from common.runtime import injected
+from common.schedule import lr_table_for
+
+if TYPE_CHECKING:
+    from common.results import RunRecorder
+
+# Each tag and the epoch row (common.results.RunRecorder.end_epoch) field it plots; "lr" is apart.
+SCALARS = {
+    "train/loss": "train_loss",
+    "test/accuracy": "test_accuracy",
+    "test/loss": "test_loss",
+    "perf/images_per_sec": "images_per_sec",
+    "perf/epoch_sec": "sec",
+}
+TAGS = (*SCALARS, "lr")
+TEXTS = ("config", "environment")
+PACKAGE = "tensorboardX"
+
+
+def check(cfg: Config) -> None:
+    """Refuse `--tensorboard DIR` before any work (ConfigError: exit 2, one line) when the writer
+    is not installed here or DIR cannot be a directory; create DIR."""
+    if not cfg.tensorboard:
+        return
+    if importlib.util.find_spec(PACKAGE) is None:
+        raise ConfigError(
+            f"--tensorboard needs the {PACKAGE} package, missing from {sys.prefix}; run "
+            "`bash scripts/setup.sh` (requirements/*.txt pin it) or drop --tensorboard"
+        )
+    try:
+        Path(cfg.tensorboard).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"--tensorboard {cfg.tensorboard}: cannot create that directory "
+            f"({exc.strerror or exc}); give a writable directory"
+        ) from None
+
+
+def summary_writer_class() -> Any:
+    """tensorboardX.SummaryWriter, imported without torch: tensorboardX's writer imports torch
+    whenever it is installed (to accept torch tensors), which would load torch into a JAX process
+    that never uses it. This writer is only given Python floats and strings."""
+    if "torch" in sys.modules or PACKAGE in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` -> ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
+
+
+def global_step(row: dict[str, Any], cfg: Config) -> tuple[int, int]:
+    """(global step at the end of the epoch of `row`, steps per epoch): every trainer reports
+    `images` = steps per epoch x the global batch."""
+    steps = row["images"] // cfg.batch_size
+    return row["epoch"] * steps, steps
+
+
+def epoch_scalars(row: dict[str, Any], lr: float) -> dict[str, float]:
+    """The scalars of one epoch row, by tag."""
+    return {**{tag: float(row[key]) for tag, key in SCALARS.items()}, "lr": float(lr)}
+
+
+def environment(recorder: RunRecorder) -> dict[str, Any]:
+    """How the run executed, from the recorder (the same facts as its record)."""
+    versions, host = recorder._about_host()
+    return {
+        "framework": recorder.cfg.framework,
+        "devices": recorder.devices,
+        "device_kind": recorder.device_kind,
+        "threads": recorder.threads,
+        "execution": recorder.execution,
+        "float32_precision": recorder.float32_precision,
+        "versions": versions,
+        "host": host,
+        "command": [sys.executable, *sys.argv],
+    }
+
+
+def _markdown_json(obj: Any) -> str:
+    # The text plugin renders Markdown: indent 4 spaces = a code block, kept verbatim.
+    text = json.dumps(obj, indent=2, default=str)
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+class EventLog:
+    """Process 0's event file for one run (in `logdir`); `RunRecorder` calls `epoch` once per
+    epoch and `close` when it builds the final record."""
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+        self._writer: Any = None
+        self._lr: tuple[int, Any] | None = None  # (steps per epoch, the LR table)
+        self.failed = False
+
+    def epoch(self, recorder: RunRecorder, row: dict[str, Any]) -> None:
+        """Write the epoch `row` just recorded (and, first, the config and environment texts)."""
+        if self.failed:
+            return
+        try:
+            cfg = recorder.cfg
+            if injected("tensorboard-error", cfg.framework):  # tests: a failing writer
+                raise OSError(f"injected TensorBoard write error in {self.logdir}")
+            step, steps = global_step(row, cfg)
+            if self._lr is None or self._lr[0] != steps:
+                self._lr = (steps, lr_table_for(cfg, steps))
+            lr = self._lr[1][min(step, len(self._lr[1])) - 1]
+            if self._writer is None:
+                self._writer = summary_writer_class()(logdir=self.logdir)
+                self._writer.add_text("config", _markdown_json(cfg.to_dict()), step)
+                self._writer.add_text("environment", _markdown_json(environment(recorder)), step)
+            for tag, value in epoch_scalars(row, lr).items():
+                self._writer.add_scalar(tag, value, step)
+            self._writer.flush()  # on disk now: a run killed later keeps its curves
+        except Exception as exc:
+            self.failed = True
+            print(
+                f"tensorboard: writing {self.logdir} failed ({type(exc).__name__}: {exc}); the "
+                "run goes on without TensorBoard (its record is unaffected)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:
+                pass  # every epoch was flushed when written
+            self._writer = None
