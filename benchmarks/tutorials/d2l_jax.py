@@ -49,9 +49,9 @@ from benchmarks.tutorials.record import (
 from common.config import Config, ConfigError
 from common.datasets import Dataset, load_for
 from common.pipeline import Normalizer, epoch_permutation, steps_per_epoch
-from common.runtime import simulate_host_devices
+from common.runtime import simulate_host_devices, use_xla_cpu_ynn
 from common.trainer import keep_measured_epochs, run_main
-from frameworks.jax_models import initial_variables, make_optimizer, select_devices
+from frameworks.jax_models import execution, initial_variables, make_optimizer, select_devices
 from frameworks.jax_pmap import build_model
 
 SOURCE = (
@@ -190,6 +190,7 @@ def train(cfg: Config) -> dict:
     p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices)
     p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)
     recorder = TutorialRecorder(cfg, TUTORIAL, ds, devices=num_devices, device_kind=kind)
+    recorder.execution = execution("pmap (one XLA program per device)", devices)
     with keep_measured_epochs(recorder):
         for epoch in range(cfg.epochs):
             t0 = time.perf_counter()
@@ -215,8 +216,10 @@ def train(cfg: Config) -> dict:
 
 
 def setup(cfg: Config) -> None:
-    """`--gpus` simulated CPU devices, before JAX's CPU backend starts (as jax-pmap)."""
+    """`--gpus` simulated CPU devices and XLA:CPU's kernels (--xla-cpu-ynn), before JAX's CPU
+    backend starts (as jax-pmap)."""
     simulate_host_devices(cfg.gpus)
+    use_xla_cpu_ynn(cfg.xla_cpu_ynn)  # the same XLA:CPU kernels as jax-pmap
 
 
 def main(argv: list[str] | None = None) -> int:
