@@ -6,9 +6,15 @@ threads) is set here, by `main()`, never at import time.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
+import sys
+import threading
+import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +56,67 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int, lifeline: Connection | None = None) -> None:
+    """In a worker process: die (SIGKILL) as soon as the parent `parent_pid` does, so that a
+    cancelled run (kill -9, the OOM killer, a scheduler) leaves no orphan training on, writing
+    checkpoints or a record. Linux: the kernel's parent-death signal (prctl PR_SET_PDEATHSIG).
+    Everywhere, and as a backstop: a daemon thread waiting on `lifeline`, a pipe whose other end
+    only the parent holds (end of file = the parent is gone), or without one polling the
+    parent's pid twice a second."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        except (OSError, AttributeError):
+            pass  # no prctl: the watchdog below still stops this process
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch() -> None:
+        if lifeline is not None:
+            try:
+                while True:
+                    lifeline.recv()  # the parent never sends: this returns at its death only
+            except (EOFError, OSError):
+                pass
+        else:
+            while os.getppid() == parent_pid:
+                time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def process_state(pid: int) -> str:
+    """A process's state letter from /proc (R running, S sleeping, T stopped, Z zombie ...);
+    "" where it is gone or there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def stale_launch_env() -> str | None:
+    """Why the SLURM variables of this environment do not describe a launch of this process
+    (None: they do, or there are none). srun gives every task SLURM_PROCID and SLURM_STEP_ID;
+    SLURM_NTASKS > 1 without them (a salloc shell, variables copied from another job) would make
+    the run wait for tasks that never start."""
+    env = os.environ
+    ntasks = env.get("SLURM_NTASKS", "1")
+    if not ntasks.isdigit() or int(ntasks) <= 1:
+        return None
+    if "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+        return None
+    return (
+        f"SLURM_NTASKS={ntasks} is set but this process was not started by srun (no "
+        "SLURM_PROCID/SLURM_STEP_ID): start it with srun, or `unset SLURM_NTASKS` for a run "
+        "on this machine alone"
+    )
 
 
 def printer(is_main: bool) -> Callable[..., None]:

@@ -456,9 +456,9 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return out
 
 
-def checkpoint_config(path: Path) -> dict[str, Any]:
-    """The config saved in a checkpoint (for common.trainer.check_resume)."""
-    return json.loads(serialization.msgpack_restore(path.read_bytes())["meta"])["config"]
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume)."""
+    return json.loads(serialization.msgpack_restore(path.read_bytes())["meta"])
 
 
 # -- devices ------------------------------------------------------------------------------------
@@ -566,7 +566,7 @@ class CompileMeter:
 def check_config(cfg: Config) -> None:
     """The JAX trainers' checks before training starts (ConfigError / DatasetError)."""
     check_available(cfg)
-    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
 
 
 def init_distributed() -> None:
