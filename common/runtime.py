@@ -61,20 +61,26 @@ def free_port() -> int:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent(parent_pid: int, lifeline: Connection | None = None) -> None:
-    """In a worker process: die (SIGKILL) as soon as the parent `parent_pid` does, so that a
+def die_with_parent(
+    parent_pid: int,
+    lifeline: Connection | None = None,
+    sig: int = signal.SIGKILL,
+    kernel: bool = True,
+) -> None:
+    """In a worker process: die (`sig`) as soon as the parent `parent_pid` does, so that a
     cancelled run (kill -9, the OOM killer, a scheduler) leaves no orphan training on, writing
-    checkpoints or a record. Linux: the kernel's parent-death signal (prctl PR_SET_PDEATHSIG).
-    Everywhere, and as a backstop: a daemon thread waiting on `lifeline`, a pipe whose other end
-    only the parent holds (end of file = the parent is gone), or without one polling the
-    parent's pid twice a second."""
-    if sys.platform.startswith("linux"):
+    checkpoints or a record. Linux (`kernel`): the kernel's parent-death signal (prctl
+    PR_SET_PDEATHSIG; it fires when the parent THREAD that started this process ends, so only
+    for a process started by the parent's main thread). Everywhere, and as a backstop: a daemon
+    thread waiting on `lifeline`, a pipe whose other end only the parent holds (end of file =
+    the parent is gone), or without one polling the parent's pid twice a second."""
+    if kernel and sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
         except (OSError, AttributeError):
             pass  # no prctl: the watchdog below still stops this process
     if os.getppid() != parent_pid:  # the parent died before the signal was armed
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
 
     def watch() -> None:
         if lifeline is not None:
@@ -86,7 +92,7 @@ def die_with_parent(parent_pid: int, lifeline: Connection | None = None) -> None
         else:
             while os.getppid() == parent_pid:
                 time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
@@ -139,6 +145,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+PARENT_ENV = "DPBENCH_PARENT_PID"
+
+
+def stop_with_harness() -> None:
+    """A trainer started by benchmarks.harness (which sets DPBENCH_PARENT_PID to its own pid)
+    gets SIGTERM when the harness dies, even by kill -9: it then stops its workers and writes
+    an "interrupted" record, as when the harness is signalled (it then kills the whole process
+    group itself). A watchdog thread, not prctl: the harness may start children from threads."""
+    parent = os.environ.get(PARENT_ENV, "")
+    if parent.isdigit() and int(parent) == os.getppid():
+        die_with_parent(int(parent), sig=signal.SIGTERM, kernel=False)
 
 
 FAIL_ENV = "DPBENCH_FAIL"

@@ -42,7 +42,7 @@ from common import cli, tensorboard
 from common.config import Config, ConfigError, check_same_run
 from common.datasets import DatasetError
 from common.results import RunRecorder
-from common.runtime import atomic_write_bytes
+from common.runtime import atomic_write_bytes, stop_with_harness
 
 BAD_INPUT = (ConfigError, DatasetError)
 
@@ -200,6 +200,7 @@ def run_main(
     lock = None
     try:
         with interruptible():
+            stop_with_harness()
             lock = lock_checkpoint_dir(cfg)
             if setup is not None:
                 setup(cfg)
