@@ -62,7 +62,17 @@ class Interrupted(BaseException):
         self.recorded = False
 
 
+def shield_interrupts() -> None:
+    """Ignore further SIGTERM / SIGINT while an interrupted run stops its workers and writes its
+    record (a scheduler signals every process of a job; a second Ctrl-C is common): a second
+    `Interrupted` raised half-way would lose the record. `interruptible` restores the handlers."""
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+
+
 def _raise_interrupted(signum: int, frame: Any) -> None:
+    shield_interrupts()
     raise Interrupted(signum)
 
 
@@ -296,9 +306,9 @@ def check_resume(cfg: Config, path: Path, read_meta: Callable[[Path], dict[str, 
         raise ConfigError(
             f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
         ) from None
-    check_same_run(saved, cfg, str(path))
     if done > cfg.epochs:
         raise ConfigError(
             f"checkpoint {path} is after epoch {done} but --epochs is {cfg.epochs}; resume "
             f"with --epochs {done} or more, or use a new --checkpoint-dir"
         )
+    check_same_run(saved, cfg, str(path))

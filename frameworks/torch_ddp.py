@@ -72,6 +72,7 @@ from common.trainer import (
     keep_measured_epochs,
     run_main,
     save_final_state,
+    shield_interrupts,
     should_log,
 )
 from frameworks.torch_models import (
@@ -412,6 +413,11 @@ def spawn(cfg: Config) -> dict:
             if errors or any(p.exitcode not in (None, 0) for p in workers):
                 break
         read(reports)  # what a worker sent just before it exited
+        signalled = [
+            -p.exitcode for p in workers if p.exitcode in (-signal.SIGTERM, -signal.SIGINT)
+        ]
+        if signalled and not errors:  # a scheduler signalled the whole job, workers first
+            raise Interrupted(signalled[0])
         if errors or any(p.exitcode not in (None, 0) for p in workers):
             error, bad_input = _failure(cfg, workers, errors)
             _stop(workers, cfg)
@@ -424,7 +430,9 @@ def spawn(cfg: Config) -> dict:
                 raise RunFailed(error)
             raise RuntimeError(error)
     except Interrupted as exc:
+        shield_interrupts()  # this process's own SIGTERM may come after its workers'
         _stop(workers, cfg)
+        read(reports)  # the last epoch rank 0 reported before it was stopped
         if record:
             record.update(status="interrupted", error=str(exc))
             if cfg.output:
