@@ -33,7 +33,7 @@ import pytest
 
 from common.config import ConfigError, preset
 from common.runtime import process_state
-from tests.conftest import MAIN_PYTHON, ROOT, SMOKE, ok, one_line_error, read_json, run_trainer
+from tests.conftest import MAIN_PYTHON, ROOT, SMOKE, one_line_error, read_json, run_trainer
 
 PY = str(MAIN_PYTHON)
 # torch-ddp at 2 CPU processes on the smoke preset, running long enough to be cancelled.
@@ -320,32 +320,40 @@ def test_resume_refuses_other_hyper_parameters_and_fewer_epochs(tmp_path):
         check_resume(cosine.replace(epochs=6), ck, lambda p: cos_meta)
 
 
-def test_a_resumed_record_is_true(tmp_path):
-    """torch-dp killed after epoch 2 of 3, resumed: refused with --epochs 1 (nothing written),
-    then the record counts 3 epochs, keeps every epoch's LR (cosine, from the
-    schedule) and times neither process's first epoch."""
+def test_a_resumed_record_is_true(tmp_path, capsys):
+    """torch-dp (in-process, each main() call one "process": its own recorder) runs 2 epochs,
+    then a resume with --epochs 1 is refused (one line, nothing written), then one with
+    --epochs 3 ends with a record that counts 3 epochs, keeps every epoch's LR (a step
+    schedule, read from the schedule) and times neither process's first epoch."""
     from common.schedule import lr_table_for
+    from frameworks.torch_dp import main
 
     ck, out = str(tmp_path / "ck"), tmp_path / "run.json"
-    args = (*SMOKE, "--epochs", "3", "--lr-schedule", "cosine", "--checkpoint-dir", ck)
-    cut = run_trainer("torch-dp", *args, "--output", str(out), env={"DPBENCH_FAIL": "torch-dp@2"})
-    assert cut.returncode != 0 and not out.exists()  # killed: os._exit after epoch 2
-    before = sorted(p.name for p in Path(ck).iterdir())
-    bad = run_trainer("torch-dp", *args, "--resume", "--output", str(out), "--epochs", "1")
-    one_line_error(bad, "is after epoch 2 but --epochs is 1")  # (other settings: test above)
-    assert not out.exists() and sorted(p.name for p in Path(ck).iterdir()) == before
-    ok(run_trainer("torch-dp", *args, "--resume", "--output", str(out)))
+    sched = ("--lr-schedule", "step", "--lr-step-epochs", "1,2", "--lr-step-factor", "0.5")
+    args = [*SMOKE, *sched, "--checkpoint-dir", ck, "--output", str(out)]
+    assert main([*args, "--epochs", "2"]) == 0
+    first = read_json(out)
+    files = lambda: {p.name: p.stat().st_mtime_ns for p in Path(ck).iterdir() if p.name != ".lock"}  # noqa: E731
+    before = files()
+    capsys.readouterr()
+    assert main([*args, "--epochs", "1", "--resume"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "is after epoch 2 but --epochs is 1; resume with --epochs 2 or more" in line
+    assert read_json(out) == first  # nothing written, the checkpoint untouched
+    assert files() == before
+    assert main([*args, "--epochs", "3", "--resume"]) == 0
     rec = read_json(out)
     assert rec["config"]["epochs"] == 3 and [e["epoch"] for e in rec["epochs"]] == [1, 2, 3]
+    assert rec["epochs"][:2] == first["epochs"]  # the first process's rows, kept as they were
     assert [e["timed"] for e in rec["epochs"]] == [False, True, False]
-    cfg = preset("smoke", lr_schedule="cosine", epochs=3)
+    assert rec["sec_per_epoch"] == pytest.approx(rec["epochs"][1]["sec"])
+    cfg = preset("smoke", lr_schedule="step", lr_step_epochs=(1, 2), lr_step_factor=0.5)
     steps = rec["epochs"][0]["images"] // cfg.batch_size
-    table = lr_table_for(cfg, steps)
+    table = lr_table_for(cfg.replace(epochs=3), steps)
+    assert [e["lr"] for e in rec["epochs"]] == pytest.approx([0.05, 0.025, 0.0125])
     for e in rec["epochs"]:
-        first = (e["epoch"] - 1) * steps
-        assert e["lr"] == pytest.approx(table[first]), e
-        assert e["lr_last"] == pytest.approx(table[first + steps - 1]), e
-    assert rec["epochs"][0]["lr"] > rec["epochs"][2]["lr"]  # cosine: the history, not one value
+        assert e["lr"] == pytest.approx(table[(e["epoch"] - 1) * steps])
+        assert e["lr_last"] == pytest.approx(table[e["epoch"] * steps - 1])
 
 
 # ---- stale launch variables -----------------------------------------------------------------
@@ -369,12 +377,20 @@ def test_stale_slurm_and_master_variables_are_one_line(monkeypatch):
     check_master_addr("127.0.0.1", rank0=True)
 
 
-def test_stale_slurm_refused_by_a_trainer_in_one_line(tmp_path):
+def test_stale_slurm_refused_by_a_trainer_in_one_line(tmp_path, monkeypatch):
+    out = tmp_path / "r.json"
     env = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0"}  # no SLURM_STEP_ID: not srun's
-    for framework in ("torch-ddp", "jax-pmap"):
-        bad = run_trainer(framework, *SMOKE, "--output", str(tmp_path / "r.json"), env=env)
-        one_line_error(bad, "SLURM_NTASKS=2 is set but this process was not started by srun")
-        assert not (tmp_path / "r.json").exists()
+    bad = run_trainer("torch-ddp", *SMOKE, "--gpus", "2", "--output", str(out), env=env)
+    one_line_error(bad, "SLURM_NTASKS=2 is set but this process was not started by srun")
+    assert not out.exists()
+    from frameworks.jax_models import init_distributed  # (JAX: the same check, in-process)
+
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match="not started by srun"):
+        init_distributed(5)  # before jax.distributed.initialize would wait for task 1
 
 
 def test_collective_timeout_is_range_checked():
