@@ -408,7 +408,8 @@ def spawn(cfg: Config) -> dict:
             lifelines.append(life_w)
             reports[rank] = report_r
         while any(p.exitcode is None for p in workers):
-            wait([*reports.values(), *(p.sentinel for p in workers)], timeout=1.0)
+            live = [p.sentinel for p in workers if p.exitcode is None]
+            wait([*reports.values(), *live], timeout=1.0)
             read(reports)
             if errors or any(p.exitcode not in (None, 0) for p in workers):
                 break
