@@ -211,11 +211,11 @@ def run_main(
     try:
         with interruptible():
             stop_with_harness()
-            lock = lock_checkpoint_dir(cfg)
             if setup is not None:
                 setup(cfg)
             check(cfg)
             tensorboard.check(cfg)
+            lock = lock_checkpoint_dir(cfg)  # after the checks: bad input creates nothing
             record = train(cfg)
     except BAD_INPUT as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
