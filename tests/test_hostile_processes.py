@@ -221,6 +221,46 @@ def test_a_worker_dies_with_its_parent(mode):
             os.kill(child, signal.SIGKILL)
 
 
+LIFELINE = """
+import multiprocessing as mp, os, sys, time
+sys.path.insert(0, {root!r})
+from common.runtime import die_with_parent
+
+
+def child(parent, lifeline):
+    die_with_parent(parent, lifeline, kernel=False)  # the pipe alone (no prctl, no polling)
+    print("armed", flush=True)
+    time.sleep(60)
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")  # as torch-ddp starts its ranks
+    r, w = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=child, args=(os.getpid(), r))
+    proc.start()
+    r.close()
+    print(proc.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_the_lifeline_pipe_alone_stops_a_spawned_worker(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(LIFELINE.format(root=str(ROOT)))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert parent.stdout.readline().strip() == "armed"  # the parent is alive past this point
+    assert process_state(child) not in ("", "Z")
+    parent.kill()
+    parent.wait()
+    try:
+        assert gone([child], within=3.0)
+    finally:
+        if process_state(child) not in ("", "Z"):
+            os.kill(child, signal.SIGKILL)
+
+
 # ---- interrupted single-process trainers (in-process) --------------------------------------
 
 
