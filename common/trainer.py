@@ -203,7 +203,9 @@ def run_main(
     devices, the distributed runtime); `check(cfg)` refuses bad input before any work;
     both may raise ConfigError / DatasetError (exit 2), as may `train` (a check that needs the
     framework running). Any other exception from `train` is a failed run: one line on stderr,
-    a 'failed' record (`on_failure`, default `failure_record`), exit 1.
+    a 'failed' record (`on_failure`, default `failure_record`), exit 1. SIGTERM / SIGINT: an
+    'interrupted' record (the epochs so far), one line, exit 128 + the signal (143 / 130).
+    Rank 0 holds `--checkpoint-dir`'s lock from the checks to the end.
     """
     prog = prog or prog_name(framework)
     cfg = cli.parse_args(argv, framework, prog=prog)
