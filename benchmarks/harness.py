@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from common.config import PRECISIONS
-from common.runtime import ROOT, atomic_write_bytes, cpu_threads
+from common.runtime import PARENT_ENV, ROOT, atomic_write_bytes, cpu_threads
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
 TOOL = "python -m benchmarks.{}"  # how each tool is started
@@ -388,18 +388,20 @@ def run_tool(
 ) -> int:
     """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM (a cancelled
     CI job, a time limit around the tool) ends the run like Ctrl-C, as a KeyboardInterrupt that
-    `execute` turns into saved partial results and exit code 130."""
+    `execute` turns into saved partial results and exit code 130. SIGHUP (the terminal or the
+    ssh session gone) likewise: every child's process group is killed, none is left running."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         plan = make_plan(args)
     except UsageError as exc:
         print(f"{tool}: error: {exc}", file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return execute(plan)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _interrupt(signum: int, frame: Any) -> NoReturn:
@@ -414,6 +416,7 @@ def child_env() -> dict[str, str]:
     as they are printed), OpenMP threads that fill the cores and sleep when idle, and no
     simulated-device count inherited (every JAX child sets its own)."""
     env = dict(os.environ)
+    env[PARENT_ENV] = str(os.getpid())  # a trainer stops itself if this process dies (kill -9)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))

@@ -162,6 +162,11 @@ class Config:
         False, "measure data / transfer / compute / communication / update time per phase"
     )
     prefetch: int = opt(2, "batches prepared ahead by the background loader")
+    collective_timeout: float = opt(
+        300.0,
+        "seconds a process waits for the others (rendezvous, all-reduce) before the run fails "
+        "naming the rank that did not answer (torch-ddp, multi-process JAX)",
+    )
     compile_cache: bool = opt(
         True,
         "JAX: keep compiled XLA programs in --cache-dir, so that a second run of the same "
@@ -355,6 +360,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
     if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
         raise ConfigError("--nesterov needs --momentum > 0")
+    if not (math.isfinite(cfg.collective_timeout) and 1 <= cfg.collective_timeout <= 86400):
+        raise ConfigError(
+            f"--collective-timeout must be between 1 and 86400 seconds (got "
+            f"{cfg.collective_timeout}); the default is 300"
+        )
 
 
 def per_device(global_batch: int, devices: int) -> int:
@@ -404,27 +414,58 @@ __all__ = [
 ]
 
 
-# Settings that make a checkpoint belong to a run: resuming with any of them changed is refused.
+# Settings that make a checkpoint belong to a run: resuming with any of them changed is refused
+# (the model, the data and its order, every hyper-parameter of the update and of the LR
+# schedule: a resumed run must be the run it continues, and its record says so). --epochs may
+# grow, except under the cosine schedule, which spans --epochs.
 RESUME_KEYS = (
     "model",
     "width",
+    "dropout",
     "dataset",
     "image_size",
+    "augment",
+    "train_limit",
+    "synthetic_train",
     "synthetic_classes",
+    "synthetic_channels",
     "batch_size",
+    "max_steps_per_epoch",
     "seed",
     "init",
     "optimizer",
+    "lr",
+    "lr_base_batch",
+    "lr_scaling",
+    "lr_schedule",
+    "lr_step_epochs",
+    "lr_step_factor",
+    "warmup_epochs",
+    "warmup_start_factor",
+    "momentum",
+    "nesterov",
+    "weight_decay",
+    "label_smoothing",
+    "novograd_betas",
     "bn",
+    "bn_momentum",
+    "bn_eps",
 )
 
 
 def check_same_run(saved: dict[str, Any], cfg: Config, path: str) -> None:
     """Raise ConfigError if checkpoint `path` (its saved config `saved`) is from another run."""
+
+    def same(value: Any, now: Any) -> bool:  # JSON keeps tuples as lists
+        return (tuple(value) if isinstance(value, list) else value) == now
+
+    keys = [k for k in RESUME_KEYS if k in saved]
+    if cfg.lr_schedule == "cosine" and "epochs" in saved:
+        keys.append("epochs")
     diff = [
-        f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
-        for k in RESUME_KEYS
-        if saved.get(k) != getattr(cfg, k)
+        f"--{k.replace('_', '-')} {saved[k]!r} (now {getattr(cfg, k)!r})"
+        for k in keys
+        if not same(saved[k], getattr(cfg, k))
     ]
     if diff:
         raise ConfigError(

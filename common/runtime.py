@@ -6,9 +6,15 @@ threads) is set here, by `main()`, never at import time.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
+import sys
+import threading
+import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +58,73 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(
+    parent_pid: int,
+    lifeline: Connection | None = None,
+    sig: int = signal.SIGKILL,
+    kernel: bool = True,
+) -> None:
+    """In a worker process: die (`sig`) as soon as the parent `parent_pid` does, so that a
+    cancelled run (kill -9, the OOM killer, a scheduler) leaves no orphan training on, writing
+    checkpoints or a record. Linux (`kernel`): the kernel's parent-death signal (prctl
+    PR_SET_PDEATHSIG; it fires when the parent THREAD that started this process ends, so only
+    for a process started by the parent's main thread). Everywhere, and as a backstop: a daemon
+    thread waiting on `lifeline`, a pipe whose other end only the parent holds (end of file =
+    the parent is gone), or without one polling the parent's pid twice a second."""
+    if kernel and sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+        except (OSError, AttributeError):
+            pass  # no prctl: the watchdog below still stops this process
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os.kill(os.getpid(), sig)
+
+    def watch() -> None:
+        if lifeline is not None:
+            try:
+                while True:
+                    lifeline.recv()  # the parent never sends: this returns at its death only
+            except (EOFError, OSError):
+                pass
+        else:
+            while os.getppid() == parent_pid:
+                time.sleep(0.5)
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def process_state(pid: int) -> str:
+    """A process's state letter from /proc (R running, S sleeping, T stopped, Z zombie ...);
+    "" where it is gone or there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def stale_launch_env() -> str | None:
+    """Why the SLURM variables of this environment do not describe a launch of this process
+    (None: they do, or there are none). srun gives every task SLURM_PROCID and SLURM_STEP_ID;
+    SLURM_NTASKS > 1 without them (a salloc shell, variables copied from another job) would make
+    the run wait for tasks that never start."""
+    env = os.environ
+    ntasks = env.get("SLURM_NTASKS", "1")
+    if not ntasks.isdigit() or int(ntasks) <= 1:
+        return None
+    if "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+        return None
+    return (
+        f"SLURM_NTASKS={ntasks} is set but this process was not started by srun (no "
+        "SLURM_PROCID/SLURM_STEP_ID): start it with srun, or `unset SLURM_NTASKS` for a run "
+        "on this machine alone"
+    )
+
+
 def printer(is_main: bool) -> Callable[..., None]:
     """`print` on rank 0, a no-op elsewhere (only rank 0 prints)."""
 
@@ -72,6 +145,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+PARENT_ENV = "DPBENCH_PARENT_PID"
+
+
+def stop_with_harness() -> None:
+    """A trainer started by benchmarks.harness (which sets DPBENCH_PARENT_PID to its own pid)
+    gets SIGTERM when the harness dies, even by kill -9: it then stops its workers and writes
+    an "interrupted" record, as when the harness is signalled (it then kills the whole process
+    group itself). A watchdog thread, not prctl: the harness may start children from threads."""
+    parent = os.environ.get(PARENT_ENV, "")
+    if parent.isdigit() and int(parent) == os.getppid():
+        die_with_parent(int(parent), sig=signal.SIGTERM, kernel=False)
 
 
 FAIL_ENV = "DPBENCH_FAIL"

@@ -524,6 +524,6 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return {torch_key(n): p.data(state.ctx[0]).asnumpy() for n, p in params.items()}
 
 
-def checkpoint_config(path: Path) -> dict[str, Any]:
-    """The config saved in a checkpoint (for common.trainer.check_resume)."""
-    return json.loads(path.read_text())["config"]
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume)."""
+    return json.loads(path.read_text())

@@ -422,6 +422,6 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() for k, v in state.module.state_dict().items()}
 
 
-def checkpoint_config(path: Path) -> dict[str, Any]:
-    """The config saved in a checkpoint (for common.trainer.check_resume)."""
-    return torch.load(path, map_location="cpu", weights_only=True)["config"]
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume)."""
+    return torch.load(path, map_location="cpu", weights_only=True)
