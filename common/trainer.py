@@ -35,7 +35,7 @@ from common import cli, tensorboard
 from common.config import Config, ConfigError, check_same_run
 from common.datasets import DatasetError
 from common.results import RunRecorder
-from common.runtime import atomic_write_bytes
+from common.runtime import atomic_write_bytes, unwritable
 
 BAD_INPUT = (ConfigError, DatasetError)
 
@@ -109,6 +109,7 @@ def run_main(
     prog = prog or prog_name(framework)
     cfg = cli.parse_args(argv, framework, prog=prog)
     try:
+        check_outputs(cfg)
         if setup is not None:
             setup(cfg)
         check(cfg)
@@ -127,7 +128,10 @@ def run_main(
             print(f"{prog}: error: {message}", file=sys.stderr)
             return 2
         print(f"{prog}: failed: {error}", file=sys.stderr)
-        (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
+        try:
+            (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
+        except OSError as write_error:  # e.g. the disk filled up: say so, no second traceback
+            print(f"{prog}: could not write the failure record: {write_error}", file=sys.stderr)
         return 1
     if record.get("status") == "failed":
         print(f"{prog}: failed: {record.get('error', '')}", file=sys.stderr)
@@ -176,15 +180,48 @@ def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
     atomic_write_bytes(cfg.save_state, buf.getvalue())
 
 
+def check_outputs(cfg: Config) -> None:
+    """--output, --save-state and --checkpoint-dir writable before anything starts (not after
+    an hour of training): one line naming the path, exit 2. Creates nothing."""
+    for flag, path, kind in (
+        ("--output", cfg.output, "file"),
+        ("--save-state", cfg.save_state, "file"),
+        ("--checkpoint-dir", cfg.checkpoint_dir, "dir"),
+    ):
+        why = path and unwritable(path, kind)
+        if why:
+            raise ConfigError(f"{flag} {path}: {why}; choose another path")
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line: its first non-empty line (torch's load errors run
+    over several lines, with advice that does not apply), or its type name."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+@contextmanager
+def reading_checkpoint(path: Path) -> Iterator[None]:
+    """Around the load of a checkpoint: a corrupt, truncated or foreign file is bad input (one
+    line, exit 2), whatever the framework's loader raised."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot read checkpoint {path} ({type(exc).__name__}: {first_line(exc)}); "
+            "delete it or drop --resume"
+        ) from None
+
+
 def check_resume(cfg: Config, path: Path, read_config: Callable[[Path], dict[str, Any]]) -> None:
     """Refuse to resume from checkpoint `path` of a different run (one clear error).
     `read_config(path)` returns the config saved in it (the framework knows the format)."""
     if not (cfg.resume and path.exists()):
         return
-    try:
+    with reading_checkpoint(path):
         saved = read_config(path)
-    except Exception as exc:
-        raise ConfigError(
-            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
-        ) from None
+        if not isinstance(saved, dict):
+            raise ValueError("no run configuration in it")
     check_same_run(saved, cfg, str(path))

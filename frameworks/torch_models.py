@@ -35,7 +35,7 @@ from common.pipeline import EvalLoader
 from common.results import RunRecorder
 from common.runtime import atomic_write_bytes
 from common.timing import PhaseTimer
-from common.trainer import checkpoint_meta, restore_meta
+from common.trainer import checkpoint_meta, reading_checkpoint, restore_meta
 
 NormLayer = Callable[[int], nn.Module]
 
@@ -409,11 +409,12 @@ def load_checkpoint(
 ) -> tuple[TrainState, int]:
     """Restore the latest checkpoint (tensors and plain containers only: weights_only=True);
     return the state and the epoch to continue from."""
-    ckpt = torch.load(checkpoint_path(cfg), map_location=state.device, weights_only=True)
-    state.module.load_state_dict(ckpt["model"])
-    state.optimizer.load_state_dict(ckpt["optimizer"])
-    state.scaler.load_state_dict(ckpt["scaler"])
-    epoch, state.step = restore_meta(ckpt, recorder)
+    with reading_checkpoint(checkpoint_path(cfg)):  # corrupt or foreign: one line, exit 2
+        ckpt = torch.load(checkpoint_path(cfg), map_location=state.device, weights_only=True)
+        state.module.load_state_dict(ckpt["model"])
+        state.optimizer.load_state_dict(ckpt["optimizer"])
+        state.scaler.load_state_dict(ckpt["scaler"])
+        epoch, state.step = restore_meta(ckpt, recorder)
     return state, epoch
 
 
