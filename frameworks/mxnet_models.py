@@ -493,7 +493,8 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
         for name, p in state.model._collect_params_with_prefix().items()
     }
     atomic_write_with(index.with_name(f"{tag}.params"), lambda tmp: mx.nd.save(tmp, params))
-    states = optimizer_arrays(state.trainer)  # context 0's optimiser state (all are identical)
+    # context 0's optimiser state (all are identical)
+    states = optimizer_arrays(state.trainer, state.model)
     atomic_write_with(index.with_name(f"{tag}.states"), lambda tmp: mx.nd.save(tmp, states))
     meta = checkpoint_meta(cfg, recorder, epoch, state.step)
     write_json_atomic(index, {"params": f"{tag}.params", "states": f"{tag}.states", **meta})
@@ -502,15 +503,24 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
             old.unlink(missing_ok=True)
 
 
-def optimizer_arrays(trainer: gluon.Trainer) -> dict[str, mx.nd.NDArray]:
+def state_names(trainer: gluon.Trainer, model: gluon.Block) -> list[str]:
+    """The structural name ("layer1.0.conv1.weight") of each of the Trainer's parameters, in
+    its index order: Gluon's own names carry a per-instance counter (resnet180_conv3_weight)
+    and the Trainer orders its parameters by them, so an index alone names nothing stable."""
+    by_id = {id(p): name for name, p in model._collect_params_with_prefix().items()}
+    return [by_id[id(p)] for p in trainer._params]
+
+
+def optimizer_arrays(trainer: gluon.Trainer, model: gluon.Block) -> dict[str, mx.nd.NDArray]:
     """Context 0's optimiser states as named NDArrays (Gluon's `save_states` pickles them):
-    parameter i's state is "i" (one array) or "i.j" (the j-th item of a list or tuple; a
-    Python number, such as TorchSGD's previous LR, as a float64 scalar, exactly)."""
+    a parameter's state is "<name>" (one array) or "<name>#j" (the j-th item of a list or
+    tuple; a Python number, such as TorchSGD's previous LR, as a float64 scalar, exactly)."""
+    names = state_names(trainer, model)
     out: dict[str, mx.nd.NDArray] = {}
     for i, st in trainer._updaters[0].states.items():
         items = st if isinstance(st, (list, tuple)) else [st]
         for j, item in enumerate(items):
-            key = f"{i}.{j}" if isinstance(st, (list, tuple)) else str(i)
+            key = f"{names[i]}#{j}" if isinstance(st, (list, tuple)) else names[i]
             if isinstance(item, mx.nd.NDArray):
                 out[key] = item.as_in_context(mx.cpu())
             elif item is not None:
@@ -518,7 +528,9 @@ def optimizer_arrays(trainer: gluon.Trainer) -> dict[str, mx.nd.NDArray]:
     return out
 
 
-def load_optimizer_arrays(trainer: gluon.Trainer, arrays: Mapping[str, mx.nd.NDArray]) -> None:
+def load_optimizer_arrays(
+    trainer: gluon.Trainer, model: gluon.Block, arrays: Mapping[str, mx.nd.NDArray]
+) -> None:
     """The inverse of `optimizer_arrays`, into every context's updater: each state is built by
     the optimiser's own `create_state` (so its structure, shapes and dtypes come from this
     model, not from the file) and then filled; a missing, extra or misshapen array raises
@@ -527,6 +539,7 @@ def load_optimizer_arrays(trainer: gluon.Trainer, arrays: Mapping[str, mx.nd.NDA
         trainer._init_kvstore()
     if trainer._params_to_init:
         trainer._init_params()
+    names = state_names(trainer, model)
     used: set[str] = set()
 
     def fill(template: Any, key: str) -> Any:
@@ -552,9 +565,11 @@ def load_optimizer_arrays(trainer: gluon.Trainer, arrays: Mapping[str, mx.nd.NDA
         for i, param in enumerate(trainer._params):
             template = updater.optimizer.create_state_multi_precision(i, param.list_data()[k])
             if isinstance(template, (list, tuple)):
-                states[i] = type(template)(fill(t, f"{i}.{j}") for j, t in enumerate(template))
+                states[i] = type(template)(
+                    fill(t, f"{names[i]}#{j}") for j, t in enumerate(template)
+                )
             else:
-                states[i] = fill(template, str(i))
+                states[i] = fill(template, names[i])
         updater.states = states
         updater.states_synced = dict.fromkeys(states, True)  # built on this context already
     extra = sorted(set(arrays) - used)
@@ -574,7 +589,7 @@ def load_checkpoint(
         states = mx.nd.load(str(index.with_name(ckpt["states"])))
         if not isinstance(states, dict):
             raise ValueError("the optimiser states are not named arrays")
-        load_optimizer_arrays(state.trainer, states)
+        load_optimizer_arrays(state.trainer, state.model, states)
         epoch, state.step = restore_meta(ckpt, recorder)
     return state, epoch
 
