@@ -195,8 +195,11 @@ def check_outputs(cfg: Config) -> None:
 
 def first_line(exc: BaseException) -> str:
     """An exception's message as one line: its first non-empty line (torch's load errors run
-    over several lines, with advice that does not apply), or its type name."""
+    over several lines, with advice that does not apply), the last one of a message that holds
+    a C++ traceback (MXNet), or its type name."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Traceback"):  # MXNet's C++ errors: the cause comes last
+        return re.sub(r"^\w+Error: ", "", lines[-1])
     return lines[0] if lines else type(exc).__name__
 
 
