@@ -182,7 +182,8 @@ def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
 
 def check_outputs(cfg: Config) -> None:
     """--output, --save-state and --checkpoint-dir writable before anything starts (not after
-    an hour of training): one line naming the path, exit 2. Creates nothing."""
+    an hour of training; --tensorboard has its own check): one line naming the path, exit 2.
+    Creates nothing."""
     for flag, path, kind in (
         ("--output", cfg.output, "file"),
         ("--save-state", cfg.save_state, "file"),
