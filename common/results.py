@@ -15,15 +15,14 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from common.config import Config
+from common.runtime import atomic_write_bytes
 from common.schedule import lr_table_for
 from common.tensorboard import EventLog
 
@@ -31,20 +30,10 @@ STATUSES = ("ok", "diverged", "failed", "interrupted")
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write `obj` as JSON to `path` via a temporary file and rename: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, default=_json_default)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write `obj` as JSON to `path` via a temporary file and rename: never half-written, no
+    temporary file left behind when the write fails, the same file mode as the logs."""
+    text = json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
+    atomic_write_bytes(path, text.encode())
 
 
 def _json_default(o: Any) -> Any:

@@ -6,11 +6,13 @@ threads) is set here, by `main()`, never at import time.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -135,16 +137,88 @@ def printer(is_main: bool) -> Callable[..., None]:
     return _print
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to `path` via a temporary file and rename (for checkpoints)."""
+def file_mode() -> int:
+    """The mode a plain `open(path, "w")` gives a new file (0666 less the umask): results,
+    checkpoints and logs all get it (mkstemp's 0600 made results unreadable where logs were not)."""
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+    """`write(tmp)` fills a temporary file beside `path`, which is then synced and renamed onto
+    `path`: a reader sees the old complete file or the new one. A write that fails (a full disk,
+    ENOSPC; a read-only file system) removes its temporary file and re-raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # <file>.<random>.tmp<pid>: the pid tells whose it is (torch-ddp's parent removes the
+    # temp file of a worker it killed mid-write)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=f".tmp{os.getpid()}")
+    try:
+        os.fchmod(fd, file_mode())
+        os.close(fd)
+        write(tmp)
+        with open(tmp, "rb+") as f:  # the data on disk before the rename points at it
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` atomically (see `atomic_write_with`): checkpoints, results."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    atomic_write_with(path, write)
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+MIN_FREE_BYTES = 1 << 20  # an output file system with less free space than this is "full"
+
+
+def unwritable(path: str | os.PathLike[str], kind: str = "file") -> str | None:
+    """Why `path` (a file, or a directory with kind="dir") cannot be written, or None when it
+    can: it is the wrong kind of thing, its nearest existing directory is not writable (a
+    read-only file system included) or that file system is full. Checked before a run starts,
+    so that a run does not train for an hour and then lose its result. Creates nothing."""
+    path = Path(path).expanduser().absolute()
+    if path.exists():
+        if kind == "file" and not path.is_file():
+            return f"{path} exists and is not a file"
+        if kind == "dir" and not path.is_dir():
+            return f"{path} exists and is not a directory"
+        if kind == "dir":
+            return _unwritable_dir(path)
+    parent = path if kind == "dir" else path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory, so {path} cannot be created"
+    return _unwritable_dir(parent)
+
+
+def _unwritable_dir(d: Path) -> str | None:
+    if not os.access(d, os.W_OK | os.X_OK):
+        return f"{d} is not writable (permissions or a read-only file system)"
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return None
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        return f"the file system of {d} is full"
+    return None
 
 
 PARENT_ENV = "DPBENCH_PARENT_PID"

@@ -42,7 +42,7 @@ from common import cli, tensorboard
 from common.config import Config, ConfigError, check_same_run
 from common.datasets import DatasetError
 from common.results import RunRecorder
-from common.runtime import atomic_write_bytes, stop_with_harness
+from common.runtime import atomic_write_bytes, stop_with_harness, unwritable
 
 BAD_INPUT = (ConfigError, DatasetError)
 
@@ -213,6 +213,7 @@ def run_main(
     try:
         with interruptible():
             stop_with_harness()
+            check_outputs(cfg)
             if setup is not None:
                 setup(cfg)
             check(cfg)
@@ -237,7 +238,10 @@ def run_main(
             print(f"{prog}: error: {message}", file=sys.stderr)
             return 2
         print(f"{prog}: failed: {error}", file=sys.stderr)
-        (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
+        try:
+            (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
+        except OSError as write_error:  # e.g. the disk filled up: say so, no second traceback
+            print(f"{prog}: could not write the failure record: {write_error}", file=sys.stderr)
         return 1
     finally:
         if lock is not None:
@@ -295,19 +299,56 @@ def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
     atomic_write_bytes(cfg.save_state, buf.getvalue())
 
 
+def check_outputs(cfg: Config) -> None:
+    """--output, --save-state and --checkpoint-dir writable before anything starts (not after
+    an hour of training; --tensorboard has its own check): one line naming the path, exit 2.
+    Creates nothing."""
+    for flag, path, kind in (
+        ("--output", cfg.output, "file"),
+        ("--save-state", cfg.save_state, "file"),
+        ("--checkpoint-dir", cfg.checkpoint_dir, "dir"),
+    ):
+        why = path and unwritable(path, kind)
+        if why:
+            raise ConfigError(f"{flag} {path}: {why}; choose another path")
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line: its first non-empty line (torch's load errors run
+    over several lines, with advice that does not apply), the last one of a message that holds
+    a C++ traceback (MXNet), or its type name."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Traceback"):  # MXNet's C++ errors: the cause comes last
+        return re.sub(r"^\w+Error: ", "", lines[-1])
+    return lines[0] if lines else type(exc).__name__
+
+
+@contextmanager
+def reading_checkpoint(path: Path) -> Iterator[None]:
+    """Around the load of a checkpoint: a corrupt, truncated or foreign file is bad input (one
+    line, exit 2), whatever the framework's loader raised."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot read checkpoint {path} ({type(exc).__name__}: {first_line(exc)}); "
+            "delete it or drop --resume"
+        ) from None
+
+
 def check_resume(cfg: Config, path: Path, read_meta: Callable[[Path], dict[str, Any]]) -> None:
     """Refuse to resume from checkpoint `path` of a different run, or one already past
     `--epochs` (one clear error). `read_meta(path)` returns the metadata saved in it
     (`checkpoint_meta`: config, epoch; the framework knows the format)."""
     if not (cfg.resume and path.exists()):
         return
-    try:
+    with reading_checkpoint(path):
         meta = read_meta(path)
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+            raise ValueError("no run configuration in it")
         saved, done = meta["config"], int(meta["epoch"])
-    except Exception as exc:
-        raise ConfigError(
-            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
-        ) from None
     if done > cfg.epochs:
         raise ConfigError(
             f"checkpoint {path} is after epoch {done} but --epochs is {cfg.epochs}; resume "

@@ -61,7 +61,7 @@ from common.runtime import (
 )
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from common.trainer import check_resume, checkpoint_meta, restore_meta
+from common.trainer import check_resume, checkpoint_meta, reading_checkpoint, restore_meta
 
 # torchvision's kaiming_normal_(mode="fan_out", nonlinearity="relu"): jax's variance_scaling
 # computes fan_out = prod(kernel_shape[:-2]) * out_channels for an HWIO kernel, "normal" is the
@@ -433,14 +433,15 @@ def load_checkpoint(
     """Restore the latest checkpoint (msgpack holds arrays and plain values only) into the host
     template `state`; return the host state (the trainer replicates it) and the epoch to
     continue from."""
-    ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
-    restored = serialization.from_state_dict(state, ckpt["state"])
-    if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, state):
-        raise ConfigError(
-            f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
-            "model; resume with the same settings or use a new --checkpoint-dir"
-        )
-    epoch, _ = restore_meta(json.loads(ckpt["meta"]), recorder)
+    with reading_checkpoint(checkpoint_path(cfg)):  # corrupt or foreign: one line, exit 2
+        ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
+        restored = serialization.from_state_dict(state, ckpt["state"])
+        if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, state):
+            raise ConfigError(
+                f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
+                "model; resume with the same settings or use a new --checkpoint-dir"
+            )
+        epoch, _ = restore_meta(json.loads(ckpt["meta"]), recorder)
     return restored, epoch
 
 

@@ -492,7 +492,7 @@ def _stop(workers: list, cfg: Config, grace: float = 3.0) -> None:
             proc.kill()
             proc.join()
     if cfg.checkpoint_dir:
-        for proc in workers:  # common.runtime.atomic_write_bytes names it <file>.tmp<pid>
+        for proc in workers:  # common.runtime.atomic_write_with: <file>.<random>.tmp<pid>
             for tmp in Path(cfg.checkpoint_dir).glob(f"*.tmp{proc.pid}"):
                 tmp.unlink(missing_ok=True)
 

@@ -98,7 +98,7 @@ sys.exit(trainer.main(sys.argv[2:]))
 
 # MXNet checkpoint -> .npz of its weights and optimiser states (run by the MXNet interpreter).
 MXNET_DUMP = """
-import json, pickle, sys
+import json, sys
 from pathlib import Path
 
 import mxnet as mx
@@ -107,19 +107,8 @@ import numpy as np
 index = Path(sys.argv[1])
 ckpt = json.loads(index.read_text())
 arrays = {k: v.asnumpy() for k, v in mx.nd.load(str(index.with_name(ckpt["params"]))).items()}
-states, _ = pickle.loads(index.with_name(ckpt["states"]).read_bytes())  # (states, optimizer)
-
-
-def flat(prefix, value):
-    if isinstance(value, mx.nd.NDArray):
-        arrays[prefix] = value.asnumpy()
-    elif isinstance(value, (tuple, list)):
-        for i, v in enumerate(value):
-            flat(f"{prefix}/{i}", v)
-
-
-for i, s in states.items():
-    flat(f"optimizer/{i}", s)
+states = mx.nd.load(str(index.with_name(ckpt["states"])))  # named NDArrays, no pickle
+arrays.update({f"optimizer/{k}": v.asnumpy() for k, v in states.items()})
 np.savez(sys.argv[2], **arrays)
 """
 
