@@ -604,11 +604,12 @@ def run_child(
                     on_line(line)
 
         reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        status, usage = _wait(proc, timeout, child)
+        # The reader starts inside _wait's try: an interrupt from here on kills the group.
+        status, usage = _wait(proc, timeout, child, start=reader.start)
         proc.returncode = child.returncode = os.waitstatus_to_exitcode(status)
         _kill_group(proc.pid, grace=0)  # anything the leader left behind in its group
-        reader.join(timeout=10)
+        if reader.ident is not None:  # started (an interrupt may have come first)
+            reader.join(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
         if child.ended != "exited":
@@ -620,12 +621,15 @@ def run_child(
     return child
 
 
-def _wait(proc: subprocess.Popen[str], timeout: float, child: Child) -> tuple[int, Any]:
+def _wait(
+    proc: subprocess.Popen[str], timeout: float, child: Child, start: Callable[[], None]
+) -> tuple[int, Any]:
     """Reap the child with os.wait4, not Popen.wait: it also returns the resource usage, whose
     ru_maxrss covers the child and its reaped descendants. Kills the group on a timeout or an
     interrupt and records which in `child.ended`."""
     deadline = time.monotonic() + timeout
     try:
+        start()
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
