@@ -24,6 +24,8 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.harness import REGISTRY, UsageError
+from common import cli
+from common.config import ConfigError
 from common.results import host_info, write_json_atomic
 
 TOOL = "ab"
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_plan(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
+    harness.check_options(ns)
     shared = ns.shared[1:] if ns.shared[:1] == ["--"] else ns.shared
     a, b = shlex.split(ns.a), shlex.split(ns.b)
     if a == b:
@@ -70,6 +73,11 @@ def make_plan(argv: list[str]) -> Plan:
     missing = harness.unavailable([ns.framework])
     if missing:
         raise UsageError(f"{ns.framework}: {missing[ns.framework]}")
+    for side, flags in (("--a", a), ("--b", b)):
+        try:  # what each side's trainer would refuse, refused before the first run
+            cli.check_args([*shared, *flags], ns.framework)
+        except ConfigError as exc:
+            raise UsageError(f"{side}: {exc}") from None
     return Plan(
         ns.framework,
         a,

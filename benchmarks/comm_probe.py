@@ -302,6 +302,7 @@ class Plan:
 
 def make_plan(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
+    harness.check_options(ns)
     frameworks = harness.parse_frameworks(ns.frameworks)
     counts = harness.parse_gpus(ns.gpus)
     models = list(dict.fromkeys(m.strip() for m in ns.models.split(",") if m.strip()))

@@ -17,10 +17,13 @@ Exit code: 0 when every run finished with status "ok", 1 when any failed, diverg
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -166,6 +169,17 @@ class Plan:
     runs: list[RunSpec] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     not_applicable: dict[tuple[str, int], str] = field(default_factory=dict)
+    unwritten: list[str] = field(default_factory=list)  # files a write failed for
+
+    def save(self, name: str, write: Callable[[], Any]) -> Any:
+        """`write()`, or on an OSError (a full disk, ENOSPC) one line naming the file and the
+        cause: the sweep goes on and the exit code says a file is missing."""
+        try:
+            return write()
+        except OSError as exc:
+            print(f"compare: could not write {name}: {exc.strerror or exc}", flush=True)
+            self.unwritten.append(name)
+            return None
 
     @property
     def expected_kind(self) -> str:
@@ -182,6 +196,7 @@ def _lcm(values: list[int]) -> int:
 def make_plan(argv: list[str]) -> Plan:
     """Parse and validate everything; raise UsageError (argparse exits 2 itself)."""
     ns, rest = runner_parser().parse_known_args(argv)
+    harness.check_options(ns)
     for token in rest:
         if token.split("=")[0] == "--output":
             raise UsageError(
@@ -335,7 +350,8 @@ def execute_run(spec: RunSpec, plan: Plan, progress: Any) -> dict[str, Any]:
     record["runner"]["wall_sec"] = child.wall_sec
     # Other work on the machine skews every timing: keep the 1-minute load average with the run.
     record["runner"]["load_avg"] = list(child.load_avg)
-    write_json_atomic(spec.output, record)  # kept now, whatever happens to later runs
+    # kept now, whatever happens to later runs (a full disk: said, and the sweep goes on)
+    plan.save(f"runs/{spec.output.name}", lambda: write_json_atomic(spec.output, record))
     return record
 
 
@@ -446,10 +462,17 @@ def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
     }
 
 
+RESERVE = ".space-reserve"  # freed before the final files: a full disk still gets them
+RESERVE_BYTES = 2 << 20
+TABLES = "results.csv, runs.csv, results.md"
+
+
 def execute(plan: Plan) -> int:
     sweep = sweep_of(plan)
     plan.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.out / "config.json", config_json(plan, sweep, "running"))
+    with contextlib.suppress(OSError):  # best effort: a disk already this full gets no reserve
+        (plan.out / RESERVE).write_bytes(bytes(RESERVE_BYTES))
     print(f"compare: {len(plan.runs)} runs -> {plan.out}", flush=True)
     for fw, why in plan.skipped.items():
         print(f"compare: {fw} skipped: {why}", flush=True)
@@ -466,17 +489,22 @@ def execute(plan: Plan) -> int:
                 record = execute_run(spec, plan, progress)
                 records.append(record)
                 progress.end_run(run_summary(record))
-                report.write_tables(plan.out, sweep, records)
+                plan.save(TABLES, lambda: report.write_tables(plan.out, sweep, records))
                 if record["status"] == "interrupted":
                     raise KeyboardInterrupt
     except KeyboardInterrupt:
         status = "interrupted"
         done = sum(r["status"] != "interrupted" for r in records)
         print(f"\ncompare: interrupted; {done} of {len(plan.runs)} runs finished", flush=True)
+    finally:
+        (plan.out / RESERVE).unlink(missing_ok=True)
     sweep.finished = harness.utc_now()
-    plots, plot_note = report.write_plots(plan.out, sweep, records)
-    report.write_tables(plan.out, sweep, records, plots, plot_note)
-    write_json_atomic(plan.out / "config.json", config_json(plan, sweep, status))
+    # config.json first (small, and the one a reader checks for "running"), then the plots,
+    # then the tables that list them; each failure is one line and the rest still go on.
+    write_final_config(plan, sweep, status)
+    made = plan.save("the plots", lambda: report.write_plots(plan.out, sweep, records))
+    plots, plot_note = made or ([], "Plots not written: the disk is full.")
+    plan.save(TABLES, lambda: report.write_tables(plan.out, sweep, records, plots, plot_note))
     report.print_table(sweep, records)
     for r in records:
         if r["status"] != "ok":
@@ -491,9 +519,25 @@ def execute(plan: Plan) -> int:
             "compare: every run's curves, overlaid: "
             f".venv/bin/tensorboard --logdir {tensorboard_dir(plan.out)}  (http://localhost:6006)"
         )
+    if plan.unwritten:
+        print(f"compare: NOT written (disk full?): {', '.join(dict.fromkeys(plan.unwritten))}")
     if status == "interrupted":
         return 130
-    return 0 if all(r["status"] == "ok" for r in records) else 1
+    return 0 if all(r["status"] == "ok" for r in records) and not plan.unwritten else 1
+
+
+def write_final_config(plan: Plan, sweep: report.Sweep, status: str) -> None:
+    """config.json with the final status, never left saying "running": when the atomic write
+    fails (a full disk), the file is rewritten in place, which frees its old blocks first."""
+    path = plan.out / "config.json"
+    data = config_json(plan, sweep, status)
+    try:
+        write_json_atomic(path, data)
+        return
+    except OSError:
+        pass
+    text = json.dumps({"status": status, **data}, indent=2, default=str) + "\n"
+    plan.save("config.json", lambda: path.write_text(text))
 
 
 def run_summary(record: dict[str, Any]) -> str:

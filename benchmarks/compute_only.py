@@ -486,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         family_of(ns.framework)
+        harness.check_options(ns)
         if ns.steps < 1 or ns.warmup < 1 or ns.batch_size < 1 or ns.interleave < 0:
             raise ConfigError("--steps, --warmup and --batch-size must be >= 1, --interleave >= 0")
         cfg = preset(
@@ -501,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=ns.seed,
             lr=ns.lr,
         )
-    except ConfigError as exc:
+    except (ConfigError, harness.UsageError) as exc:
         print(f"compute_only: error: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -23,7 +23,9 @@ This is the only module of benchmarks/ that starts processes. The runners import
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import re
 import shlex
@@ -41,8 +43,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from common.config import PRECISIONS
-from common.runtime import ROOT, atomic_write_bytes, cpu_threads
+from common.config import MAX_EPOCHS, MAX_IMAGE_SIZE, MAX_SEED, MAX_WIDTH, PRECISIONS
+from common.runtime import PARENT_ENV, ROOT, atomic_write_bytes, cpu_threads, unwritable
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
 TOOL = "python -m benchmarks.{}"  # how each tool is started
@@ -347,11 +349,51 @@ def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: 
 
 
 def check_positive(**values: float) -> None:
-    """`--repeat 0`, `--timeout 0` ...: one line naming the flag (names as keyword arguments)."""
+    """`--repeat 0`, `--timeout 0`, `--width nan` ...: one line naming the flag (names as
+    keyword arguments)."""
     for name, value in values.items():
-        if not value > 0:
-            least = ">= 1" if isinstance(value, int) else "> 0"
+        if not (value > 0 and math.isfinite(value)):
+            least = ">= 1" if isinstance(value, int) else "a finite number > 0"
             raise UsageError(f"--{name.replace('_', '-')} must be {least} (got {value:g})")
+
+
+# The most any tool accepts for a shared option: far above a sensible run, low enough that a
+# typo (--repeat 100000000) is refused at once instead of running for ever.
+OPTION_LIMITS: dict[str, float] = {
+    "repeat": 1000,
+    "reps": 100_000,
+    "steps": 100_000,
+    "compute_steps": 1_000_000,
+    "warmup": 10_000,
+    "epochs": MAX_EPOCHS,
+    "interleave": 10_000,
+    "jobs": 64,
+    "timeout": 7 * 86_400,
+    "wait_load": 10_000,
+    "width": MAX_WIDTH,
+    "image_size": MAX_IMAGE_SIZE,
+    "batch_size": 1 << 20,
+    "seed": MAX_SEED,
+    "lr": 1e6,
+    "tolerance": 1e6,
+    "mean_tolerance": 1e6,
+}
+
+
+def check_options(ns: argparse.Namespace) -> None:
+    """Every number a tool was given: finite, not negative, and at most OPTION_LIMITS (one line
+    naming the flag). Each tool then checks its own lower bounds (>= 1 and so on)."""
+    for name, value in vars(ns).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number (got {value})")
+        if value < 0:
+            raise UsageError(f"{flag} must be >= 0 (got {value:g})")
+        limit = OPTION_LIMITS.get(name)
+        if limit is not None and value > limit:
+            raise UsageError(f"{flag} must be <= {limit:g} (got {value:g})")
 
 
 def flag(name: str, value: Any) -> list[str]:
@@ -372,14 +414,42 @@ def utc_now() -> str:
 
 def output_dir(given: str | None, prefix: str, marker: str) -> Path:
     """--out DIR, or results/<prefix><UTC timestamp>/; a directory already holding `marker` (a
-    finished result of the same tool) is refused rather than overwritten."""
+    finished result of the same tool) is refused rather than overwritten, as is one that cannot
+    be written (checked now, not after the runs). `run_tool` then claims it (`claim`)."""
     if given:
-        out = Path(given).resolve()
+        out = Path(given).expanduser().resolve()
     else:
         out = ROOT / "results" / (prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
     if (out / marker).exists():
         raise UsageError(f"{out} already holds a result ({marker}); choose a new --out")
+    why = unwritable(out, "dir")
+    if why:
+        raise UsageError(f"--out {out}: {why}; choose another --out")
+    _CLAIMS.append((out, marker))
     return out
+
+
+_CLAIMS: list[tuple[Path, str]] = []  # output directories of the plan being made
+LOCK_NAME = ".lock"
+
+
+def claim(out: Path, marker: str) -> Any:
+    """Hold `out` for this tool run: an exclusive lock on out/.lock (two tools started at once
+    on one --out cannot both pass the `marker` check and then both write), then the marker
+    check again under the lock. Returns the open lock file (the lock lasts while it is open)."""
+    import fcntl  # POSIX only, like the process groups below
+
+    out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / LOCK_NAME, "a")  # noqa: SIM115 (held open for the whole run)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise UsageError(f"{out} is in use by another run; choose a new --out") from None
+    if (out / marker).exists():
+        lock.close()
+        raise UsageError(f"{out} already holds a result ({marker}); choose a new --out")
+    return lock
 
 
 def run_tool(
@@ -390,18 +460,30 @@ def run_tool(
 ) -> int:
     """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM (a cancelled
     CI job, a time limit around the tool) ends the run like Ctrl-C, as a KeyboardInterrupt that
-    `execute` turns into saved partial results and exit code 130."""
+    `execute` turns into saved partial results and exit code 130. SIGHUP (the terminal or the
+    ssh session gone) likewise: every child's process group is killed, none is left running."""
     args = list(sys.argv[1:] if argv is None else argv)
+    _CLAIMS.clear()
+    locks: list[tuple[Any, Path]] = []
     try:
         plan = make_plan(args)
+        for out, marker in _CLAIMS:
+            locks.append((claim(out, marker), out))
     except UsageError as exc:
+        for lock, _ in locks:
+            lock.close()
         print(f"{tool}: error: {exc}", file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return execute(plan)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for lock, out in locks:
+            with contextlib.suppress(OSError):
+                (out / LOCK_NAME).unlink()
+            lock.close()
 
 
 def _interrupt(signum: int, frame: Any) -> NoReturn:
@@ -416,6 +498,7 @@ def child_env() -> dict[str, str]:
     as they are printed), OpenMP threads that fill the cores and sleep when idle, and no
     simulated-device count inherited (every JAX child sets its own)."""
     env = dict(os.environ)
+    env[PARENT_ENV] = str(os.getpid())  # a trainer stops itself if this process dies (kill -9)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))
@@ -523,11 +606,12 @@ def run_child(
                     on_line(line)
 
         reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        status, usage = _wait(proc, timeout, child)
+        # The reader starts inside _wait's try: an interrupt from here on kills the group.
+        status, usage = _wait(proc, timeout, child, start=reader.start)
         proc.returncode = child.returncode = os.waitstatus_to_exitcode(status)
         _kill_group(proc.pid, grace=0)  # anything the leader left behind in its group
-        reader.join(timeout=10)
+        if reader.ident is not None:  # started (an interrupt may have come first)
+            reader.join(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
         if child.ended != "exited":
@@ -539,12 +623,15 @@ def run_child(
     return child
 
 
-def _wait(proc: subprocess.Popen[str], timeout: float, child: Child) -> tuple[int, Any]:
+def _wait(
+    proc: subprocess.Popen[str], timeout: float, child: Child, start: Callable[[], None]
+) -> tuple[int, Any]:
     """Reap the child with os.wait4, not Popen.wait: it also returns the resource usage, whose
     ru_maxrss covers the child and its reaped descendants. Kills the group on a timeout or an
     interrupt and records which in `child.ended`."""
     deadline = time.monotonic() + timeout
     try:
+        start()
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:

@@ -156,6 +156,7 @@ def parse_list(flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
 
 def make_plan(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
+    harness.check_options(ns)
     frameworks = harness.parse_frameworks(ns.frameworks)
     models = parse_list("--models", ns.models, MODELS)
     bns = parse_list("--bn", ns.bn, BN_MODES)

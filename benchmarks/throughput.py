@@ -120,6 +120,7 @@ class Plan:
 
 def make_plan(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
+    harness.check_options(ns)
     frameworks = harness.parse_frameworks(ns.frameworks)
     counts = harness.parse_gpus(ns.gpus)
     for name, value, least in (
@@ -147,6 +148,7 @@ def make_plan(argv: list[str]) -> Plan:
                 image_size=ns.image_size,
                 precision=ns.precision,
                 batch_size=ns.batch_size,
+                lr=ns.lr,
                 gpus=1,
             )
         except ConfigError as exc:

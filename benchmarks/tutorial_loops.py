@@ -140,6 +140,7 @@ class Plan:
 
 def plan_from(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
+    harness.check_options(ns)
     names = [t.strip() for t in ns.tutorials.split(",") if t.strip()]
     unknown = [t for t in names if t not in TUTORIALS]
     if unknown or not names:

@@ -62,6 +62,23 @@ def build_parser(prog: str, exclude: Collection[str] = ()) -> argparse.ArgumentP
     return parser
 
 
+class _Checking(_Parser):
+    def error(self, message: str) -> NoReturn:  # for a tool checking a child's flags
+        raise ConfigError(message)
+
+
+def check_args(argv: Sequence[str], framework: str) -> Config:
+    """The Config a trainer would resolve from `argv`, or ConfigError naming the first problem:
+    a tool that starts trainers (benchmarks.ab) refuses bad flags before any run starts."""
+    parser = build_parser(f"python -m frameworks.{framework.replace('-', '_')}")
+    parser.__class__ = _Checking
+    ns = parser.parse_args(list(argv))
+    overrides = {k: v for k, v in vars(ns).items() if k != "preset"}
+    if "batch_size" in overrides:
+        overrides.setdefault("batch_per_device", 0)
+    return preset(ns.preset, framework=framework, **overrides)
+
+
 def parse_args(argv: Sequence[str] | None, framework: str, prog: str | None = None) -> Config:
     """Parse the shared command line into a resolved Config (exit 2 with one line on bad input)."""
     prog = prog or f"python -m frameworks.{framework.replace('-', '_')}"

@@ -162,6 +162,11 @@ class Config:
         False, "measure data / transfer / compute / communication / update time per phase"
     )
     prefetch: int = opt(2, "batches prepared ahead by the background loader")
+    collective_timeout: float = opt(
+        300.0,
+        "seconds a process waits for the others (rendezvous, all-reduce) before the run fails "
+        "naming the rank that did not answer (torch-ddp, multi-process JAX)",
+    )
     compile_cache: bool = opt(
         True,
         "JAX: keep compiled XLA programs in --cache-dir, so that a second run of the same "
@@ -335,31 +340,168 @@ def validate(cfg: Config) -> None:
     for f in dataclasses.fields(cfg):
         if f.metadata.get("choices"):
             choice(f.name.replace("_", "-"), getattr(cfg, f.name), f.metadata["choices"])
-    if cfg.gpus < 1:
-        raise ConfigError(f"--gpus must be >= 1 (got {cfg.gpus}); use --gpus 1 for one device")
-    if cfg.epochs < 1:
-        raise ConfigError(f"--epochs must be >= 1 (got {cfg.epochs})")
-    if cfg.batch_size < 1 or cfg.eval_batch_size < 1:
-        raise ConfigError("--batch-size and --eval-batch-size must be >= 1")
+    _check_ranges(cfg)
     per_device(cfg.batch_size, cfg.gpus)
-    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
-        raise ConfigError(f"--lr must be a positive number (got {cfg.lr})")
-    if cfg.warmup_epochs < 0:
-        raise ConfigError(f"--warmup-epochs must be >= 0 (got {cfg.warmup_epochs})")
-    if cfg.width <= 0:
-        raise ConfigError(f"--width must be > 0 (got {cfg.width})")
-    if not 0 <= cfg.dropout < 1:
-        raise ConfigError(f"--dropout must be in [0, 1) (got {cfg.dropout})")
-    if not 0 <= cfg.target_accuracy <= 1:
-        raise ConfigError(f"--target-accuracy must be in [0, 1] (got {cfg.target_accuracy})")
-    if cfg.patience < 1:
-        raise ConfigError(f"--patience must be >= 1 (got {cfg.patience})")
-    if cfg.image_size < 0 or (cfg.image_size and cfg.image_size < 8):
-        raise ConfigError(f"--image-size must be 0 (native) or >= 8 (got {cfg.image_size})")
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
     if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
         raise ConfigError("--nesterov needs --momentum > 0")
+    if not (math.isfinite(cfg.collective_timeout) and 1 <= cfg.collective_timeout <= 86400):
+        raise ConfigError(
+            f"--collective-timeout must be between 1 and 86400 seconds (got "
+            f"{cfg.collective_timeout}); the default is 300"
+        )
+    _check_sizes(cfg)
+
+
+# Hard caps, far above any sensible run and low enough that a typo fails at once rather than in
+# a MemoryError (or 1000 started processes) minutes later.
+MAX_DEVICES = 64
+MAX_WIDTH = 8.0  # ResNet-18 at width 8: 0.7G parameters
+MAX_IMAGE_SIZE = 512
+MAX_EPOCHS = 100_000
+MAX_SEED = 2**32 - 1  # numpy's and JAX's seeds are 32-bit
+DEVICE_BYTES = 256 << 20  # memory a simulated device (a torch-ddp process) needs at least
+# (test images, native side, channels) of each dataset, for the size checks before any run.
+DATA_SHAPES = {
+    "cifar10": (10_000, 32, 3),
+    "cifar100": (10_000, 32, 3),
+    "fashion-mnist": (10_000, 28, 1),
+    "digits": (360, 8, 1),
+}
+
+
+def _check_ranges(cfg: Config) -> None:
+    """Every number in range: one line naming the flag, the range and the value."""
+
+    def need(ok: bool, name: str, rule: str, value: Any) -> None:
+        if not ok:
+            raise ConfigError(f"--{name} must be {rule} (got {value})")
+
+    def finite(x: Any) -> bool:
+        return isinstance(x, (int, float)) and math.isfinite(x)
+
+    need(cfg.gpus >= 1, "gpus", ">= 1; use --gpus 1 for one device", cfg.gpus)
+    need(cfg.gpus <= MAX_DEVICES, "gpus", f"<= {MAX_DEVICES}", cfg.gpus)
+    need(1 <= cfg.epochs <= MAX_EPOCHS, "epochs", f"in [1, {MAX_EPOCHS}]", cfg.epochs)
+    need(cfg.batch_size >= 1, "batch-size", ">= 1", cfg.batch_size)
+    need(cfg.eval_batch_size >= 1, "eval-batch-size", ">= 1", cfg.eval_batch_size)
+    need(cfg.batch_per_device >= 0, "batch-per-device", ">= 0 (0 = off)", cfg.batch_per_device)
+    need(finite(cfg.lr) and cfg.lr > 0, "lr", "a positive number", cfg.lr)
+    need(cfg.lr_base_batch >= 1, "lr-base-batch", ">= 1", cfg.lr_base_batch)
+    need(
+        finite(cfg.lr_step_factor) and cfg.lr_step_factor > 0,
+        "lr-step-factor",
+        "a positive number",
+        cfg.lr_step_factor,
+    )
+    need(
+        all(e >= 1 for e in cfg.lr_step_epochs),
+        "lr-step-epochs",
+        "epochs >= 1",
+        ",".join(map(str, cfg.lr_step_epochs)),
+    )
+    need(
+        finite(cfg.warmup_epochs) and 0 <= cfg.warmup_epochs <= MAX_EPOCHS,
+        "warmup-epochs",
+        f"in [0, {MAX_EPOCHS}]",
+        cfg.warmup_epochs,
+    )
+    wsf = cfg.warmup_start_factor
+    need(
+        wsf is None or (finite(wsf) and wsf >= 0),
+        "warmup-start-factor",
+        "a number >= 0 or 'none'",
+        wsf,
+    )
+    need(finite(cfg.momentum) and 0 <= cfg.momentum < 1, "momentum", "in [0, 1)", cfg.momentum)
+    need(
+        finite(cfg.weight_decay) and 0 <= cfg.weight_decay < 1,
+        "weight-decay",
+        "in [0, 1)",
+        cfg.weight_decay,
+    )
+    need(
+        finite(cfg.label_smoothing) and 0 <= cfg.label_smoothing < 1,
+        "label-smoothing",
+        "in [0, 1)",
+        cfg.label_smoothing,
+    )
+    need(
+        all(finite(b) and 0 <= b < 1 for b in cfg.novograd_betas),
+        "novograd-betas",
+        "in [0, 1)",
+        cfg.novograd_betas,
+    )
+    need(
+        finite(cfg.bn_momentum) and 0 <= cfg.bn_momentum <= 1,
+        "bn-momentum",
+        "in [0, 1]",
+        cfg.bn_momentum,
+    )
+    need(finite(cfg.bn_eps) and 0 < cfg.bn_eps < 1, "bn-eps", "in (0, 1)", cfg.bn_eps)
+    need(
+        finite(cfg.width) and 0 < cfg.width <= MAX_WIDTH,
+        "width",
+        f"in (0, {MAX_WIDTH:g}] (1 = the published model)",
+        cfg.width,
+    )
+    need(finite(cfg.dropout) and 0 <= cfg.dropout < 1, "dropout", "in [0, 1)", cfg.dropout)
+    need(
+        finite(cfg.target_accuracy) and 0 <= cfg.target_accuracy <= 1,
+        "target-accuracy",
+        "in [0, 1]",
+        cfg.target_accuracy,
+    )
+    need(cfg.patience >= 1, "patience", ">= 1", cfg.patience)
+    need(0 <= cfg.seed <= MAX_SEED, "seed", f"in [0, {MAX_SEED}]", cfg.seed)
+    need(
+        cfg.image_size == 0 or 8 <= cfg.image_size <= MAX_IMAGE_SIZE,
+        "image-size",
+        f"0 (native) or in [8, {MAX_IMAGE_SIZE}]",
+        cfg.image_size,
+    )
+    for name in ("train_limit", "test_limit", "max_steps_per_epoch", "log_every"):
+        need(getattr(cfg, name) >= 0, name.replace("_", "-"), ">= 0 (0 = off)", getattr(cfg, name))
+    need(0 <= cfg.prefetch <= 64, "prefetch", "in [0, 64]", cfg.prefetch)
+    for name in ("synthetic_train", "synthetic_test", "synthetic_channels"):
+        need(getattr(cfg, name) >= 1, name.replace("_", "-"), ">= 1", getattr(cfg, name))
+    need(cfg.synthetic_classes >= 2, "synthetic-classes", ">= 2", cfg.synthetic_classes)
+
+
+def _check_sizes(cfg: Config) -> None:
+    """What the dataset and the machine can hold, known before any file is read: a global
+    batch no larger than the training set, the images and the simulated devices in memory."""
+    from common.datasets import train_size  # numpy only; imported here to keep config light
+    from common.runtime import physical_memory
+
+    n_train = train_size(cfg)
+    if cfg.batch_size > n_train:
+        most = max(cfg.gpus, n_train // cfg.gpus * cfg.gpus)
+        raise ConfigError(
+            f"global batch {cfg.batch_size} is larger than the {cfg.dataset} training set "
+            f"({n_train} images), so no step could run; use --batch-size {most} or less"
+        )
+    n_test, side, channels = DATA_SHAPES.get(
+        cfg.dataset, (cfg.synthetic_test, cfg.image_size or 32, cfg.synthetic_channels)
+    )
+    side = cfg.image_size or side
+    n_test = min(n_test, cfg.test_limit or n_test)
+    memory = physical_memory()
+    # uint8 images plus the float32 copy a resize makes: 5 bytes per pixel value.
+    need = (n_train + n_test) * side * side * channels * 5
+    if memory and need > memory * 0.8:
+        raise ConfigError(
+            f"{n_train + n_test} images of {side}x{side}x{channels} need ~{need / 2**30:.1f} "
+            f"GiB of memory, more than this machine's {memory / 2**30:.1f} GiB allow; use a "
+            "smaller --image-size or --train-limit"
+        )
+    if memory and cfg.gpus * DEVICE_BYTES > memory:
+        most = max(1, memory // DEVICE_BYTES)
+        raise ConfigError(
+            f"--gpus {cfg.gpus} needs at least {cfg.gpus * DEVICE_BYTES / 2**30:.0f} GiB of "
+            f"memory ({DEVICE_BYTES >> 20} MiB per device); this machine allows --gpus {most}"
+        )
 
 
 def per_device(global_batch: int, devices: int) -> int:
@@ -409,27 +551,58 @@ __all__ = [
 ]
 
 
-# Settings that make a checkpoint belong to a run: resuming with any of them changed is refused.
+# Settings that make a checkpoint belong to a run: resuming with any of them changed is refused
+# (the model, the data and its order, every hyper-parameter of the update and of the LR
+# schedule: a resumed run must be the run it continues, and its record says so). --epochs may
+# grow, except under the cosine schedule, which spans --epochs.
 RESUME_KEYS = (
     "model",
     "width",
+    "dropout",
     "dataset",
     "image_size",
+    "augment",
+    "train_limit",
+    "synthetic_train",
     "synthetic_classes",
+    "synthetic_channels",
     "batch_size",
+    "max_steps_per_epoch",
     "seed",
     "init",
     "optimizer",
+    "lr",
+    "lr_base_batch",
+    "lr_scaling",
+    "lr_schedule",
+    "lr_step_epochs",
+    "lr_step_factor",
+    "warmup_epochs",
+    "warmup_start_factor",
+    "momentum",
+    "nesterov",
+    "weight_decay",
+    "label_smoothing",
+    "novograd_betas",
     "bn",
+    "bn_momentum",
+    "bn_eps",
 )
 
 
 def check_same_run(saved: dict[str, Any], cfg: Config, path: str) -> None:
     """Raise ConfigError if checkpoint `path` (its saved config `saved`) is from another run."""
+
+    def same(value: Any, now: Any) -> bool:  # JSON keeps tuples as lists
+        return (tuple(value) if isinstance(value, list) else value) == now
+
+    keys = [k for k in RESUME_KEYS if k in saved]
+    if cfg.lr_schedule == "cosine" and "epochs" in saved:
+        keys.append("epochs")
     diff = [
-        f"--{k.replace('_', '-')} {saved.get(k)!r} (now {getattr(cfg, k)!r})"
-        for k in RESUME_KEYS
-        if saved.get(k) != getattr(cfg, k)
+        f"--{k.replace('_', '-')} {saved[k]!r} (now {getattr(cfg, k)!r})"
+        for k in keys
+        if not same(saved[k], getattr(cfg, k))
     ]
     if diff:
         raise ConfigError(

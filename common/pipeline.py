@@ -163,7 +163,10 @@ class EvalLoader:
     ):
         self.ds = ds
         self.part = np.array_split(np.arange(len(ds.test_x)), world)[rank]
-        self.batch_size = max(1, batch_size)
+        # No batch beyond the largest rank's part: padding is sized by the test set, never by
+        # an eval batch of 1e9 (the same cap on every rank, so static shapes still agree).
+        largest = -(-len(ds.test_x) // max(1, world))
+        self.batch_size = max(1, min(batch_size, largest))
         self.norm = Normalizer(ds.mean, ds.std, layout)
         self.padded = -(-self.batch_size // pad_to) * pad_to if pad_to else 0
 

@@ -15,33 +15,25 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from common.config import Config
+from common.runtime import atomic_write_bytes
+from common.schedule import lr_table_for
 from common.tensorboard import EventLog
 
-STATUSES = ("ok", "diverged", "failed")
+STATUSES = ("ok", "diverged", "failed", "interrupted")
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write `obj` as JSON to `path` via a temporary file and rename: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, default=_json_default)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write `obj` as JSON to `path` via a temporary file and rename: never half-written, no
+    temporary file left behind when the write fails, the same file mode as the logs."""
+    text = json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
+    atomic_write_bytes(path, text.encode())
 
 
 def _json_default(o: Any) -> Any:
@@ -182,6 +174,9 @@ class RunRecorder:
         self.float32_precision: str | None = None
         # --tensorboard: process 0's event file, written per epoch from the rows below.
         self.tensorboard = EventLog(cfg.tensorboard) if is_main and cfg.tensorboard else None
+        # Where finish() writes the record; torch-ddp's spawned workers leave it to the parent.
+        self.output = cfg.output
+        self._lr: np.ndarray | None = None  # the run's LR of every step (see epoch_lr)
 
     def add_epoch(self, row: dict[str, Any]) -> dict[str, Any]:
         """Append one epoch's row, marked `timed` unless it is this process's first epoch (it
@@ -214,6 +209,7 @@ class RunRecorder:
             "test_loss": float(test_loss_sum) / total,
             "test_examples": int(round(float(test_total))),
             "wall_sec": self.elapsed(),
+            **self.epoch_lr(epoch, images),
         }
         self.add_epoch(row)
         if self.tensorboard is not None:
@@ -238,11 +234,28 @@ class RunRecorder:
             self.epochs_to_target = row["epoch"]
         return reached_target([e["test_accuracy"] for e in self.epochs], target, self.cfg.patience)
 
+    def epoch_lr(self, epoch: int, images: int) -> dict[str, float]:
+        """The LR of epoch `epoch`'s (0-based) first and last step, from the schedule every
+        trainer indexes by its global step (common.schedule.lr_table_for). Kept in each epoch's
+        row, so a resumed run's record holds the LR history of every process."""
+        steps = max(1, images // self.cfg.batch_size)
+        if self._lr is None or len(self._lr) != self.cfg.epochs * steps:
+            self._lr = lr_table_for(self.cfg, steps)
+        first, last = epoch * steps, min((epoch + 1) * steps, len(self._lr)) - 1
+        if not 0 <= first <= last:
+            return {}
+        return {"lr": float(self._lr[first]), "lr_last": float(self._lr[last])}
+
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.wall_start
 
     def fail(self, error: str) -> None:
         self.status = "failed"
+        self.error = error
+
+    def interrupt(self, error: str) -> None:
+        """SIGTERM / SIGINT: the epochs so far stay, the record says "interrupted"."""
+        self.status = "interrupted"
         self.error = error
 
     # -- checkpoint support ---------------------------------------------------------------------
@@ -311,6 +324,6 @@ class RunRecorder:
         record = self.result()
         if self.tensorboard is not None:
             self.tensorboard.close()
-        if self.is_main and self.cfg.output:
-            write_json_atomic(self.cfg.output, record)
+        if self.is_main and self.output:
+            write_json_atomic(self.output, record)
         return record

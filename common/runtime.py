@@ -6,9 +6,17 @@ threads) is set here, by `main()`, never at import time.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import socket
+import sys
+import tempfile
+import threading
+import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +90,73 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(
+    parent_pid: int,
+    lifeline: Connection | None = None,
+    sig: int = signal.SIGKILL,
+    kernel: bool = True,
+) -> None:
+    """In a worker process: die (`sig`) as soon as the parent `parent_pid` does, so that a
+    cancelled run (kill -9, the OOM killer, a scheduler) leaves no orphan training on, writing
+    checkpoints or a record. Linux (`kernel`): the kernel's parent-death signal (prctl
+    PR_SET_PDEATHSIG; it fires when the parent THREAD that started this process ends, so only
+    for a process started by the parent's main thread). Everywhere, and as a backstop: a daemon
+    thread waiting on `lifeline`, a pipe whose other end only the parent holds (end of file =
+    the parent is gone), or without one polling the parent's pid twice a second."""
+    if kernel and sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+        except (OSError, AttributeError):
+            pass  # no prctl: the watchdog below still stops this process
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os.kill(os.getpid(), sig)
+
+    def watch() -> None:
+        if lifeline is not None:
+            try:
+                while True:
+                    lifeline.recv()  # the parent never sends: this returns at its death only
+            except (EOFError, OSError):
+                pass
+        else:
+            while os.getppid() == parent_pid:
+                time.sleep(0.5)
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def process_state(pid: int) -> str:
+    """A process's state letter from /proc (R running, S sleeping, T stopped, Z zombie ...);
+    "" where it is gone or there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def stale_launch_env() -> str | None:
+    """Why the SLURM variables of this environment do not describe a launch of this process
+    (None: they do, or there are none). srun gives every task SLURM_PROCID and SLURM_STEP_ID;
+    SLURM_NTASKS > 1 without them (a salloc shell, variables copied from another job) would make
+    the run wait for tasks that never start."""
+    env = os.environ
+    ntasks = env.get("SLURM_NTASKS", "1")
+    if not ntasks.isdigit() or int(ntasks) <= 1:
+        return None
+    if "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+        return None
+    return (
+        f"SLURM_NTASKS={ntasks} is set but this process was not started by srun (no "
+        "SLURM_PROCID/SLURM_STEP_ID): start it with srun, or `unset SLURM_NTASKS` for a run "
+        "on this machine alone"
+    )
+
+
 def printer(is_main: bool) -> Callable[..., None]:
     """`print` on rank 0, a no-op elsewhere (only rank 0 prints)."""
 
@@ -92,16 +167,101 @@ def printer(is_main: bool) -> Callable[..., None]:
     return _print
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to `path` via a temporary file and rename (for checkpoints)."""
+def file_mode() -> int:
+    """The mode a plain `open(path, "w")` gives a new file (0666 less the umask): results,
+    checkpoints and logs all get it (mkstemp's 0600 made results unreadable where logs were not)."""
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+    """`write(tmp)` fills a temporary file beside `path`, which is then synced and renamed onto
+    `path`: a reader sees the old complete file or the new one. A write that fails (a full disk,
+    ENOSPC; a read-only file system) removes its temporary file and re-raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # <file>.<random>.tmp<pid>: the pid tells whose it is (torch-ddp's parent removes the
+    # temp file of a worker it killed mid-write)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=f".tmp{os.getpid()}")
+    try:
+        os.fchmod(fd, file_mode())
+        os.close(fd)
+        write(tmp)
+        with open(tmp, "rb+") as f:  # the data on disk before the rename points at it
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` atomically (see `atomic_write_with`): checkpoints, results."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    atomic_write_with(path, write)
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+MIN_FREE_BYTES = 1 << 20  # an output file system with less free space than this is "full"
+
+
+def unwritable(path: str | os.PathLike[str], kind: str = "file") -> str | None:
+    """Why `path` (a file, or a directory with kind="dir") cannot be written, or None when it
+    can: it is the wrong kind of thing, its nearest existing directory is not writable (a
+    read-only file system included) or that file system is full. Checked before a run starts,
+    so that a run does not train for an hour and then lose its result. Creates nothing."""
+    path = Path(path).expanduser().absolute()
+    if path.exists():
+        if kind == "file" and not path.is_file():
+            return f"{path} exists and is not a file"
+        if kind == "dir" and not path.is_dir():
+            return f"{path} exists and is not a directory"
+        if kind == "dir":
+            return _unwritable_dir(path)
+    parent = path if kind == "dir" else path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory, so {path} cannot be created"
+    return _unwritable_dir(parent)
+
+
+def _unwritable_dir(d: Path) -> str | None:
+    if not os.access(d, os.W_OK | os.X_OK):
+        return f"{d} is not writable (permissions or a read-only file system)"
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return None
+    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
+        return f"the file system of {d} is full"
+    return None
+
+
+PARENT_ENV = "DPBENCH_PARENT_PID"
+
+
+def stop_with_harness() -> None:
+    """A trainer started by benchmarks.harness (which sets DPBENCH_PARENT_PID to its own pid)
+    gets SIGTERM when the harness dies, even by kill -9: it then stops its workers and writes
+    an "interrupted" record, as when the harness is signalled (it then kills the whole process
+    group itself). A watchdog thread, not prctl: the harness may start children from threads."""
+    parent = os.environ.get(PARENT_ENV, "")
+    if parent.isdigit() and int(parent) == os.getppid():
+        die_with_parent(int(parent), sig=signal.SIGTERM, kernel=False)
 
 
 FAIL_ENV = "DPBENCH_FAIL"

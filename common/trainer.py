@@ -14,15 +14,22 @@ behave the same wherever the framework is not the reason:
   resumed runs included) in every trainer.
 - `checkpoint_meta` / `restore_meta`: what every checkpoint holds besides the framework's
   tensors (epoch, step, the recorder's state, the config), and `check_resume`: a checkpoint of
-  another run is refused with one line.
+  another run (other hyper-parameters, or past `--epochs`) is refused with one line.
+- `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir` (an exclusive flock held for
+  the whole process); a second is refused with one line.
+- SIGTERM / SIGINT (a cancelled job, Ctrl-C) raise `Interrupted` in the main thread: the record
+  keeps the epochs measured so far with status "interrupted", exit code 128 + the signal.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,13 +42,54 @@ from common import cli, tensorboard
 from common.config import Config, ConfigError, check_same_run
 from common.datasets import DatasetError
 from common.results import RunRecorder
-from common.runtime import atomic_write_bytes
+from common.runtime import atomic_write_bytes, stop_with_harness, unwritable
 
 BAD_INPUT = (ConfigError, DatasetError)
 
 
 class RunFailed(RuntimeError):
     """Training failed and its record (with the epochs measured so far) is already written."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived (a cancelled job, a scheduler's time limit, Ctrl-C). A
+    BaseException, like KeyboardInterrupt, so that no `except Exception` takes it for a failed
+    step. `recorded`: the run's record already says "interrupted"."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.recorded = False
+
+
+def shield_interrupts() -> None:
+    """Ignore further SIGTERM / SIGINT while an interrupted run stops its workers and writes its
+    record (a scheduler signals every process of a job; a second Ctrl-C is common): a second
+    `Interrupted` raised half-way would lose the record. `interruptible` restores the handlers."""
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    shield_interrupts()
+    raise Interrupted(signum)
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `Interrupted` in the main thread while inside (a no-op off the
+    main thread, where Python cannot install handlers). SIGTERM's default would end the process
+    without a record; torch-ddp's parent uses the exception to stop its workers first."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def prog_name(framework: str) -> str:
@@ -87,6 +135,57 @@ def failure_record(cfg: Config, error: str, packages: tuple[str, ...]) -> dict[s
     return rec.finish()
 
 
+def interrupted_record(cfg: Config, error: str, packages: tuple[str, ...]) -> dict[str, Any]:
+    """Write an "interrupted" run record (rank 0 only) for a run stopped before its training
+    loop kept any epoch."""
+    rec = RunRecorder(
+        cfg,
+        devices=cfg.gpus,
+        device_kind="unknown",
+        params=0,
+        is_main=process_rank() == 0,
+        packages=packages,
+    )
+    rec.interrupt(error)
+    return rec.finish()
+
+
+LOCK_NAME = ".lock"
+
+
+def lock_checkpoint_dir(cfg: Config) -> Any:
+    """Hold an exclusive lock on `--checkpoint-dir` for the life of this process (rank 0 only:
+    the other ranks of a job write no checkpoint), so that two runs, a `--resume` and a run it
+    races with say, never write the same checkpoint. A second run is refused with one line.
+    Returns the open lock file (closing it, or the process ending, releases the lock)."""
+    if not cfg.checkpoint_dir or process_rank() != 0:
+        return None
+    directory = Path(cfg.checkpoint_dir)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(directory / LOCK_NAME, "a+")
+    except OSError as exc:
+        raise ConfigError(
+            f"--checkpoint-dir {directory}: cannot create its lock file ({exc.strerror}); "
+            "give a writable directory"
+        ) from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ConfigError(
+            f"--checkpoint-dir {directory} is in use by another run (pid {holder} holds its "
+            "lock); wait for it to end, or use another --checkpoint-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 def run_main(
     argv: Sequence[str] | None,
     framework: str,
@@ -104,19 +203,31 @@ def run_main(
     devices, the distributed runtime); `check(cfg)` refuses bad input before any work;
     both may raise ConfigError / DatasetError (exit 2), as may `train` (a check that needs the
     framework running). Any other exception from `train` is a failed run: one line on stderr,
-    a 'failed' record (`on_failure`, default `failure_record`), exit 1.
+    a 'failed' record (`on_failure`, default `failure_record`), exit 1. SIGTERM / SIGINT: an
+    'interrupted' record (the epochs so far), one line, exit 128 + the signal (143 / 130).
+    Rank 0 holds `--checkpoint-dir`'s lock from the checks to the end.
     """
     prog = prog or prog_name(framework)
     cfg = cli.parse_args(argv, framework, prog=prog)
+    lock = None
     try:
-        if setup is not None:
-            setup(cfg)
-        check(cfg)
-        tensorboard.check(cfg)
-        record = train(cfg)
+        with interruptible():
+            stop_with_harness()
+            check_outputs(cfg)
+            if setup is not None:
+                setup(cfg)
+            check(cfg)
+            tensorboard.check(cfg)
+            lock = lock_checkpoint_dir(cfg)  # after the checks: bad input creates nothing
+            record = train(cfg)
     except BAD_INPUT as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        if not exc.recorded:
+            interrupted_record(cfg, str(exc), packages)
+        print(f"{prog}: {exc}; the record keeps the epochs measured so far", file=sys.stderr)
+        return 128 + exc.signum
     except RunFailed as exc:
         print(f"{prog}: failed: {exc}", file=sys.stderr)
         return 1
@@ -127,8 +238,14 @@ def run_main(
             print(f"{prog}: error: {message}", file=sys.stderr)
             return 2
         print(f"{prog}: failed: {error}", file=sys.stderr)
-        (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
+        try:
+            (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
+        except OSError as write_error:  # e.g. the disk filled up: say so, no second traceback
+            print(f"{prog}: could not write the failure record: {write_error}", file=sys.stderr)
         return 1
+    finally:
+        if lock is not None:
+            lock.close()
     if record.get("status") == "failed":
         print(f"{prog}: failed: {record.get('error', '')}", file=sys.stderr)
     return 0 if record.get("status") == "ok" else 1
@@ -139,9 +256,15 @@ def keep_measured_epochs(recorder: RunRecorder, reraise: bool = False) -> Iterat
     """Around a training loop: an exception marks the run failed and keeps the epochs measured
     so far (the record is still written). `reraise` for a rank of a multi-process job, which
     must exit so that the launcher stops the others (they would wait in a collective): the
-    record is written first and RunFailed raised."""
+    record is written first and RunFailed raised. An interruption (SIGTERM, SIGINT) writes the
+    record as "interrupted" and goes on up to `run_main`."""
     try:
         yield
+    except Interrupted as exc:
+        recorder.interrupt(str(exc))
+        recorder.finish()
+        exc.recorded = True
+        raise
     except Exception as exc:
         traceback.print_exc()
         recorder.fail(describe(exc))
@@ -176,15 +299,59 @@ def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
     atomic_write_bytes(cfg.save_state, buf.getvalue())
 
 
-def check_resume(cfg: Config, path: Path, read_config: Callable[[Path], dict[str, Any]]) -> None:
-    """Refuse to resume from checkpoint `path` of a different run (one clear error).
-    `read_config(path)` returns the config saved in it (the framework knows the format)."""
-    if not (cfg.resume and path.exists()):
-        return
+def check_outputs(cfg: Config) -> None:
+    """--output, --save-state and --checkpoint-dir writable before anything starts (not after
+    an hour of training; --tensorboard has its own check): one line naming the path, exit 2.
+    Creates nothing."""
+    for flag, path, kind in (
+        ("--output", cfg.output, "file"),
+        ("--save-state", cfg.save_state, "file"),
+        ("--checkpoint-dir", cfg.checkpoint_dir, "dir"),
+    ):
+        why = path and unwritable(path, kind)
+        if why:
+            raise ConfigError(f"{flag} {path}: {why}; choose another path")
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line: its first non-empty line (torch's load errors run
+    over several lines, with advice that does not apply), the last one of a message that holds
+    a C++ traceback (MXNet), or its type name."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Traceback"):  # MXNet's C++ errors: the cause comes last
+        return re.sub(r"^\w+Error: ", "", lines[-1])
+    return lines[0] if lines else type(exc).__name__
+
+
+@contextmanager
+def reading_checkpoint(path: Path) -> Iterator[None]:
+    """Around the load of a checkpoint: a corrupt, truncated or foreign file is bad input (one
+    line, exit 2), whatever the framework's loader raised."""
     try:
-        saved = read_config(path)
+        yield
+    except ConfigError:
+        raise
     except Exception as exc:
         raise ConfigError(
-            f"cannot read checkpoint {path} ({exc}); delete it or drop --resume"
+            f"cannot read checkpoint {path} ({type(exc).__name__}: {first_line(exc)}); "
+            "delete it or drop --resume"
         ) from None
+
+
+def check_resume(cfg: Config, path: Path, read_meta: Callable[[Path], dict[str, Any]]) -> None:
+    """Refuse to resume from checkpoint `path` of a different run, or one already past
+    `--epochs` (one clear error). `read_meta(path)` returns the metadata saved in it
+    (`checkpoint_meta`: config, epoch; the framework knows the format)."""
+    if not (cfg.resume and path.exists()):
+        return
+    with reading_checkpoint(path):
+        meta = read_meta(path)
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+            raise ValueError("no run configuration in it")
+        saved, done = meta["config"], int(meta["epoch"])
+    if done > cfg.epochs:
+        raise ConfigError(
+            f"checkpoint {path} is after epoch {done} but --epochs is {cfg.epochs}; resume "
+            f"with --epochs {done} or more, or use a new --checkpoint-dir"
+        )
     check_same_run(saved, cfg, str(path))

@@ -56,13 +56,14 @@ from common.results import RunRecorder
 from common.runtime import (
     atomic_write_bytes,
     simulate_host_devices,
+    stale_launch_env,
     threads_record,
     use_xla_cpu_ynn,
     xla_cpu_execution,
 )
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from common.trainer import check_resume, checkpoint_meta, restore_meta
+from common.trainer import check_resume, checkpoint_meta, reading_checkpoint, restore_meta
 
 # torchvision's kaiming_normal_(mode="fan_out", nonlinearity="relu"): jax's variance_scaling
 # computes fan_out = prod(kernel_shape[:-2]) * out_channels for an HWIO kernel, "normal" is the
@@ -434,14 +435,15 @@ def load_checkpoint(
     """Restore the latest checkpoint (msgpack holds arrays and plain values only) into the host
     template `state`; return the host state (the trainer replicates it) and the epoch to
     continue from."""
-    ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
-    restored = serialization.from_state_dict(state, ckpt["state"])
-    if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, state):
-        raise ConfigError(
-            f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
-            "model; resume with the same settings or use a new --checkpoint-dir"
-        )
-    epoch, _ = restore_meta(json.loads(ckpt["meta"]), recorder)
+    with reading_checkpoint(checkpoint_path(cfg)):  # corrupt or foreign: one line, exit 2
+        ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
+        restored = serialization.from_state_dict(state, ckpt["state"])
+        if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, state):
+            raise ConfigError(
+                f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
+                "model; resume with the same settings or use a new --checkpoint-dir"
+            )
+        epoch, _ = restore_meta(json.loads(ckpt["meta"]), recorder)
     return restored, epoch
 
 
@@ -462,9 +464,9 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return out
 
 
-def checkpoint_config(path: Path) -> dict[str, Any]:
-    """The config saved in a checkpoint (for common.trainer.check_resume)."""
-    return json.loads(serialization.msgpack_restore(path.read_bytes())["meta"])["config"]
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume)."""
+    return json.loads(serialization.msgpack_restore(path.read_bytes())["meta"])
 
 
 # -- devices ------------------------------------------------------------------------------------
@@ -506,7 +508,7 @@ def setup_process(cfg: Config) -> None:
     simulate_host_devices(cfg.gpus)
     use_xla_cpu_ynn(cfg.xla_cpu_ynn)
     use_compile_cache(cfg)
-    init_distributed()
+    init_distributed(cfg.collective_timeout)
 
 
 def use_compile_cache(cfg: Config) -> str | None:
@@ -580,19 +582,24 @@ class CompileMeter:
 def check_config(cfg: Config) -> None:
     """The JAX trainers' checks before training starts (ConfigError / DatasetError)."""
     check_available(cfg)
-    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
 
 
-def init_distributed() -> None:
+def init_distributed(timeout: float = 300.0) -> None:
     """Join a multi-process run when the launch environment asks for one; a no-op otherwise.
 
     Explicit: JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES, JAX_PROCESS_ID (typically
     one process per host, with all its devices). SLURM (SLURM_NTASKS > 1):
     jax.distributed.initialize() reads SLURM's variables and gives each task the one GPU of its
     SLURM_LOCALID (one task per GPU; JAX_LOCAL_DEVICE_IDS overrides). Must run before the first
-    device query. On CPU the collectives go through Gloo.
+    device query. On CPU the collectives go through Gloo. The processes wait `timeout` seconds
+    (--collective-timeout) for each other at start-up; SLURM variables that no srun set (a
+    salloc shell) are refused with one line rather than waited on.
     """
     explicit = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    stale = None if explicit else stale_launch_env()
+    if stale:
+        raise ConfigError(stale)
     slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
     if not (explicit or slurm):
         return
@@ -605,9 +612,11 @@ def init_distributed() -> None:
                 "JAX_COORDINATOR_ADDRESS is set: also set JAX_NUM_PROCESSES and "
                 "JAX_PROCESS_ID (integers) for every process"
             ) from None
-        jax.distributed.initialize(explicit, num_processes=n, process_id=rank)
+        jax.distributed.initialize(
+            explicit, num_processes=n, process_id=rank, initialization_timeout=int(timeout)
+        )
     else:
-        jax.distributed.initialize()
+        jax.distributed.initialize(initialization_timeout=int(timeout))
 
 
 def select_devices(n: int) -> tuple[list[jax.Device], str]:

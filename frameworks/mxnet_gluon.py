@@ -434,7 +434,7 @@ def setup(cfg: Config) -> None:
 
 def check_config(cfg: Config) -> None:
     """MXNet-specific checks before training starts (ConfigError / DatasetError)."""
-    from frameworks.mxnet_models import checkpoint_config, checkpoint_path
+    from frameworks.mxnet_models import checkpoint_meta_of, checkpoint_path
 
     ctx, _ = select_devices(cfg.gpus)
     if cfg.bn == "sync" and ctx[0].device_type != "gpu":
@@ -448,7 +448,7 @@ def check_config(cfg: Config) -> None:
             "use --precision fp32"
         )
     check_available(cfg)
-    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
 
 
 def main(argv: list[str] | None = None) -> int:

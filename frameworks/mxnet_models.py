@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,8 +54,9 @@ from mxnet.gluon import nn
 from common.config import Config
 from common.init import initial_state
 from common.results import RunRecorder, write_json_atomic
+from common.runtime import atomic_write_with
 from common.timing import PhaseTimer
-from common.trainer import checkpoint_meta, restore_meta
+from common.trainer import checkpoint_meta, reading_checkpoint, restore_meta
 
 # Gluon's momentum is the weight of the OLD running value: 1 - torch's momentum.
 BN_MOMENTUM = 0.9
@@ -478,8 +478,10 @@ def checkpoint_path(cfg: Config) -> Path:
 
 
 def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
-    """Write the state after `epoch` (0-based): weights and trainer states, each to a temp file
-    renamed into place, then the index (atomic JSON) that names them; older files go last."""
+    """Write the state after `epoch` (0-based): weights and optimiser states, each to a temp file
+    renamed into place (removed if the write fails), then the index (atomic JSON) that names
+    them; older files go last. Both files are MXNet's NDArray format (`mx.nd.save`), never a
+    pickle: `--resume` reads nothing that can run code."""
     index = checkpoint_path(cfg)
     index.parent.mkdir(parents=True, exist_ok=True)
     tag = f"{cfg.framework}-epoch{epoch + 1}"
@@ -490,12 +492,10 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
         name: p.data(state.ctx[0]).as_in_context(mx.cpu())
         for name, p in state.model._collect_params_with_prefix().items()
     }
-    tmp = index.with_name(f"{tag}.params.tmp{os.getpid()}")
-    mx.nd.save(str(tmp), params)
-    os.replace(tmp, index.with_name(f"{tag}.params"))
-    tmp = index.with_name(f"{tag}.states.tmp{os.getpid()}")
-    state.trainer.save_states(str(tmp))  # context 0's optimiser state (all are identical)
-    os.replace(tmp, index.with_name(f"{tag}.states"))
+    atomic_write_with(index.with_name(f"{tag}.params"), lambda tmp: mx.nd.save(tmp, params))
+    # context 0's optimiser state (all are identical)
+    states = optimizer_arrays(state.trainer, state.model)
+    atomic_write_with(index.with_name(f"{tag}.states"), lambda tmp: mx.nd.save(tmp, states))
     meta = checkpoint_meta(cfg, recorder, epoch, state.step)
     write_json_atomic(index, {"params": f"{tag}.params", "states": f"{tag}.states", **meta})
     for old in index.parent.glob(f"{cfg.framework}-epoch*"):
@@ -503,17 +503,94 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
             old.unlink(missing_ok=True)
 
 
+def state_names(trainer: gluon.Trainer, model: gluon.Block) -> list[str]:
+    """The structural name ("layer1.0.conv1.weight") of each of the Trainer's parameters, in
+    its index order: Gluon's own names carry a per-instance counter (resnet180_conv3_weight)
+    and the Trainer orders its parameters by them, so an index alone names nothing stable."""
+    by_id = {id(p): name for name, p in model._collect_params_with_prefix().items()}
+    return [by_id[id(p)] for p in trainer._params]
+
+
+def optimizer_arrays(trainer: gluon.Trainer, model: gluon.Block) -> dict[str, mx.nd.NDArray]:
+    """Context 0's optimiser states as named NDArrays (Gluon's `save_states` pickles them):
+    a parameter's state is "<name>" (one array) or "<name>#j" (the j-th item of a list or
+    tuple; a Python number, such as TorchSGD's previous LR, as a float64 scalar, exactly)."""
+    names = state_names(trainer, model)
+    out: dict[str, mx.nd.NDArray] = {}
+    for i, st in trainer._updaters[0].states.items():
+        items = st if isinstance(st, (list, tuple)) else [st]
+        for j, item in enumerate(items):
+            key = f"{names[i]}#{j}" if isinstance(st, (list, tuple)) else names[i]
+            if isinstance(item, mx.nd.NDArray):
+                out[key] = item.as_in_context(mx.cpu())
+            elif item is not None:
+                out[key] = mx.nd.array([float(item)], dtype="float64")
+    return out
+
+
+def load_optimizer_arrays(
+    trainer: gluon.Trainer, model: gluon.Block, arrays: Mapping[str, mx.nd.NDArray]
+) -> None:
+    """The inverse of `optimizer_arrays`, into every context's updater: each state is built by
+    the optimiser's own `create_state` (so its structure, shapes and dtypes come from this
+    model, not from the file) and then filled; a missing, extra or misshapen array raises
+    ValueError."""
+    if not trainer._kv_initialized:  # Gluon sets the kvstore up lazily (as load_states does)
+        trainer._init_kvstore()
+    if trainer._params_to_init:
+        trainer._init_params()
+    names = state_names(trainer, model)
+    used: set[str] = set()
+
+    def fill(template: Any, key: str) -> Any:
+        if template is None:
+            return None
+        if key not in arrays:
+            raise ValueError(f"no optimiser state {key!r}")
+        used.add(key)
+        a = arrays[key]
+        if not isinstance(template, mx.nd.NDArray):
+            if a.shape != (1,):
+                raise ValueError(f"optimiser state {key!r} has shape {a.shape}, not (1,)")
+            return type(template)(a.asnumpy()[0])
+        if a.shape != template.shape or a.dtype != template.dtype:
+            raise ValueError(
+                f"optimiser state {key!r} is {a.dtype.__name__}{a.shape}, this model's "
+                f"{template.dtype.__name__}{template.shape}"
+            )
+        return a.copyto(template.context)
+
+    for k, updater in enumerate(trainer._updaters):
+        states = {}
+        for i, param in enumerate(trainer._params):
+            template = updater.optimizer.create_state_multi_precision(i, param.list_data()[k])
+            if isinstance(template, (list, tuple)):
+                states[i] = type(template)(
+                    fill(t, f"{names[i]}#{j}") for j, t in enumerate(template)
+                )
+            else:
+                states[i] = fill(template, names[i])
+        updater.states = states
+        updater.states_synced = dict.fromkeys(states, True)  # built on this context already
+    extra = sorted(set(arrays) - used)
+    if extra:
+        raise ValueError(f"optimiser states of another model ({', '.join(extra[:3])}, ...)")
+
+
 def load_checkpoint(
     cfg: Config, state: TrainState, recorder: RunRecorder
 ) -> tuple[TrainState, int]:
     """Restore the latest checkpoint into every context; return the state and the epoch to
-    continue from."""
+    continue from. A corrupt or foreign file is bad input (one line, exit 2)."""
     index = checkpoint_path(cfg)
-    ckpt = json.loads(index.read_text())
-    state.model.load_parameters(str(index.with_name(ckpt["params"])), ctx=state.ctx)
-    # Unpickles MXNet's optimiser state (only our own checkpoint files are ever read here).
-    state.trainer.load_states(str(index.with_name(ckpt["states"])))
-    epoch, state.step = restore_meta(ckpt, recorder)
+    with reading_checkpoint(index):
+        ckpt = json.loads(index.read_text())
+        state.model.load_parameters(str(index.with_name(ckpt["params"])), ctx=state.ctx)
+        states = mx.nd.load(str(index.with_name(ckpt["states"])))
+        if not isinstance(states, dict):
+            raise ValueError("the optimiser states are not named arrays")
+        load_optimizer_arrays(state.trainer, state.model, states)
+        epoch, state.step = restore_meta(ckpt, recorder)
     return state, epoch
 
 
@@ -524,6 +601,14 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return {torch_key(n): p.data(state.ctx[0]).asnumpy() for n, p in params.items()}
 
 
-def checkpoint_config(path: Path) -> dict[str, Any]:
-    """The config saved in a checkpoint (for common.trainer.check_resume)."""
-    return json.loads(path.read_text())["config"]
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
+    the weights and optimiser files it names must parse too, so that a corrupt one is refused
+    before the run."""
+    ckpt = json.loads(path.read_text())
+    for key in ("params", "states"):
+        name = Path(str(ckpt[key]))
+        if name.name != str(name):
+            raise ValueError(f"{key} file {name} is not beside the index")
+        mx.nd.load(str(path.with_name(name.name)))
+    return ckpt

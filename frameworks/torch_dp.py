@@ -43,7 +43,7 @@ from frameworks.torch_models import (
     TrainState,
     autocast,
     canonical_state,
-    checkpoint_config,
+    checkpoint_meta_of,
     checkpoint_path,
     count_params,
     create_model,
@@ -301,7 +301,7 @@ def check_config(cfg: Config) -> None:
                 "own slice); use --bn local, or torch-ddp for synchronised BatchNorm"
             )
     check_available(cfg)
-    check_resume(cfg, checkpoint_path(cfg), checkpoint_config)
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
 
 
 def main(argv: list[str] | None = None) -> int:

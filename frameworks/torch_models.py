@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import math
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from common.pipeline import EvalLoader
 from common.results import RunRecorder
 from common.runtime import atomic_write_bytes
 from common.timing import PhaseTimer
-from common.trainer import checkpoint_meta, restore_meta
+from common.trainer import checkpoint_meta, reading_checkpoint, restore_meta
 
 NormLayer = Callable[[int], nn.Module]
 
@@ -409,11 +410,12 @@ def load_checkpoint(
 ) -> tuple[TrainState, int]:
     """Restore the latest checkpoint (tensors and plain containers only: weights_only=True);
     return the state and the epoch to continue from."""
-    ckpt = torch.load(checkpoint_path(cfg), map_location=state.device, weights_only=True)
-    state.module.load_state_dict(ckpt["model"])
-    state.optimizer.load_state_dict(ckpt["optimizer"])
-    state.scaler.load_state_dict(ckpt["scaler"])
-    epoch, state.step = restore_meta(ckpt, recorder)
+    with reading_checkpoint(checkpoint_path(cfg)):  # corrupt or foreign: one line, exit 2
+        ckpt = load_tensors(checkpoint_path(cfg), state.device)
+        state.module.load_state_dict(ckpt["model"])
+        state.optimizer.load_state_dict(ckpt["optimizer"])
+        state.scaler.load_state_dict(ckpt["scaler"])
+        epoch, state.step = restore_meta(ckpt, recorder)
     return state, epoch
 
 
@@ -422,6 +424,18 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() for k, v in state.module.state_dict().items()}
 
 
-def checkpoint_config(path: Path) -> dict[str, Any]:
-    """The config saved in a checkpoint (for common.trainer.check_resume)."""
-    return torch.load(path, map_location="cpu", weights_only=True)["config"]
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume)."""
+    return load_tensors(path, "cpu")
+
+
+def load_tensors(path: Path, device: Any) -> Any:
+    """torch.load of tensors and plain containers only (weights_only=True: nothing in the file
+    can run code). torch's refusal of anything else is several lines that end in the advice to
+    load with weights_only=False; it becomes one ValueError naming what was found instead."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        detail = str(exc).partition("WeightsUnpickler error:")[2].strip().splitlines()
+        what = detail[0].strip() if detail else "not a torch checkpoint"
+        raise ValueError(f"not a checkpoint of tensors ({what})") from None

@@ -77,7 +77,7 @@ def refused(tmp_path: Path, name: str = "cifar10", *fragments: str) -> str:
 
 PROBE = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
     from common import datasets
     if sys.argv[3] == "uncapped":  # the bug injected: read everything, then look
         import gzip, numpy as np
@@ -87,7 +87,10 @@ PROBE = textwrap.dedent(
         msg = "loaded"
     except Exception as exc:
         msg = f"{type(exc).__name__}: {exc}"
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
+    # VmHWM: the peak RSS of this program's own memory map. Not ru_maxrss, which survives
+    # exec and starts at the RSS of the forking parent (pytest's, ~1 GB late in the suite).
+    hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]
+    peak = int(hwm.split()[1]) / 1024  # kB -> MiB
     print(json.dumps({"msg": msg, "peak_mib": peak}))
     """
 )

@@ -205,9 +205,15 @@ def test_launcher_environments(monkeypatch):
     env.update(SLURM_PROCID="0", SLURM_NTASKS="1")
     assert launch_env() is None  # a 1-task SLURM job is not a multi-process launch
     env.update(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_NTASKS_PER_NODE="4(x2)")
+    with pytest.raises(ConfigError, match="not started by srun"):
+        launch_env()  # no SLURM_STEP_ID: stale variables (a salloc shell), not an srun task
+    env.update(SLURM_STEP_ID="0")
     with pytest.raises(ConfigError, match="MASTER_ADDR"):
         launch_env()
-    env.update(MASTER_ADDR="node0", MASTER_PORT="29500")
+    env.update(MASTER_ADDR="no-such-host.invalid", MASTER_PORT="29500")
+    with pytest.raises(ConfigError, match="does not resolve"):
+        launch_env()
+    env.update(MASTER_ADDR="127.0.0.1")
     assert launch_env() == Launch(rank=5, world=8, local_rank=1, local_world=4)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("5", "8", "1")  # for env://
     env.clear()
