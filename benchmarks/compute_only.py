@@ -38,7 +38,14 @@ import numpy as np
 
 from benchmarks import harness
 from common.config import FRAMEWORKS, Config, ConfigError, preset
-from common.runtime import cpu_threads, free_port, set_omp_threads, simulate_host_devices
+from common.runtime import (
+    cpu_threads,
+    free_port,
+    set_omp_threads,
+    simulate_host_devices,
+    use_xla_cpu_ynn,
+    xla_cpu_execution,
+)
 
 FAMILIES = ("torch", "jax", "mxnet")
 
@@ -250,6 +257,7 @@ def run_jax(
     cfg: Config, batch: int, steps: int, warmup: int, framework: str = "", rounds: int = 0
 ) -> dict[str, Any]:
     simulate_host_devices(1)  # before JAX's CPU backend starts: one device
+    use_xla_cpu_ynn(cfg.xla_cpu_ynn)  # the trainers' XLA:CPU path (jax_models.setup_process)
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh
@@ -307,6 +315,7 @@ def run_jax(
         out["memory_source"] = "peak RSS (resource.getrusage; no JAX device memory_stats)"
     if device.platform == "cpu":
         out["precision_note"] = "fp32 (CUDA fast paths do not apply on CPU)"
+        out["execution"] = xla_cpu_execution()
     else:
         out["precision_note"] = f"{jnp.dtype(dtype).name} activations, XLA defaults"
     if rounds:
@@ -488,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=ns.batch_size,
             precision=ns.precision,
             channels_last=ns.channels_last,
+            xla_cpu_ynn=ns.xla_cpu_ynn,
             compile=ns.compile,
             seed=ns.seed,
             lr=ns.lr,

@@ -327,7 +327,7 @@ def add_flags(
 
 
 def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: str) -> None:
-    """The step the throughput tools time: model, images, batch and the CUDA fast paths."""
+    """The step the throughput tools time: model, images, batch and the fast paths."""
     on_off = argparse.BooleanOptionalAction
     for name, kwargs in (
         ("--model", dict(default="resnet18", choices=("resnet18", "wideresnet"),
@@ -339,7 +339,9 @@ def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: 
         ("--precision", dict(default="fp32", choices=PRECISIONS,
                              help="CUDA: fp32, or mixed precision bf16 / fp16 (CPU: fp32)")),
         ("--channels-last", dict(action=on_off, default=True,
-                                 help="CUDA: channels-last memory format (torch)")),
+                                 help="channels-last memory format (torch, CUDA and CPU)")),
+        ("--xla-cpu-ynn", dict(action=on_off, default=True,
+                               help="JAX on CPU: XLA's YNNPACK fusion kernels")),
         ("--compile", dict(action=on_off, default=False,
                            help="CUDA: torch.compile the model (torch)")),
     ):  # fmt: skip

@@ -185,6 +185,7 @@ def workload(ns: Any, batch: int) -> list[str]:
         *("--model", ns.model, "--width", f"{ns.width:g}", "--image-size", str(ns.image_size)),
         *("--batch-size", str(batch), "--lr", f"{ns.lr:g}", "--precision", ns.precision),
         "--channels-last" if ns.channels_last else "--no-channels-last",
+        "--xla-cpu-ynn" if ns.xla_cpu_ynn else "--no-xla-cpu-ynn",
         "--compile" if ns.compile else "--no-compile",
     ]
 

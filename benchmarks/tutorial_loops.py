@@ -10,6 +10,8 @@ by the trainer's own `build_model`. What differs is only the loop (benchmarks/tu
                    DataLoader(num_workers=0) + ToTensor, drop_last test set   vs  torch-ddp
     d2l-mxnet      d2l 13.6, MXNet: split_and_load, gluon DataLoader(num_workers=4), network
                    not hybridized, float() per evaluation shard             vs  mxnet-gluon
+    d2l-jax        d2l 13.6, JAX: jax.pmap + lax.pmean, numpy batches reshaped per step in
+                   the training thread, state not donated, an int() per test batch  vs  jax-pmap
     flax-imagenet  Flax examples/imagenet: jax.pmap + lax.pmean, prefetch_to_device(2),
                    per-step metrics fetched every log_every_steps            vs  jax-pmap
 
@@ -62,6 +64,7 @@ TUTORIALS: dict[str, Tutorial] = {
             "NVIDIA DLI data-parallel course (DDP)",
         ),
         Tutorial("d2l-mxnet", "benchmarks.tutorials.d2l_mxnet", "mxnet-gluon", "d2l 13.6 (MXNet)"),
+        Tutorial("d2l-jax", "benchmarks.tutorials.d2l_jax", "jax-pmap", "d2l 13.6 (JAX)"),
         Tutorial(
             "flax-imagenet",
             "benchmarks.tutorials.flax_imagenet",

@@ -185,6 +185,11 @@ class Config:
         "CPU (oneDNN); --no-channels-last for NCHW. Same values, faster convolutions",
     )
     compile: bool = opt(False, "CUDA: torch.compile the model (torch)")
+    xla_cpu_ynn: bool = opt(
+        True,
+        "JAX on CPU: XLA's YNNPACK kernels for its dot, elementwise and reduction fusions "
+        "(--no-xla-cpu-ynn: XLA's own code). Same values to rounding, faster",
+    )
     tf32: bool = opt(
         False,
         "CUDA: TF32 for float32 matmuls and convolutions in every framework alike (default off: "

@@ -58,6 +58,8 @@ from common.runtime import (
     simulate_host_devices,
     stale_launch_env,
     threads_record,
+    use_xla_cpu_ynn,
+    xla_cpu_execution,
 )
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
@@ -490,13 +492,21 @@ def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
     )
 
 
+def execution(transform: str, devices: list[jax.Device]) -> str:
+    """The record's `execution`: the parallel transform, and on CPU how XLA runs the programs."""
+    if devices[0].platform != "cpu":
+        return transform
+    return f"{transform}; {xla_cpu_execution()}"
+
+
 def setup_process(cfg: Config) -> None:
     """What a JAX trainer's process does before JAX starts: XLA reads XLA_FLAGS when its CPU
     backend starts (the first device query, not the import), so this gives `--gpus` simulated
-    CPU devices (on a GPU machine only the unused CPU backend sees it); then it turns the
-    persistent compilation cache on (or off) and joins a multi-process run if one is
-    configured."""
+    CPU devices (on a GPU machine only the unused CPU backend sees it) and XLA:CPU's YNNPACK
+    fusions (--xla-cpu-ynn); then it turns the persistent compilation cache on (or off) and
+    joins a multi-process run if one is configured."""
     simulate_host_devices(cfg.gpus)
+    use_xla_cpu_ynn(cfg.xla_cpu_ynn)
     use_compile_cache(cfg)
     init_distributed(cfg.collective_timeout)
 

@@ -63,6 +63,7 @@ from frameworks.jax_models import (
     create_model,
     cross_entropy,
     evaluate,
+    execution,
     initial_variables,
     jax_threads,
     load_checkpoint,
@@ -282,7 +283,7 @@ def train(cfg: Config) -> dict:
         init=init_record(cfg, ds.channels, ds.num_classes),
     )
     recorder.threads = jax_threads(devices)
-    recorder.execution = "pmap (one XLA program per device)"
+    recorder.execution = execution("pmap (one XLA program per device)", devices)
     recorder.float32_precision = fp32
     p_train_step, p_eval_step = parallelize(cfg, mesh)
     p_mean = cross_replica_mean(mesh)

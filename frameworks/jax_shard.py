@@ -67,6 +67,7 @@ from frameworks.jax_models import (
     create_model,
     cross_entropy,
     evaluate,
+    execution,
     initial_variables,
     jax_threads,
     load_checkpoint,
@@ -307,7 +308,7 @@ def train(cfg: Config) -> dict:
         init=init_record(cfg, ds.channels, ds.num_classes),
     )
     recorder.threads = jax_threads(devices)
-    recorder.execution = "jit (XLA SPMD over the mesh)"
+    recorder.execution = execution("jit (XLA SPMD over the mesh)", devices)
     recorder.float32_precision = fp32
     j_train_step, j_eval_step = parallelize(cfg, mesh)
     j_allreduce = cross_device_sum(mesh)

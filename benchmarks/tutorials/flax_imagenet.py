@@ -65,10 +65,10 @@ from benchmarks.tutorials.record import (
 from common.config import Config, ConfigError
 from common.datasets import Dataset, load_for
 from common.pipeline import Normalizer, Prefetcher, epoch_permutation, steps_per_epoch
-from common.runtime import printer, simulate_host_devices
+from common.runtime import printer, simulate_host_devices, use_xla_cpu_ynn
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
-from frameworks.jax_models import initial_variables, select_devices
+from frameworks.jax_models import execution, initial_variables, select_devices
 from frameworks.jax_pmap import build_model
 
 SOURCE = (
@@ -263,6 +263,7 @@ def train(cfg: Config) -> dict:
     state = create_train_state(cfg, model, ds.image_shape, learning_rate_fn)
     state = jax_utils.replicate(state, devices)
     recorder = TutorialRecorder(cfg, TUTORIAL, ds, devices=len(devices), device_kind=kind)
+    recorder.execution = execution("pmap (one XLA program per device)", devices)
     # tf.data stand-ins: host batches assembled on background threads, 10 ahead.
     train_source = Prefetcher(host_batches(ds, cfg.batch_size, True, cfg.seed), depth=10)
     eval_source = Prefetcher(host_batches(ds, cfg.batch_size, False, cfg.seed), depth=10)
@@ -322,8 +323,10 @@ def train(cfg: Config) -> dict:
 
 
 def setup(cfg: Config) -> None:
-    """`--gpus` simulated CPU devices, before JAX's CPU backend starts (as jax-pmap)."""
+    """`--gpus` simulated CPU devices and XLA:CPU's kernels (--xla-cpu-ynn), before JAX's CPU
+    backend starts (as jax-pmap)."""
     simulate_host_devices(cfg.gpus)
+    use_xla_cpu_ynn(cfg.xla_cpu_ynn)  # the same XLA:CPU kernels as jax-pmap
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,75 @@
+"""--xla-cpu-ynn (JAX on CPU: XLA's YNNPACK kernels for its dot, elementwise and reduction
+fusions): the flag reaches XLA_FLAGS before JAX starts, a user's own setting wins, the record's
+`execution` names the path taken, and the step it computes equals XLA's own code to rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.config import preset
+from common.init import initial_state
+from common.runtime import (
+    YNN_FLAG,
+    set_xla_flag,
+    use_xla_cpu_ynn,
+    xla_cpu_execution,
+    xla_flag,
+)
+from tests.conftest import (
+    CONDITIONED_SEED,
+    SMOKE,
+    ok,
+    read_json,
+    relative_update_difference,
+    run_trainer,
+)
+
+# One step of the same program compiled two ways: only float rounding may differ (measured: 5e-7
+# of the update on an Intel Xeon; on a ResNet-18 at width 0.25, 32x32, both differ from torch's
+# step by the same 6.0e-3, a ReLU flip or two). 1e-3: the contract tests' bound for two programs.
+UPDATE_RTOL = 1e-3
+
+
+def test_flag_is_set_once_and_a_users_own_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    use_xla_cpu_ynn(False)
+    assert xla_flag(YNN_FLAG) is None and xla_cpu_execution() == "XLA:CPU (its own code)"
+    use_xla_cpu_ynn(True)
+    use_xla_cpu_ynn(True)  # idempotent: one flag, the device count kept
+    flags = __import__("os").environ["XLA_FLAGS"].split()
+    assert flags == [
+        "--xla_force_host_platform_device_count=2",
+        f"--{YNN_FLAG}=dot,eltwise,reduce",
+    ]
+    assert xla_cpu_execution() == "XLA:CPU, YNNPACK fusions (dot,eltwise,reduce)"
+    set_xla_flag(YNN_FLAG, "dot")  # the user's choice, e.g. in their shell
+    use_xla_cpu_ynn(True)
+    assert xla_flag(YNN_FLAG) == "dot" and xla_cpu_execution().endswith("(dot)")
+
+
+def one_step(tmp_path: Path, name: str, *flags: str) -> tuple[dict, dict[str, np.ndarray]]:
+    out, state = tmp_path / f"{name}.json", tmp_path / f"{name}.npz"
+    args = ("--seed", str(CONDITIONED_SEED), "--epochs", "1", "--max-steps-per-epoch", "1")
+    ok(run_trainer("jax-pmap", *SMOKE, *args, *flags, "--output", str(out), "--save-state",
+                   str(state), "--no-compile-cache"))  # fmt: skip
+    with np.load(state) as f:
+        return read_json(out), dict(f)
+
+
+def test_ynn_step_equals_xlas_own_step(tmp_path: Path) -> None:
+    """jax-pmap's step with and without YNNPACK, from the shared start: the same update to
+    rounding; the records say which path each took. A 2% slip in the update (what a wrong
+    kernel would do at the least) is 10x the bound."""
+    ynn_rec, ynn = one_step(tmp_path, "ynn", "--xla-cpu-ynn")
+    own_rec, own = one_step(tmp_path, "own", "--no-xla-cpu-ynn")
+    assert "YNNPACK fusions (dot,eltwise,reduce)" in ynn_rec["execution"]
+    assert "XLA:CPU (its own code)" in own_rec["execution"]
+    before, _ = initial_state(preset("smoke", seed=CONDITIONED_SEED), 3, 10)
+    diff = relative_update_difference(before, ynn, own)
+    assert diff <= UPDATE_RTOL
+    slipped = {k: before[k] + 1.02 * (v - before[k]) if k in before else v for k, v in ynn.items()}
+    assert relative_update_difference(before, slipped, own) > 10 * UPDATE_RTOL
