@@ -28,6 +28,7 @@ from benchmarks.harness import print_table as show
 LEFT = ("framework", "status", "BN", "device kind")
 CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"
 NOISE_MARK = "†"  # after images/s: its min-max range overlaps another framework's at that count
+UNTIMED_MARK = "‡"  # after s/epoch and images/s: a run had no timed epoch (warm-up included)
 SPREAD = ("images_per_sec", "sec_per_epoch")  # median (min-max) per cell
 
 
@@ -134,6 +135,9 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["epoch1_train_loss"], row["epoch1_train_loss_std"] = _stats(
                 [epoch1_loss(r) for r in ok]
             )
+            # A run without a timed epoch (--epochs 1, or every epoch the first of a resumed
+            # process) reports its warm-up epochs: marked, never passed off as steady state.
+            row["untimed_runs"] = sum(1 for r in ok if r.get("timed_epochs") == 0)
             for key in SPREAD:  # the mean above gives way to the median
                 row[key], row[key + "_min"], row[key + "_max"] = _spread([r.get(key) for r in ok])
             loads = [_load(r) for r in runs]
@@ -232,9 +236,13 @@ def _median(row: dict[str, Any], key: str, fmt: str) -> str:
     return text
 
 
+def _untimed(row: dict[str, Any]) -> str:
+    return f" {UNTIMED_MARK}" if row.get("untimed_runs") else ""
+
+
 def _images_per_sec(row: dict[str, Any]) -> str:
     mark = f" {NOISE_MARK}" if row.get("within_noise_of") else ""
-    return _median(row, "images_per_sec", ".0f") + mark
+    return _median(row, "images_per_sec", ".0f") + mark + _untimed(row)
 
 
 def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
@@ -249,7 +257,7 @@ def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
             "epoch-1 loss",
             lambda r: _num(r.get("epoch1_train_loss"), r.get("epoch1_train_loss_std"), ".4f"),
         ),
-        ("s/epoch", lambda r: _median(r, "sec_per_epoch", ".3g")),
+        ("s/epoch", lambda r: _median(r, "sec_per_epoch", ".3g") + _untimed(r)),
         (
             "1st epoch s",
             lambda r: _num(r.get("first_epoch_sec"), r.get("first_epoch_sec_std"), ".3g"),
@@ -301,8 +309,15 @@ def notes(sweep: Sweep, table: list[dict[str, Any]]) -> list[str]:
 
 def spread_notes(table: list[dict[str, Any]]) -> list[str]:
     """The "within noise" pairs per device count, or, for cells of one run, that differences
-    under the (unmeasured) run-to-run spread are noise."""
+    under the (unmeasured) run-to-run spread are noise; and the cells with an untimed run."""
     lines = []
+    untimed = [f"{r['framework']} x{r['devices']}" for r in table if r.get("untimed_runs")]
+    if untimed:
+        lines.append(
+            f"{UNTIMED_MARK} no timed epoch in a run of {', '.join(untimed)} (every epoch was "
+            "the first of its process: --epochs 1, or a resume after every epoch): its s/epoch "
+            "and images/s include compilation and warm-up; use --epochs 2 or more"
+        )
     for n in dict.fromkeys(r["devices"] for r in table):
         marked = [r for r in table if r["devices"] == n and r.get("within_noise_of")]
         pairs = [

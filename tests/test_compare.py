@@ -628,3 +628,18 @@ def test_epoch1_loss_and_the_shared_start_are_reported() -> None:
     assert "(NO: 1 seed(s))" in report.start_note(records)
     records[1]["init"] = {"mode": "native", "sha256": None}
     assert "not one shared start" in report.start_note(records)
+
+
+def test_a_run_without_a_timed_epoch_is_marked() -> None:
+    """A record whose every epoch was untimed (timed_epochs 0: its figures are warm-up epochs)
+    is marked in s/epoch and images/s and named in a note; a normal run of the same sweep is not
+    (issue 15: a resumed 2-epoch JAX run reported its recompiling epochs as s/epoch)."""
+    sweep = _repeat_sweep(["a", "b"], repeat=1)
+    warm = {**_record("a", 1, 0, 50.0, 0.9, sec=3.9), "timed_epochs": 0}
+    rows = report.rows(sweep, [warm, {**_record("b", 1, 0, 100.0, 0.9), "timed_epochs": 3}])
+    headers, body = report.table_cells(sweep, rows)
+    cells = {line[0]: dict(zip(headers, line)) for line in body if line[1] == "1"}
+    assert cells["a"]["s/epoch"] == "3.9 ‡" and cells["a"]["images/s"] == "50 ‡"
+    assert "‡" not in cells["b"]["s/epoch"] + cells["b"]["images/s"]
+    notes = report.spread_notes(rows)
+    assert any(n.startswith("‡ no timed epoch in a run of a x1 ") for n in notes), notes
