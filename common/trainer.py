@@ -120,9 +120,12 @@ def process_rank() -> int:
     return 0
 
 
-def failure_record(cfg: Config, error: str, packages: tuple[str, ...]) -> dict[str, Any]:
-    """Write a 'failed' run record (rank 0 only) for a run that failed before its training loop
-    kept any epoch, so the runner sees what went wrong."""
+def failure_record(
+    cfg: Config, error: str, packages: tuple[str, ...], status: str = "failed"
+) -> dict[str, Any]:
+    """Write a "failed" (or, for a run stopped by SIGTERM / SIGINT, "interrupted") run record
+    (rank 0 only) for a run that ended before its training loop kept any epoch, so the runner
+    sees what happened."""
     rec = RunRecorder(
         cfg,
         devices=cfg.gpus,
@@ -131,22 +134,10 @@ def failure_record(cfg: Config, error: str, packages: tuple[str, ...]) -> dict[s
         is_main=process_rank() == 0,
         packages=packages,
     )
-    rec.fail(error)
-    return rec.finish()
-
-
-def interrupted_record(cfg: Config, error: str, packages: tuple[str, ...]) -> dict[str, Any]:
-    """Write an "interrupted" run record (rank 0 only) for a run stopped before its training
-    loop kept any epoch."""
-    rec = RunRecorder(
-        cfg,
-        devices=cfg.gpus,
-        device_kind="unknown",
-        params=0,
-        is_main=process_rank() == 0,
-        packages=packages,
-    )
-    rec.interrupt(error)
+    if status == "interrupted":
+        rec.interrupt(error)
+    else:
+        rec.fail(error)
     return rec.finish()
 
 
@@ -225,7 +216,7 @@ def run_main(
         return 2
     except Interrupted as exc:
         if not exc.recorded:
-            interrupted_record(cfg, str(exc), packages)
+            failure_record(cfg, str(exc), packages, status="interrupted")
         print(f"{prog}: {exc}; the record keeps the epochs measured so far", file=sys.stderr)
         return 128 + exc.signum
     except RunFailed as exc:
