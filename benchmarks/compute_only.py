@@ -262,7 +262,13 @@ def run_jax(
     import jax.numpy as jnp
     from jax.sharding import Mesh
 
-    from frameworks.jax_models import TrainState, compute_dtype, count_params, cross_entropy
+    from frameworks.jax_models import (
+        TrainState,
+        compute_dtype,
+        count_params,
+        cross_entropy,
+        donate_state,
+    )
     from frameworks.jax_pmap import build_model, create_train_state
 
     device = jax.local_devices()[0]
@@ -287,7 +293,7 @@ def run_jax(
         grads, updates = jax.grad(loss_fn, has_aux=True)(state.params)
         return state.apply_gradients(grads=grads, batch_stats=updates["batch_stats"])
 
-    step_fn = jax.jit(train_step, donate_argnums=(0,))  # in place, as the trainers donate
+    step_fn = jax.jit(train_step, donate_argnums=donate_state([device]))  # as the trainers
     x, y = synthetic_batch(cfg, batch, "NHWC")
     xd, yd = jax.device_put(jnp.asarray(x), device), jax.device_put(jnp.asarray(y), device)
     state = jax.device_put(state, device)

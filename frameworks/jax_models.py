@@ -492,6 +492,13 @@ def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
     )
 
 
+def donate_state(devices: list[jax.Device]) -> tuple[int, ...]:
+    """`donate_argnums` of a train step whose first argument is the state: donated on GPUs (the
+    new state reuses the old one's device memory), not on CPU, where memory is plentiful and a
+    step without donation measured 1% faster (5 alternating pairs, jax-pmap, 1 device)."""
+    return (0,) if devices[0].platform == "gpu" else ()
+
+
 def execution(transform: str, devices: list[jax.Device]) -> str:
     """The record's `execution`: the parallel transform, and on CPU how XLA runs the programs."""
     if devices[0].platform != "cpu":

@@ -75,7 +75,7 @@ def stepped(framework: str, n: int, bn: str, steps: int = 1) -> tuple[Any, list[
     """Host state and per-step metrics after `steps` steps from the seed's initial state
     (jax-pmap --bn local: with the replicas' running statistics averaged, as train() does)."""
     train, _, initial, mesh, mod = compiled(framework, n, bn)
-    state = mod.replicate(initial, mesh)  # a fresh copy: the steps donate theirs
+    state = mod.replicate(initial, mesh)  # a fresh copy (the steps donate theirs on GPUs)
     metrics = []
     for batch in train_batches()[:steps]:
         state, m = train(state, mod.to_device(batch, mesh))
