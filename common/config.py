@@ -177,7 +177,8 @@ class Config:
         "where the JAX compilation cache lives (<cache-dir>/jax; JAX_COMPILATION_CACHE_DIR, if "
         "set, wins)",
     )
-    # CUDA fast paths (ignored on CPU): mixed precision, channels-last, torch.compile.
+    # Fast paths: mixed precision, torch.compile and TF32 (CUDA), channels-last (torch, CUDA and
+    # CPU), XLA:CPU's YNNPACK kernels (JAX on CPU). Every record's `execution` names the path.
     precision: str = opt("fp32", "CUDA: fp32, or mixed precision bf16 / fp16", choices=PRECISIONS)
     channels_last: bool = opt(
         True,

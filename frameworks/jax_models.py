@@ -506,14 +506,20 @@ def execution(transform: str, devices: list[jax.Device]) -> str:
     return f"{transform}; {xla_cpu_execution()}"
 
 
-def setup_process(cfg: Config) -> None:
-    """What a JAX trainer's process does before JAX starts: XLA reads XLA_FLAGS when its CPU
-    backend starts (the first device query, not the import), so this gives `--gpus` simulated
-    CPU devices (on a GPU machine only the unused CPU backend sees it) and XLA:CPU's YNNPACK
-    fusions (--xla-cpu-ynn); then it turns the persistent compilation cache on (or off) and
-    joins a multi-process run if one is configured."""
+def setup_xla(cfg: Config) -> None:
+    """Before JAX's backends start (XLA reads XLA_FLAGS at the first device query, not the
+    import): `--gpus` simulated CPU devices (on a GPU machine only the unused CPU backend sees
+    them) and XLA:CPU's kernels (--xla-cpu-ynn). The JAX trainers and the JAX tutorial loops
+    both start here, so the two sides of a comparison run the same XLA programs the same way."""
     simulate_host_devices(cfg.gpus)
     use_xla_cpu_ynn(cfg.xla_cpu_ynn)
+
+
+def setup_process(cfg: Config) -> None:
+    """What a JAX trainer's process does before JAX starts: `setup_xla` (simulated devices,
+    XLA:CPU's kernels), then the persistent compilation cache on (or off), then joining a
+    multi-process run if one is configured."""
+    setup_xla(cfg)
     use_compile_cache(cfg)
     init_distributed(cfg.collective_timeout)
 

@@ -103,6 +103,15 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> s
     return lines[0]
 
 
+def run_recorded(module: str, tmp_path: Path, *args: str) -> tuple[dict, str]:
+    """Run `python -m module args --output tmp_path/record.json`, which must succeed; its record
+    and its stdout."""
+    out = tmp_path / "record.json"
+    proc = run_module(module, *args, "--output", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_json(out), proc.stdout
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     with open(path) as f:
         return json.load(f)

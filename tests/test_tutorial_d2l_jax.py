@@ -25,7 +25,7 @@ from common.datasets import load_for
 from common.pipeline import TrainLoader
 from common.runtime import simulate_host_devices
 from frameworks import jax_pmap
-from tests.conftest import read_json, relative_update_difference, run_module
+from tests.conftest import one_line_error, relative_update_difference, run_module, run_recorded
 
 simulate_host_devices(4)  # before the first device query (as tests/test_jax_pmap.py)
 
@@ -112,10 +112,7 @@ def test_step_matches_jax_pmap_on_every_device() -> None:
 
 
 def run(tmp_path: Path, *flags: str) -> tuple[dict, str]:
-    out = tmp_path / "record.json"
-    proc = run_module(MODULE, *flags, "--output", str(out), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_json(out), proc.stdout
+    return run_recorded(MODULE, tmp_path, *flags)
 
 
 @pytest.mark.slow
@@ -138,8 +135,6 @@ def test_two_devices_digits_learns(tmp_path: Path) -> None:
 def test_label_smoothing_exits_2_with_one_line(tmp_path: Path) -> None:
     out = tmp_path / "record.json"
     proc = run_module(MODULE, *DIGITS, "--label-smoothing", "0.1", "--output", str(out))
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith(f"python -m {MODULE}: error: --label-smoothing")
+    line = one_line_error(proc, "--label-smoothing")
+    assert line.startswith(f"python -m {MODULE}: error: --label-smoothing")
     assert not out.exists()

@@ -25,7 +25,7 @@ from common.config import preset
 from common.datasets import load_for
 from common.pipeline import TrainLoader
 from frameworks import jax_pmap
-from tests.conftest import read_json, run_module
+from tests.conftest import run_module, run_recorded
 
 MODULE = "benchmarks.tutorials.flax_imagenet"
 # The driver's forced settings (the example has no augmentation, warm-up or LR schedule).
@@ -144,10 +144,7 @@ def host(tree: Any) -> Any:
 
 
 def run(tmp_path: Path, *flags: str) -> tuple[dict, str]:
-    out = tmp_path / "record.json"
-    proc = run_module(MODULE, *flags, "--output", str(out), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_json(out), proc.stdout
+    return run_recorded(MODULE, tmp_path, *flags)
 
 
 @pytest.mark.slow

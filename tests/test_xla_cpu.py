@@ -5,6 +5,7 @@ fusions): the flag reaches XLA_FLAGS before JAX starts, a user's own setting win
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ def test_flag_is_set_once_and_a_users_own_setting_wins(monkeypatch: pytest.Monke
     assert xla_flag(YNN_FLAG) is None and xla_cpu_execution() == "XLA:CPU (its own code)"
     use_xla_cpu_ynn(True)
     use_xla_cpu_ynn(True)  # idempotent: one flag, the device count kept
-    flags = __import__("os").environ["XLA_FLAGS"].split()
+    flags = os.environ["XLA_FLAGS"].split()
     assert flags == [
         "--xla_force_host_platform_device_count=2",
         f"--{YNN_FLAG}=dot,eltwise,reduce",

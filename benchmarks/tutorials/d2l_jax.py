@@ -49,9 +49,14 @@ from benchmarks.tutorials.record import (
 from common.config import Config, ConfigError
 from common.datasets import Dataset, load_for
 from common.pipeline import Normalizer, epoch_permutation, steps_per_epoch
-from common.runtime import simulate_host_devices, use_xla_cpu_ynn
 from common.trainer import keep_measured_epochs, run_main
-from frameworks.jax_models import execution, initial_variables, make_optimizer, select_devices
+from frameworks.jax_models import (
+    execution,
+    initial_variables,
+    make_optimizer,
+    select_devices,
+    setup_xla,  # simulated devices and XLA:CPU's kernels, as jax-pmap's setup_process
+)
 from frameworks.jax_pmap import build_model
 
 SOURCE = (
@@ -215,19 +220,18 @@ def train(cfg: Config) -> dict:
     return recorder.finish()
 
 
-def setup(cfg: Config) -> None:
-    """`--gpus` simulated CPU devices and XLA:CPU's kernels (--xla-cpu-ynn), before JAX's CPU
-    backend starts (as jax-pmap)."""
-    simulate_host_devices(cfg.gpus)
-    use_xla_cpu_ynn(cfg.xla_cpu_ynn)  # the same XLA:CPU kernels as jax-pmap
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.tutorials.d2l_jax --help` (the trainers' flags).
     Exit 0 ok, 1 failed, 2 bad input."""
     fail = failure_recorder(TUTORIAL)
     return run_main(
-        argv, COMPARED, prog=PROG, setup=setup, check=check_supported, train=train, on_failure=fail
+        argv,
+        COMPARED,
+        prog=PROG,
+        setup=setup_xla,  # before JAX starts, as jax-pmap
+        check=check_supported,
+        train=train,
+        on_failure=fail,
     )
 
 
