@@ -5,9 +5,10 @@ global step (epochs done x steps per epoch) as the x axis:
 
     train/loss  test/accuracy  test/loss  perf/images_per_sec  perf/epoch_sec  lr
 
-`lr` is the LR of the epoch's last step, read from the one LR table every trainer follows
-(`common.schedule.lr_table_for`). With the first epoch come two text entries: `config` (the
-resolved config) and `environment` (versions, device kind and count, threads, execution, host).
+`lr` is the LR of the epoch's last step, which the recorder keeps in every epoch row
+(`lr_last`, from the one LR table every trainer follows, `common.schedule.lr_table_for`). With
+the first epoch come two text entries: `config` (the resolved config) and `environment`
+(versions, device kind and count, threads, execution, host).
 
 The writer is tensorboardX's: framework-neutral (numpy and protobuf only), and the same pinned
 version installs in both environments (torch's `torch.utils.tensorboard` is missing from the
@@ -27,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from common.config import Config, ConfigError
 from common.runtime import injected
-from common.schedule import lr_table_for
 
 if TYPE_CHECKING:
     from common.results import RunRecorder
@@ -88,9 +88,10 @@ def global_step(row: dict[str, Any], cfg: Config) -> tuple[int, int]:
     return row["epoch"] * steps, steps
 
 
-def epoch_scalars(row: dict[str, Any], lr: float) -> dict[str, float]:
-    """The scalars of one epoch row, by tag."""
-    return {**{tag: float(row[key]) for tag, key in SCALARS.items()}, "lr": float(lr)}
+def epoch_scalars(row: dict[str, Any]) -> dict[str, float]:
+    """The scalars of one epoch row, by tag; `lr` is the epoch's last step's LR, which the
+    recorder keeps in every row (`lr_last`, from common.schedule.lr_table_for)."""
+    return {**{tag: float(row[key]) for tag, key in SCALARS.items()}, "lr": float(row["lr_last"])}
 
 
 def environment(recorder: RunRecorder) -> dict[str, Any]:
@@ -122,7 +123,6 @@ class EventLog:
     def __init__(self, logdir: str):
         self.logdir = logdir
         self._writer: Any = None
-        self._lr: tuple[int, Any] | None = None  # (steps per epoch, the LR table)
         self.failed = False
 
     def epoch(self, recorder: RunRecorder, row: dict[str, Any]) -> None:
@@ -133,15 +133,12 @@ class EventLog:
             cfg = recorder.cfg
             if injected("tensorboard-error", cfg.framework):  # tests: a failing writer
                 raise OSError(f"injected TensorBoard write error in {self.logdir}")
-            step, steps = global_step(row, cfg)
-            if self._lr is None or self._lr[0] != steps:
-                self._lr = (steps, lr_table_for(cfg, steps))
-            lr = self._lr[1][min(step, len(self._lr[1])) - 1]
+            step, _ = global_step(row, cfg)
             if self._writer is None:
                 self._writer = summary_writer_class()(logdir=self.logdir)
                 self._writer.add_text("config", _markdown_json(cfg.to_dict()), step)
                 self._writer.add_text("environment", _markdown_json(environment(recorder)), step)
-            for tag, value in epoch_scalars(row, lr).items():
+            for tag, value in epoch_scalars(row).items():
                 self._writer.add_scalar(tag, value, step)
             self._writer.flush()  # on disk now: a run killed later keeps its curves
         except Exception as exc:
