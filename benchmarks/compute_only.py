@@ -192,9 +192,10 @@ def run_torch(
     import torch
 
     from frameworks.torch_dp import build_model, create_train_state
-    from frameworks.torch_models import autocast, count_params, loss_fn
+    from frameworks.torch_models import autocast, count_params, loss_fn, set_float32_precision
 
     cuda = torch.cuda.is_available()
+    fp32 = set_float32_precision(cfg, cuda)  # as the trainers: TF32 only with --tf32
     if cuda:
         torch.backends.cudnn.benchmark = True  # as the trainers: fixed shapes, fastest kernels
         torch.cuda.reset_peak_memory_stats()
@@ -238,7 +239,7 @@ def run_torch(
         fast = [cfg.precision]
         fast += ["channels_last"] if cfg.channels_last else []
         fast += ["torch.compile"] if cfg.compile else []
-        out["precision_note"] = "+".join(fast) + ", cudnn.benchmark"
+        out["precision_note"] = "+".join(fast) + f", cudnn.benchmark, float32 {fp32}"
     else:
         out["peak_memory_bytes"] = peak_rss_bytes()
         out["memory_source"] = "peak RSS (resource.getrusage)"
@@ -268,10 +269,12 @@ def run_jax(
         count_params,
         cross_entropy,
         donate_state,
+        set_float32_precision,
     )
     from frameworks.jax_pmap import build_model, create_train_state
 
     device = jax.local_devices()[0]
+    fp32 = set_float32_precision(cfg, device.platform)  # as the trainers: TF32 only with --tf32
     dtype = compute_dtype(cfg, device.platform)  # bf16 activations for --precision bf16 on GPU
     model = build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, dtype)
     # jax-pmap's builder on a 1-device mesh (the trainers' initialisation, optimiser and dropout
@@ -323,7 +326,7 @@ def run_jax(
         out["precision_note"] = "fp32 (CUDA fast paths do not apply on CPU)"
         out["execution"] = xla_cpu_execution()
     else:
-        out["precision_note"] = f"{jnp.dtype(dtype).name} activations, XLA defaults"
+        out["precision_note"] = f"{jnp.dtype(dtype).name} activations, float32 {fp32}"
     if rounds:
         loop, loop_state = jax_loop(framework, cfg, batch, device, dtype)
 

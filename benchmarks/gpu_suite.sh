@@ -49,25 +49,36 @@ run() {
 
 COMMON=(--python "$PY" --gpus 1 --model resnet18 --image-size 32 --batch-size 512
         --steps 16 --epochs 4 --timeout 240)
+# STEPS (default: all) picks steps by number, e.g. STEPS=1,2 bash benchmarks/gpu_suite.sh ...
+want() { [[ ",${STEPS:-1,2,3,4,5,6}," == *",$1,"* ]]; }
 
 # 1. Mixed precision, every torch and JAX module: torch autocast bf16 + channels_last +
-#    cudnn.benchmark; JAX bf16 activations with XLA's defaults.
-run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
+#    cudnn.benchmark; JAX bf16 activations. The input pipeline is --pipeline auto: on a GPU the
+#    training set is resident there and each step's crops are gathered there.
+want 1 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
     "${COMMON[@]}" --precision bf16 --channels-last --out "$OUT/throughput-bf16"
-# 2. The fastest PyTorch path: the same plus torch.compile.
-run "$PY" -m benchmarks.throughput --frameworks torch-ddp "${COMMON[@]}" \
+# 2. The same with the host pipeline (numpy crops on a prefetch thread, copied every step): what
+#    the device pipeline is worth.
+want 2 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
+    "${COMMON[@]}" --precision bf16 --channels-last --pipeline host \
+    --out "$OUT/throughput-bf16-host-pipeline"
+# 3. The fastest PyTorch path: the same as 1 plus torch.compile.
+want 3 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp "${COMMON[@]}" \
     --precision bf16 --channels-last --compile --out "$OUT/throughput-bf16-compile"
-# 3. fp32 (cuDNN's default TF32 convolutions), NCHW: the plain baseline of each family.
-run "$PY" -m benchmarks.throughput --frameworks torch-ddp,jax-pmap "${COMMON[@]}" \
-    --precision fp32 --no-channels-last --out "$OUT/throughput-fp32"
-# 4. The compare runner on real data (digits, full-width ResNet-18) at 1 GPU; MXNet is absent.
-run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
+# 4. fp32 (full fp32: TF32 off in every framework, as the trainers default), NCHW.
+want 4 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
+    "${COMMON[@]}" --precision fp32 --no-channels-last --out "$OUT/throughput-fp32"
+# TensorBoard curves only where the writer (tensorboardX) is installed: a GPU image may lack it.
+TB=()
+"$PY" -c 'import tensorboardX' 2>/dev/null || TB=(--no-tensorboard)
+# 5. The compare runner on real data (digits, full-width ResNet-18) at 1 GPU; MXNet is absent.
+want 5 && run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
     DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
     "$PY" -m benchmarks.compare --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard --gpus 1 \
-    --preset digits --timeout 180 --out "$OUT/compare-digits"
-# 5. Our loops against the seed tutorials' loops (d2l, NVIDIA course, Flax example) on the same
+    --preset digits --timeout 180 "${TB[@]}" --out "$OUT/compare-digits"
+# 6. Our loops against the seed tutorials' loops (d2l, NVIDIA course, Flax example) on the same
 #    work: full-width ResNet-18 on 8192 CIFAR-shaped synthetic images, batch 256, 1 GPU.
-run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
+want 6 && run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
     --tutorials d2l-torch,nvidia-course,flax-imagenet --gpus 1 --repeat 2 \
     --preset throughput --width 1 --train-limit 8192 --epochs 3 --timeout 120 \
     --out "$OUT/tutorial-loops"

@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="learning rate of both loops (default 0.01: speed does not depend on it, and a "
         "small one keeps training on random labels finite; a diverged run stops early)",
     )
+    p.add_argument(
+        "--pipeline",
+        choices=("auto", "host", "device"),
+        default="auto",
+        help="the real loop's input pipeline (the trainers' --pipeline: host, device, or auto = "
+        "device on GPUs); the compute-only loop has none (one resident batch)",
+    )
     harness.add_flags(p, repeat=1)
     p.add_argument(
         "--phases",
@@ -203,7 +210,7 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
         *("--preset", "throughput", "--dataset", "synthetic"),
         *workload(ns, plan.global_batch(n)),
         *("--gpus", str(n), "--epochs", str(ns.epochs), "--max-steps-per-epoch", str(ns.steps)),
-        *("--output", str(output)),
+        *("--pipeline", ns.pipeline, "--output", str(output)),
     ]
     if phases:
         command.append("--phase-timing")
@@ -218,6 +225,7 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
         images_per_sec=record["images_per_sec"],
         first_epoch_sec=record["first_epoch_sec"],
         device_kind=record["device_kind"],
+        pipeline=record.get("pipeline"),
         timed_epochs=record["timed_epochs"],
         steps_per_epoch=record["epochs"][0]["images"] // record["global_batch_size"],
         record=str(output.relative_to(plan.out)),
@@ -319,6 +327,7 @@ def summarise(cell: dict[str, Any]) -> None:
     ok = [r for r in comp if r["status"] == "ok"]
     cell["memory_source"] = ok[0]["memory_source"] if ok else ""
     cell["precision_note"] = ok[0]["precision_note"] if ok else ""
+    cell["pipeline"] = next((r["pipeline"] for r in real if r.get("pipeline")), "")
     cell["real_images_per_sec_all"] = [r.get("images_per_sec") for r in real]
     cell["compute_images_per_sec_all"] = [r.get("images_per_sec") for r in comp]
     # Each repetition measures the compute-only loop and then the real loop, back to back; the
@@ -422,6 +431,9 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
     )
     if precision:
         out.append("precision: " + "; ".join(precision) + ".")
+    pipelines = sorted({c["pipeline"] for c in cells if c.get("pipeline")})
+    if pipelines:
+        out.append("real loop's input pipeline: " + "; ".join(pipelines) + ".")
     if plan.device_kind == "cpu-simulated" and max(plan.counts) > 1:
         out.append(
             "cpu-simulated: N simulated devices share the same CPU cores, so the ratio "

@@ -162,6 +162,14 @@ class Config:
         False, "measure data / transfer / compute / communication / update time per phase"
     )
     prefetch: int = opt(2, "batches prepared ahead by the background loader")
+    pipeline: str = opt(
+        "auto",
+        "where training batches are made: host (numpy crops and flips on a prefetch thread, "
+        "copied to the devices every step), device (the uint8 training set copied to every "
+        "device once; each step's crops gathered there from the same host-drawn order and "
+        "crops), auto (device on GPUs, host on CPUs)",
+        choices=("auto", "host", "device"),
+    )
     collective_timeout: float = opt(
         300.0,
         "seconds a process waits for the others (rendezvous, all-reduce) before the run fails "

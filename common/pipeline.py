@@ -9,6 +9,10 @@
 - Evaluation visits every test image exactly once at any device count; padded positions carry
   weight 0 so frameworks that need static shapes (JAX) can pad without double counting.
 - `Prefetcher` prepares batches on a background thread so the step never waits for data.
+- `--pipeline device` (the default on GPUs) moves only the pixel work: the training set is copied
+  to every device once, and each step's images are gathered there (`gather_crops`, in each
+  framework's ops) from the indices, crop rows and columns this module draws on the host for the
+  host pipeline too: the same order and the same augmentation, minus the per-step host copy.
 """
 
 from __future__ import annotations
@@ -57,16 +61,51 @@ def augmentation_params(
     return dy, dx, fl
 
 
+def crop_indices(
+    h: int, w: int, pad: int, dy: np.ndarray, dx: np.ndarray, fl: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each crop's rows (N, H) and columns (N, W), int32, in the unpadded image's coordinates:
+    -pad..h+pad-1, where a row or column outside the image is the zero padding. Columns are
+    reversed where `fl` (the flip)."""
+    rows = (dy - pad)[:, None] + np.arange(h)[None, :]
+    cols = (dx - pad)[:, None] + np.arange(w)[None, :]
+    cols = np.where(fl[:, None], cols[:, ::-1], cols)
+    return rows.astype(np.int32), cols.astype(np.int32)
+
+
 def crop_and_flip(
     images: np.ndarray, pad: int, dy: np.ndarray, dx: np.ndarray, fl: np.ndarray
 ) -> np.ndarray:
     """Zero-pad by `pad`, crop back to the original size at (dy, dx), flip where `fl`."""
     n, h, w, c = images.shape
     padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-    rows = dy[:, None] + np.arange(h)[None, :]  # (N, H)
-    cols = dx[:, None] + np.arange(w)[None, :]  # (N, W)
-    cols = np.where(fl[:, None], cols[:, ::-1], cols)
-    return padded[np.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
+    rows, cols = crop_indices(h, w, pad, dy, dx, fl)
+    return padded[np.arange(n)[:, None, None], rows[:, :, None] + pad, cols[:, None, :] + pad]
+
+
+def gather_crops(
+    images: np.ndarray, idx: np.ndarray, rows: np.ndarray, cols: np.ndarray
+) -> np.ndarray:
+    """What `--pipeline device` computes on the device, in numpy (the specification that the
+    torch and JAX versions, `make_batch`, are tested against): image idx[i]'s pixels at rows[i] x
+    cols[i], 0 outside the image. (N, H, W, C) uint8."""
+    h, w = images.shape[1:3]
+    inside = ((rows >= 0) & (rows < h))[:, :, None] & ((cols >= 0) & (cols < w))[:, None, :]
+    rows, cols = np.clip(rows, 0, h - 1), np.clip(cols, 0, w - 1)
+    out = images[idx[:, None, None], rows[:, :, None], cols[:, None, :]]
+    return np.where(inside[..., None], out, 0).astype(images.dtype)
+
+
+def crops_on_device(pipeline: str, gpu: bool) -> bool:
+    """`--pipeline`: device (crops gathered on the devices), host, or auto = device on GPUs."""
+    return pipeline == "device" or (pipeline == "auto" and gpu)
+
+
+def pipeline_record(on_device: bool) -> str:
+    """The run record's `pipeline`: where the training batches are made."""
+    if on_device:
+        return "device (training set resident on every device; crops gathered there)"
+    return "host (numpy crops and flips on a prefetch thread, copied every step)"
 
 
 class Normalizer:
@@ -93,7 +132,10 @@ class TrainLoader:
 
     A single-process data-parallel framework (pmap, jit, split_and_load, nn.DataParallel) uses
     rank=0, world=1 and splits the global batch itself; torch-ddp uses one rank per process.
-    Yields (x float32 (B, H, W, C) or (B, C, H, W), y int32 (B,)).
+    Yields (x float32 (B, H, W, C) or (B, C, H, W), y int32 (B,)); with `on_device`
+    (`--pipeline device`) the same batches as (idx, rows, cols, y) int32 instead, for the
+    framework's `make_batch` to gather from its resident copy of the training set (`norm` then
+    holds the normalisation it must apply).
     """
 
     def __init__(
@@ -107,8 +149,10 @@ class TrainLoader:
         layout: str = "NHWC",
         max_steps: int = 0,
         prefetch: int = 2,
+        on_device: bool = False,
     ):
         self.ds = ds
+        self.on_device = on_device
         self.global_batch = global_batch
         self.seed = seed
         self.shard = shard_slice(global_batch, rank, world)
@@ -133,10 +177,25 @@ class TrainLoader:
             dy, dx, fl = augmentation_params(self.seed, epoch, n, self.pad, self.ds.flip)
         for step in range(start_step, self.steps):
             idx = order[step * self.global_batch : (step + 1) * self.global_batch][self.shard]
+            if self.on_device:  # the same draws, as indices: the device gathers the pixels
+                yield self._indices(idx, dy, dx, fl) if self.augment else self._indices(idx)
+                continue
             images = self.ds.train_x[idx]
             if self.augment:
                 images = crop_and_flip(images, self.pad, dy[idx], dx[idx], fl[idx])
             yield self.norm(images), self.ds.train_y[idx]
+
+    def _indices(self, idx: np.ndarray, *draws: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(idx, rows, cols, y) int32 for gather_crops: the crops drawn for these images, or
+        without augmentation the identity crop (pad 0)."""
+        h, w = self.ds.train_x.shape[1:3]
+        if draws:
+            dy, dx, fl = draws
+            rows, cols = crop_indices(h, w, self.pad, dy[idx], dx[idx], fl[idx])
+        else:
+            zero = np.zeros(len(idx), np.int64)
+            rows, cols = crop_indices(h, w, 0, zero, zero, zero.astype(bool))
+        return idx.astype(np.int32), rows, cols, self.ds.train_y[idx].astype(np.int32)
 
     def epoch(self, epoch: int, start_step: int = 0) -> Prefetcher:
         """Iterator over this rank's batches of `epoch`, prepared `prefetch` batches ahead."""

@@ -172,6 +172,7 @@ class RunRecorder:
         self.threads: dict[str, Any] | None = None
         self.execution: str | None = None
         self.float32_precision: str | None = None
+        self.pipeline: str | None = None  # common.pipeline.pipeline_record
         # --tensorboard: process 0's event file, written per epoch from the rows below.
         self.tensorboard = EventLog(cfg.tensorboard) if is_main and cfg.tensorboard else None
         # Where finish() writes the record; torch-ddp's spawned workers leave it to the parent.
@@ -298,6 +299,7 @@ class RunRecorder:
             "threads": self.threads,
             "execution": self.execution,
             "float32_precision": self.float32_precision,
+            "pipeline": self.pipeline,
             "time_to_target_sec": self.time_to_target,
             "epochs_to_target": self.epochs_to_target,
             "wall_sec": self.elapsed(),

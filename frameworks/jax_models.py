@@ -51,7 +51,7 @@ from flax.training import train_state
 from common.config import Config, ConfigError
 from common.datasets import check_available
 from common.init import initial_state
-from common.pipeline import EvalLoader
+from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.runtime import (
     atomic_write_bytes,
@@ -395,6 +395,42 @@ def prefetch_to_devices(
     while queue:
         yield queue.popleft()
         queue.extend(timed_put(b) for b in itertools.islice(batches, 1))
+
+
+def batch_maker(scale: np.ndarray, shift: np.ndarray) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """--pipeline device: `make_batch(images, idx, rows, cols, y)`, common.pipeline.gather_crops
+    in jnp ops, then the host Normalizer's (x * scale + shift): the resident uint8 images
+    (N, H, W, C) -> float32 (B, H, W, C), and the labels. The trainer applies its parallel
+    transform to it (`parallel_batches`), so each device gathers its own shard."""
+
+    def make_batch(
+        images: jax.Array, idx: jax.Array, rows: jax.Array, cols: jax.Array, y: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        h, w = images.shape[1:3]
+        inside = ((rows >= 0) & (rows < h))[:, :, None] & ((cols >= 0) & (cols < w))[:, None, :]
+        rows, cols = jnp.clip(rows, 0, h - 1), jnp.clip(cols, 0, w - 1)
+        crops = images[idx[:, None, None], rows[:, :, None], cols[:, None, :]]
+        crops = jnp.where(inside[..., None], crops, jnp.zeros((), crops.dtype))  # zero padding
+        return crops.astype(jnp.float32) * scale + shift, y
+
+    return make_batch
+
+
+def train_put(
+    loader: TrainLoader,
+    put: Callable[[Batch], tuple[jax.Array, ...]],
+    replicate: Callable[[Any], Any],
+    parallel_batches: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> Callable[[Batch], tuple[jax.Array, ...]]:
+    """The step's batch on the devices, from what `loader` yields. Host pipeline: the trainer's
+    `put` (to_device). Device pipeline: the uint8 training set is copied to every device once,
+    here (the trainer's `replicate`), and each step puts only its indices (asynchronously) and
+    gathers its crops there (`batch_maker` under the trainer's transform, `parallel_batches`)."""
+    if not loader.on_device:
+        return put
+    images = replicate(loader.ds.train_x)
+    make_batch = parallel_batches(batch_maker(loader.norm.scale, loader.norm.shift))
+    return lambda batch: make_batch(images, *put(batch))
 
 
 def evaluate(

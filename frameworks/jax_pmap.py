@@ -42,7 +42,7 @@ from jax.sharding import PartitionSpec as P
 from common.config import Config, per_device
 from common.datasets import load_for
 from common.init import init_record
-from common.pipeline import EvalLoader, TrainLoader
+from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
 from common.results import RunRecorder
 from common.runtime import injected_failure, printer
 from common.timing import PhaseTimer, Timer
@@ -74,6 +74,7 @@ from frameworks.jax_models import (
     select_devices,
     set_float32_precision,
     setup_process,
+    train_put,
 )
 
 FRAMEWORK = "jax-pmap"
@@ -202,6 +203,12 @@ def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[.
     return p_train_step, p_eval_step
 
 
+def parallel_batches(make_batch: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
+    """--pipeline device: `make_batch` (jax_models.batch_maker) under this trainer's transform:
+    one program per device, on its replica of the training set and its shard of the indices."""
+    return jax.pmap(make_batch, axis_name=AXIS, devices=list(mesh.devices.flat))
+
+
 def cross_replica_mean(mesh: Mesh) -> Callable[[Any], Any]:
     """pmean of a replicated tree over the devices (Flax's `cross_replica_mean`)."""
     devices = list(mesh.devices.flat)
@@ -268,6 +275,7 @@ def train(cfg: Config) -> dict:
         layout="NHWC",
         max_steps=cfg.max_steps_per_epoch,
         prefetch=cfg.prefetch,
+        on_device=crops_on_device(cfg.pipeline, devices[0].platform == "gpu"),
     )
     # Static shapes: every test batch is padded to a multiple of this process's device count.
     eval_batch = max(1, cfg.eval_batch_size // world)
@@ -288,9 +296,14 @@ def train(cfg: Config) -> dict:
     recorder.threads = jax_threads(devices)
     recorder.execution = execution("pmap (one XLA program per device)", devices)
     recorder.float32_precision = fp32
+    recorder.pipeline = pipeline_record(loader.on_device)
     p_train_step, p_eval_step = parallelize(cfg, mesh)
     p_mean = cross_replica_mean(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh
+    # --pipeline device: the training set goes to the devices here, the crops are made there.
+    put_train = train_put(
+        loader, put, lambda a: replicate(a, mesh), lambda f: parallel_batches(f, mesh)
+    )
     start = 0
     if cfg.resume and checkpoint_path(cfg).exists():
         host_state, start = load_checkpoint(cfg, unreplicate(state), recorder)
@@ -309,7 +322,7 @@ def train(cfg: Config) -> dict:
             timer.start()
             batches = loader.epoch(epoch)
             totals: dict[str, jax.Array] = {}
-            for i, batch in enumerate(prefetch_to_devices(batches, put, phases)):
+            for i, batch in enumerate(prefetch_to_devices(batches, put_train, phases)):
                 # One fused XLA program: forward, backward, all-reduce and update cannot be
                 # timed apart, so phase timing books the whole step as forward_backward and
                 # times a separate pmean of a gradient-sized tree as the all-reduce (an

@@ -46,7 +46,7 @@ from jax.sharding import PartitionSpec as P
 from common.config import Config, per_device
 from common.datasets import load_for
 from common.init import init_record
-from common.pipeline import EvalLoader, TrainLoader
+from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
 from common.results import RunRecorder
 from common.runtime import injected_failure, printer
 from common.timing import PhaseTimer, Timer
@@ -78,6 +78,7 @@ from frameworks.jax_models import (
     select_devices,
     set_float32_precision,
     setup_process,
+    train_put,
 )
 
 FRAMEWORK = "jax-shard"
@@ -244,6 +245,13 @@ def cross_device_sum(mesh: Mesh) -> Callable[[Any], Any]:
     )
 
 
+def parallel_batches(make_batch: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
+    """--pipeline device: `make_batch` (jax_models.batch_maker) under jit, the training set
+    replicated and the indices split over the mesh: each device gathers its own rows."""
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    return jax.jit(make_batch, in_shardings=(replicated, *[split] * 4), out_shardings=split)
+
+
 def replicate(tree: Any, mesh: Mesh) -> Any:
     """The same value on every device of the mesh (NamedSharding(mesh, P()))."""
     sharding = NamedSharding(mesh, P())
@@ -292,6 +300,7 @@ def train(cfg: Config) -> dict:
         layout="NHWC",
         max_steps=cfg.max_steps_per_epoch,
         prefetch=cfg.prefetch,
+        on_device=crops_on_device(cfg.pipeline, devices[0].platform == "gpu"),
     )
     # Static shapes: every test batch is padded to a multiple of this process's device count.
     eval_batch = max(1, cfg.eval_batch_size // world)
@@ -312,9 +321,14 @@ def train(cfg: Config) -> dict:
     recorder.threads = jax_threads(devices)
     recorder.execution = execution("jit (XLA SPMD over the mesh)", devices)
     recorder.float32_precision = fp32
+    recorder.pipeline = pipeline_record(loader.on_device)
     j_train_step, j_eval_step = parallelize(cfg, mesh)
     j_allreduce = cross_device_sum(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh
+    # --pipeline device: the training set goes to the devices here, the crops are made there.
+    put_train = train_put(
+        loader, put, lambda a: replicate(a, mesh), lambda f: parallel_batches(f, mesh)
+    )
     start = 0
     if cfg.resume and checkpoint_path(cfg).exists():
         host_state, start = load_checkpoint(cfg, unreplicate(state), recorder)
@@ -333,7 +347,7 @@ def train(cfg: Config) -> dict:
             timer.start()
             batches = loader.epoch(epoch)
             totals: dict[str, jax.Array] = {}
-            for i, batch in enumerate(prefetch_to_devices(batches, put, phases)):
+            for i, batch in enumerate(prefetch_to_devices(batches, put_train, phases)):
                 # One fused XLA program: forward, backward, all-reduce and update cannot be
                 # timed apart, so phase timing books the whole step as forward_backward and
                 # times a separate all-reduce of a gradient-sized tree (an estimate of the part

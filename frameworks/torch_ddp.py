@@ -49,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.config import Config, ConfigError, resolve
 from common.datasets import check_available, load_for
 from common.init import init_record
-from common.pipeline import EvalLoader, TrainLoader
+from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
 from common.results import RunRecorder, write_json_atomic
 from common.runtime import (
     cpu_threads,
@@ -93,7 +93,7 @@ from frameworks.torch_models import (
     seed_for,
     set_float32_precision,
     sync,
-    to_device,
+    train_put,
 )
 
 FRAMEWORK = "torch-ddp"
@@ -590,6 +590,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
             layout="NCHW",
             max_steps=cfg.max_steps_per_epoch,
             prefetch=cfg.prefetch,
+            on_device=crops_on_device(cfg.pipeline, cuda),
         )
         evals = EvalLoader(ds, max(1, cfg.eval_batch_size // world), rank, world, layout="NCHW")
         state = create_train_state(cfg, model, device, len(loader))
@@ -612,6 +613,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
         )
         recorder.execution = execution(cfg, cuda, compiled=cuda and cfg.compile)
         recorder.float32_precision = fp32
+        recorder.pipeline = pipeline_record(loader.on_device)
         if not cuda and (cfg.precision != "fp32" or cfg.compile):
             log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
         start = 0
@@ -622,6 +624,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
             log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
         elif cfg.resume:
             log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
+        put = train_put(loader, state)  # --pipeline device: the training set goes over here
         timer = Timer(sync)
         state.phases = PhaseTimer(sync, cfg.phase_timing)
         with keep_measured_epochs(recorder, reraise=world > 1):
@@ -633,7 +636,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
                 totals: dict[str, torch.Tensor] = {}
                 for host_batch in batches:
                     with state.phases.phase("h2d"):
-                        batch = to_device(host_batch, state)
+                        batch = put(host_batch)
                     state, metrics = train_step(state, batch)
                     state.phases.steps += 1
                     totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}

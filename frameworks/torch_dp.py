@@ -27,7 +27,7 @@ from torch import nn
 from common.config import Config, ConfigError
 from common.datasets import check_available, load_for
 from common.init import init_record
-from common.pipeline import EvalLoader, TrainLoader
+from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
 from common.results import RunRecorder
 from common.runtime import cpu_threads, injected_failure, printer, threads_record
 from common.schedule import lr_table_for
@@ -57,7 +57,7 @@ from frameworks.torch_models import (
     seed_for,
     set_float32_precision,
     sync,
-    to_device,
+    train_put,
 )
 
 FRAMEWORK = "torch-dp"
@@ -199,6 +199,7 @@ def train(cfg: Config) -> dict:
         layout="NCHW",
         max_steps=cfg.max_steps_per_epoch,
         prefetch=cfg.prefetch,
+        on_device=crops_on_device(cfg.pipeline, cuda),
     )
     evals = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW")
     state = create_train_state(cfg, model, device_ids, len(loader))
@@ -220,6 +221,7 @@ def train(cfg: Config) -> dict:
         cfg, cuda, compiled=cuda and cfg.compile and len(device_ids) == 1
     )
     recorder.float32_precision = fp32
+    recorder.pipeline = pipeline_record(loader.on_device)
     if not cuda and (cfg.precision != "fp32" or cfg.compile):
         log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
     if cuda and cfg.compile and len(device_ids) > 1:
@@ -230,6 +232,7 @@ def train(cfg: Config) -> dict:
         log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
     elif cfg.resume:
         log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
+    put = train_put(loader, state)  # --pipeline device: the training set goes over here
     timer = Timer(sync)
     state.phases = PhaseTimer(sync, cfg.phase_timing)
     with keep_measured_epochs(recorder):
@@ -241,7 +244,7 @@ def train(cfg: Config) -> dict:
             totals: dict[str, torch.Tensor] = {}
             for host_batch in batches:
                 with state.phases.phase("h2d"):
-                    batch = to_device(host_batch, state)
+                    batch = put(host_batch)
                 state, metrics = train_step(state, batch)
                 state.phases.steps += 1
                 totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}

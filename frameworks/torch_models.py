@@ -32,7 +32,7 @@ from torch import nn
 
 from common.config import Config
 from common.init import initial_state
-from common.pipeline import EvalLoader
+from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.runtime import atomic_write_bytes
 from common.timing import PhaseTimer
@@ -352,19 +352,63 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def host_to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """One numpy array on `device`: on CUDA from pinned memory, asynchronously (no sync)."""
+    t = torch.from_numpy(a)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[torch.Tensor, ...]:
     """numpy batch -> device tensors, once: pinned host memory and an asynchronous copy on CUDA
     (no sync); labels as int64, images channels-last where enabled."""
-    cuda = state.device.type == "cuda"
     out = []
     for i, a in enumerate(batch):
-        t = torch.from_numpy(a)
-        if cuda:
-            t = t.pin_memory().to(state.device, non_blocking=True)
+        t = host_to_device(a, state.device)
         if i == 0 and state.cfg.channels_last:  # the images, laid out as the weights are
             t = t.contiguous(memory_format=torch.channels_last)
         out.append(t.long() if i == 1 else t)
     return tuple(out)
+
+
+def make_batch(
+    images: torch.Tensor,
+    idx: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+) -> torch.Tensor:
+    """--pipeline device: common.pipeline.gather_crops in torch ops, then the host Normalizer's
+    (x * scale + shift): the resident uint8 images (N, H, W, C) -> float32 (B, H, W, C)."""
+    h, w = images.shape[1:3]
+    inside = ((rows >= 0) & (rows < h))[:, :, None] & ((cols >= 0) & (cols < w))[:, None, :]
+    rows, cols = rows.clamp(0, h - 1).long(), cols.clamp(0, w - 1).long()
+    crops = images[idx.long()[:, None, None], rows[:, :, None], cols[:, None, :]]
+    crops = crops * inside[..., None]  # 0 outside the image: the zero padding
+    return crops.float() * scale + shift
+
+
+def train_put(
+    loader: TrainLoader, state: TrainState
+) -> Callable[[tuple[np.ndarray, ...]], tuple[torch.Tensor, ...]]:
+    """The step's batch on the device, from what `loader` yields. Host pipeline: `to_device`.
+    Device pipeline: the uint8 training set is copied to the device once, here, and each step
+    copies only its indices (asynchronously) and gathers its crops there (`make_batch`); images
+    NCHW, channels-last where enabled, as `to_device` gives them."""
+    if not loader.on_device:
+        return lambda batch: to_device(batch, state)
+    device = state.device
+    images = torch.from_numpy(loader.ds.train_x).to(device)
+    scale = torch.from_numpy(loader.norm.scale).to(device)
+    shift = torch.from_numpy(loader.norm.shift).to(device)
+
+    def put(batch: tuple[np.ndarray, ...]) -> tuple[torch.Tensor, ...]:
+        idx, rows, cols, y = (host_to_device(a, device) for a in batch)
+        x = make_batch(images, idx, rows, cols, scale, shift).permute(0, 3, 1, 2)  # NCHW view
+        # The permuted NHWC tensor is channels-last already; plain NCHW needs a copy.
+        return (x if state.cfg.channels_last else x.contiguous()), y.long()
+
+    return put
 
 
 def evaluate(

@@ -55,6 +55,7 @@ from frameworks.jax_models import (
     initial_variables,
     make_optimizer,
     select_devices,
+    set_float32_precision,
     setup_xla,  # simulated devices and XLA:CPU's kernels, as jax-pmap's setup_process
 )
 from frameworks.jax_pmap import build_model
@@ -64,6 +65,8 @@ SOURCE = (
     "https://d2l.ai/chapter_computational-performance/multiple-gpus-concise.html"
 )
 DEVIATIONS: tuple[str, ...] = (
+    "float32 precision by the benchmark's rule, as the compared trainer (TF32 off unless "
+    "--tf32); JAX's default lets GPU matmuls and convolutions use TF32",
     "data come from common.datasets arrays instead of d2l.FashionMNIST's tf.data pipeline (no "
     "download here); a numpy generator in the training thread stands in for tfds.as_numpy: "
     "the trainers' per-epoch permutation cut into full batches (d2l batches first and shuffles "
@@ -189,6 +192,7 @@ def train(cfg: Config) -> dict:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     devices, kind = select_devices(cfg.gpus)  # the first device query: JAX's backend starts
+    set_float32_precision(cfg, devices[0].platform)  # as jax-pmap (see DEVIATIONS)
     num_devices = len(devices)
     net = build_model(cfg, ds.channels, ds.num_classes)
     state = replicate(create_train_state(cfg, net, ds.image_shape), num_devices)

@@ -48,13 +48,15 @@ from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
 from frameworks.torch_dp import FRAMEWORK as COMPARED
 from frameworks.torch_dp import build_model, check_config
-from frameworks.torch_models import initialize, make_optimizer, sync
+from frameworks.torch_models import initialize, make_optimizer, set_float32_precision, sync
 
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (PyTorch), "
     "https://d2l.ai/chapter_computational-performance/multiple-gpus-concise.html"
 )
 DEVIATIONS: tuple[str, ...] = (
+    "float32 precision by the benchmark's rule, as the compared trainer (TF32 off unless "
+    "--tf32); torch's default lets cuDNN convolutions use TF32",
     "data come from common.datasets arrays instead of torchvision.datasets.FashionMNIST "
     "(no download here); ToTensor gets each uint8 (H, W, C) ndarray instead of a PIL image",
     "images are normalised per item with the dataset mean/std (transforms.Normalize after "
@@ -125,6 +127,7 @@ def train(cfg: Config) -> dict:
     cuda = torch.cuda.is_available()
     devices = [torch.device("cuda", i) for i in range(cfg.gpus)]  # d2l.try_gpu(i)
     kind = f"cuda:{torch.cuda.get_device_name(0)}" if cuda else "cpu"
+    set_float32_precision(cfg, cuda)  # as torch-dp (see DEVIATIONS)
     if not cuda:  # as torch-dp: DataParallel then runs the module itself, on the CPU
         devices = [torch.device("cpu")]
         torch.set_num_threads(cpu_threads(1))

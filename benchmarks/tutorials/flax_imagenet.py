@@ -72,6 +72,7 @@ from frameworks.jax_models import (
     execution,
     initial_variables,
     select_devices,
+    set_float32_precision,
     setup_xla,  # simulated devices and XLA:CPU's kernels, as jax-pmap's setup_process
 )
 from frameworks.jax_pmap import build_model
@@ -82,6 +83,8 @@ SOURCE = (
     "examples/imagenet/train.py"
 )
 DEVIATIONS: tuple[str, ...] = (
+    "float32 precision by the benchmark's rule, as the compared trainer (TF32 off unless "
+    "--tf32); JAX's default lets GPU matmuls and convolutions use TF32",
     "data come from common.datasets arrays instead of tensorflow_datasets' ImageNet (no "
     "download here); no JPEG decoding, no random-resized crop or flip (the driver runs "
     "--no-augment on both sides)",
@@ -260,6 +263,7 @@ def train(cfg: Config) -> dict:
             "--batch-size or more test images"
         )
     devices, kind = select_devices(cfg.gpus)  # the first device query: JAX's backend starts
+    set_float32_precision(cfg, devices[0].platform)  # as jax-pmap (see DEVIATIONS)
     log = printer(True)
     model = build_model(cfg, ds.channels, ds.num_classes)
     learning_rate_fn = optax.constant_schedule(

@@ -62,7 +62,7 @@ from common.schedule import scaled_lr
 from common.trainer import describe, keep_measured_epochs, run_main
 from frameworks.torch_ddp import FRAMEWORK as COMPARED
 from frameworks.torch_ddp import build_model
-from frameworks.torch_models import initialize, make_optimizer, sync
+from frameworks.torch_models import initialize, make_optimizer, set_float32_precision, sync
 
 SOURCE = (
     "NVIDIA DLI, Data Parallelism: How to Train Deep Learning Models on Multiple GPUs, "
@@ -70,6 +70,8 @@ SOURCE = (
     "https://learn.nvidia.com/courses/course-detail?course_id=course-v1:DLI+C-MG-01+V3"
 )
 DEVIATIONS: tuple[str, ...] = (
+    "float32 precision by the benchmark's rule, as the compared trainer (TF32 off unless "
+    "--tf32); torch's default lets cuDNN convolutions use TF32",
     "data come from common.datasets arrays instead of torchvision.datasets.FashionMNIST "
     "(no download, so no rank-0-downloads-first barrier); ToTensor gets each uint8 (H, W, C) "
     "ndarray instead of a PIL image",
@@ -154,6 +156,7 @@ def worker(local_rank: int, cfg: Config, port: int, result: str, argv: list[str]
     if cuda:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        set_float32_precision(cfg, cuda)  # as torch-ddp (see DEVIATIONS)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(cpu_threads(world))  # N processes share the cores
