@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# GPU results for issue 7, on one lent GPU with a plain python3 (torch + CUDA JAX, flax, optax;
-# no venvs, no MXNet, no internet). Ends within 8 minutes (a time budget guards every step).
+# GPU results (issue 14), on one lent GPU with a plain python3 (torch + CUDA JAX, flax, optax;
+# no venvs, no MXNet, no internet). Ends within BUDGET_SEC (default 450 s: a budget guards every
+# step; a step that no longer fits is listed as skipped).
 #
 #   bash benchmarks/gpu_suite.sh [OUT_DIR [BUDGET_SEC]]
+#   STEPS=1,4 bash benchmarks/gpu_suite.sh OUT_DIR     # only steps 1 and 4 (numbers below)
 #
-# OUT_DIR defaults to docs/results/gpu-<UTC date>/ (committed results live under docs/results/).
-# Writes, under OUT_DIR: machine.txt, commands.txt (every command and its seconds),
-# throughput-bf16/, throughput-bf16-compile/, throughput-fp32/ (each throughput.json,
-# throughput.md, runs/, logs/), compare-digits/ (the compare runner's tables and records) and
-# tutorial-loops/ (ours against the seed tutorials' loops).
+# OUT_DIR defaults to docs/results/gpu-<UTC date>/ (committed results live under docs/results/;
+# the H100 runs of 2026-11-23 are in docs/results/h100-20261123/). Writes, under OUT_DIR:
+# machine.txt, commands.txt (every command and its seconds), throughput-bf16/,
+# throughput-bf16-host-pipeline/, throughput-bf16-compile/, throughput-fp32/ (each
+# throughput.json, throughput.md, runs/, logs/), compare-digits/ (the compare runner's tables
+# and records) and tutorial-loops/ (ours against the seed tutorials' loops).
 # Throughput: ResNet-18, 32x32 synthetic data, global batch 512 on 1 GPU; the real loop runs
 # 4 epochs of 16 steps (all 8192 synthetic images per epoch), the last 3 timed.
+# TensorBoard curves (compare) need tensorboardX; where it is missing the suite passes
+# --no-tensorboard. To bring it to a machine without registry access, carry its wheel:
+#   pip download --no-deps --only-binary=:all: -d .whl tensorboardX==2.6.5   (here), then
+#   pip install --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site (there)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-$ROOT/docs/results/gpu-$(date -u +%Y%m%d)}
@@ -24,7 +31,9 @@ PY=$(command -v python3)
   date -u +"%Y-%m-%d %H:%M:%S UTC"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   "$PY" -c 'import sys, torch, jax; print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version()); print("jax", jax.__version__, jax.devices())'
-  git rev-parse HEAD 2>/dev/null
+  # The commit, "-dirty" when the working tree differs from it (a copied tree may carry an
+  # older .git: then the tree, not the commit, is what ran).
+  echo "git $(git describe --always --dirty --abbrev=40 2>/dev/null)"
 } >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
@@ -71,7 +80,8 @@ want 4 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax
 # TensorBoard curves only where the writer (tensorboardX) is installed: a GPU image may lack it.
 TB=()
 "$PY" -c 'import tensorboardX' 2>/dev/null || TB=(--no-tensorboard)
-# 5. The compare runner on real data (digits, full-width ResNet-18) at 1 GPU; MXNet is absent.
+# 5. The compare runner on real data (the digits preset: ResNet-18 at width 0.25) at 1 GPU;
+#    MXNet is absent.
 want 5 && run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
     DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
     "$PY" -m benchmarks.compare --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard --gpus 1 \

@@ -27,6 +27,7 @@ import numpy as np
 
 from common.config import per_device
 from common.datasets import Dataset
+from common.runtime import injected
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -195,6 +196,8 @@ class TrainLoader:
         else:
             zero = np.zeros(len(idx), np.int64)
             rows, cols = crop_indices(h, w, 0, zero, zero, zero.astype(bool))
+        if injected("crop-shift", "device-pipeline"):  # tests only: every crop a pixel lower
+            rows = rows + 1
         return idx.astype(np.int32), rows, cols, self.ds.train_y[idx].astype(np.int32)
 
     def epoch(self, epoch: int, start_step: int = 0) -> Prefetcher:

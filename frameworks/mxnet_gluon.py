@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,7 +72,7 @@ import numpy as np
 from common.config import Config, ConfigError
 from common.datasets import check_available, load_for
 from common.init import init_record
-from common.pipeline import EvalLoader, TrainLoader
+from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
 from common.results import RunRecorder, host_info
 from common.runtime import (
     cpu_threads,
@@ -296,6 +297,60 @@ def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[list[An
     )
 
 
+def make_batch(images: Any, idx: Any, rows: Any, cols: Any, scale: Any, shift: Any) -> Any:
+    """--pipeline device: common.pipeline.gather_crops in mx.nd ops on one context, then the
+    host Normalizer's (x * scale + shift): the resident uint8 images (N, H, W, C) -> float32
+    (B, C, H, W)."""
+    import mxnet as mx
+
+    (b, h), w = rows.shape, images.shape[2]
+    inside = mx.nd.broadcast_mul(
+        ((rows >= 0) * (rows < h)).reshape((b, h, 1)), ((cols >= 0) * (cols < w)).reshape((b, 1, w))
+    )
+    where = [
+        idx.reshape((b, 1, 1)).broadcast_to((b, h, w)),
+        mx.nd.clip(rows, 0, h - 1).reshape((b, h, 1)).broadcast_to((b, h, w)),
+        mx.nd.clip(cols, 0, w - 1).reshape((b, 1, w)).broadcast_to((b, h, w)),
+    ]
+    crops = mx.nd.gather_nd(images, mx.nd.stack(*where)).astype("float32")  # (B, H, W, C)
+    crops = mx.nd.broadcast_mul(crops, inside.astype("float32").expand_dims(3))  # zero padding
+    x = mx.nd.broadcast_add(mx.nd.broadcast_mul(crops, scale), shift)
+    return x.transpose((0, 3, 1, 2))
+
+
+def train_put(loader: TrainLoader, state: TrainState) -> Callable[..., tuple[list[Any], ...]]:
+    """The step's batch on the contexts, from what `loader` yields. Host pipeline: `to_device`
+    (split_and_load). Device pipeline: the uint8 training set is copied to every context once,
+    here, and each step copies only each context's slice of the indices and gathers its crops
+    there (`make_batch`): what split_and_load would have given it."""
+    if not loader.on_device:
+        return lambda batch: to_device(batch, state)
+    import mxnet as mx
+
+    def on(c: Any) -> tuple[Any, ...]:
+        norm = loader.norm
+        return (
+            mx.nd.array(loader.ds.train_x, ctx=c, dtype="uint8"),
+            mx.nd.array(norm.scale.reshape(1, 1, 1, -1), ctx=c, dtype="float32"),
+            mx.nd.array(norm.shift.reshape(1, 1, 1, -1), ctx=c, dtype="float32"),
+        )
+
+    resident = [on(c) for c in state.ctx]
+
+    def put(batch: tuple[np.ndarray, ...]) -> tuple[list[Any], ...]:
+        idx, rows, cols, y = batch
+        b = len(idx) // len(state.ctx)  # even split, as split_and_load(even_split=True)
+        xs, ys = [], []
+        for i, (c, (images, scale, shift)) in enumerate(zip(state.ctx, resident)):
+            part = slice(i * b, (i + 1) * b)
+            args = [mx.nd.array(a[part], ctx=c, dtype="int32") for a in (idx, rows, cols)]
+            xs.append(make_batch(images, *args, scale, shift))
+            ys.append(mx.nd.array(y[part], ctx=c, dtype="float32"))
+        return xs, ys
+
+    return put
+
+
 def evaluate(state: TrainState, loader: EvalLoader) -> dict[str, float]:
     """Test sums over every test image exactly once (batches padded with weight-0 rows to a
     multiple of the context count); one host read at the end."""
@@ -339,6 +394,7 @@ def train(cfg: Config) -> dict:
         layout="NCHW",
         max_steps=cfg.max_steps_per_epoch,
         prefetch=cfg.prefetch,
+        on_device=crops_on_device(cfg.pipeline, ctx[0].device_type == "gpu"),
     )
     evals = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW", pad_to=len(ctx))
     state = create_train_state(cfg, model, ctx, len(loader))
@@ -362,6 +418,7 @@ def train(cfg: Config) -> dict:
     gpu = ctx[0].device_type == "gpu"
     tf32 = "tf32" if cfg.tf32 else "fp32 (TF32 off)"
     recorder.float32_precision = tf32 if gpu else "fp32 (CPU)"
+    recorder.pipeline = pipeline_record(loader.on_device)
     if ctx[0].device_type == "cpu" and (cfg.precision != "fp32" or cfg.compile):
         log("note: --precision and --compile apply on CUDA only; this run is fp32")
     start = 0
@@ -370,6 +427,7 @@ def train(cfg: Config) -> dict:
         log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
     elif cfg.resume:
         log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
+    put = train_put(loader, state)  # --pipeline device: the training set goes over here
     timer = Timer(sync)
     state.phases = PhaseTimer(sync, cfg.phase_timing)
     with keep_measured_epochs(recorder):
@@ -380,7 +438,7 @@ def train(cfg: Config) -> dict:
             totals: dict[str, Any] = {}
             for host_batch in batches:
                 with state.phases.phase("h2d"):
-                    batch = to_device(host_batch, state)
+                    batch = put(host_batch)
                 state, metrics = train_step(state, batch)
                 state.phases.steps += 1
                 totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}

@@ -9,7 +9,8 @@ interpreter: MXNet's is .venv-mxnet/bin/python):
   twice: bitwise);
 - an N-device step equals the 1-device step on the same global batch (two different programs:
   one step, compared on the update, see UPDATE_RTOL);
-- a crash inside the training loop keeps the epochs measured so far.
+- a crash inside the training loop keeps the epochs measured so far;
+- `--pipeline device` (crops gathered on the devices) trains exactly as `--pipeline host`.
 
 The framework-specific checks stay in tests/test_<framework>.py and tests/mxnet/.
 """
@@ -385,3 +386,34 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
         assert rec["execution"].endswith("XLA:CPU, YNNPACK fusions (dot,eltwise,reduce)")
     assert [e["timed"] for e in rec["epochs"]] == [False, True, True, True]
     assert_events_match_record(tb, rec)  # one event file: process 0 alone writes
+
+
+@pytest.mark.parametrize("framework", framework_params())
+def test_device_pipeline_trains_exactly_as_the_host_pipeline(
+    framework: str, tmp_path: Path
+) -> None:
+    """At 2 devices, with augmentation: the same batches reach the same devices, so the same
+    final state, bitwise (the normalisation is the same float32 operations on both paths; the
+    batch-level equality and its failure modes are in tests/test_device_pipeline.py). Shown to
+    fail on crops one pixel off (DPBENCH_INJECT=crop-shift@device-pipeline)."""
+    skip_without_interpreter(framework)
+
+    def final_state(pipeline: str, env: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+        out = tmp_path / f"{pipeline}{'-injected' if env else ''}"
+        proc = run_trainer(
+            framework,
+            *(*SMOKE, "--gpus", "2", "--epochs", "1", "--max-steps-per-epoch", "2", "--augment"),
+            *("--pipeline", pipeline, "--output", str(out / "record.json")),
+            *("--save-state", str(out / "state.npz")),
+            env=env,
+        )
+        ok(proc)
+        assert read_json(out / "record.json")["pipeline"].startswith(pipeline)
+        with np.load(out / "state.npz") as f:
+            return {k: f[k] for k in f.files}
+
+    host = final_state("host")
+    assert_same_arrays(final_state("device"), host)
+    if framework == "torch-ddp":  # once: the check fails when the device crops are off
+        shifted = final_state("device", {"DPBENCH_INJECT": "crop-shift@device-pipeline"})
+        assert differs(shifted, host)

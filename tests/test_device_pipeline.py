@@ -1,0 +1,173 @@
+"""`--pipeline device`: the batches gathered on the devices equal the host pipeline's.
+
+The host pipeline (numpy crops and flips on a prefetch thread) is the reference. The device
+pipeline copies the uint8 training set to every device once and gathers each step's crops there
+(`make_batch` in torch and in JAX, under each JAX trainer's own transform) from the indices,
+crop rows and columns `common.pipeline` draws: the same order and augmentation by construction.
+These tests run the device code on CPU devices (what stands in for GPUs here) and compare:
+
+- numpy's `gather_crops` specification against the host batches: exactly;
+- torch's `train_put` against the host batches: exactly (NCHW and channels-last);
+- jax-pmap's and jax-shard's `train_put` on 2 simulated devices: the same rows on the same
+  devices, to within one float32 rounding of the normalisation (XLA may fuse x * scale + shift);
+- each check is shown to fail on the bugs it guards against (a crop off by one pixel, no flip,
+  the padding not zeroed, another image), injected here.
+
+The trainers' end-to-end equality (same final state with either pipeline, at 1 and 2 devices)
+is in tests/test_trainer_contract.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.datasets import make_synthetic
+from common.pipeline import TrainLoader, crops_on_device, gather_crops, pipeline_record
+from common.runtime import simulate_host_devices
+
+simulate_host_devices(4)  # before the first device query (as tests/test_jax_pmap.py)
+
+GLOBAL_BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def ds():
+    # 8x8 RGB images (pad 1) with flips: every crop offset and both flip states occur.
+    return make_synthetic(64, 8, 8, 3, 10, seed=0)
+
+
+def loaders(ds, augment: bool = True, rank: int = 0, world: int = 1) -> tuple:
+    kw = dict(seed=5, rank=rank, world=world, augment=augment, prefetch=0)
+    host = TrainLoader(ds, GLOBAL_BATCH, layout="NHWC", **kw)
+    device = TrainLoader(ds, GLOBAL_BATCH, layout="NHWC", on_device=True, **kw)
+    return host, device
+
+
+def host_batches(loader: TrainLoader, epoch: int = 2) -> list[tuple[np.ndarray, np.ndarray]]:
+    return list(loader.epoch(epoch))
+
+
+def spec_batch(loader: TrainLoader, batch: tuple[np.ndarray, ...]) -> np.ndarray:
+    idx, rows, cols, _ = batch
+    return loader.norm(gather_crops(loader.ds.train_x, idx, rows, cols))
+
+
+# The bugs a device pipeline could have, as edits of one step's (idx, rows, cols, y).
+BUGS = {
+    "crop one pixel lower": lambda idx, rows, cols, y: (idx, rows + 1, cols, y),
+    "no flip": lambda idx, rows, cols, y: (idx, rows, np.sort(cols, axis=1), y),
+    "another image": lambda idx, rows, cols, y: (np.roll(idx, 1), rows, cols, y),
+}
+
+
+def test_indices_follow_the_host_draws_exactly(ds) -> None:
+    for augment in (True, False):
+        for world in (1, 2):
+            for rank in range(world):
+                host, device = loaders(ds, augment, rank, world)
+                pairs = zip(host_batches(host), host_batches(device), strict=True)
+                for (x, y), batch in pairs:
+                    np.testing.assert_array_equal(spec_batch(device, batch), x)
+                    np.testing.assert_array_equal(batch[3], y)
+                    assert all(a.dtype == np.int32 for a in batch)
+
+
+def test_the_specification_check_fails_on_injected_bugs(ds) -> None:
+    host, device = loaders(ds)
+    batches = list(zip(host_batches(host), host_batches(device), strict=True))
+    for name, bug in BUGS.items():
+        differs = [
+            not np.array_equal(spec_batch(device, bug(*batch)), x) for (x, _), batch in batches
+        ]
+        assert any(differs), name
+    # Padding not zeroed (the edge pixel repeated instead): gather without the mask.
+    (x, _), (idx, rows, cols, _) = batches[0]
+    h, w = ds.train_x.shape[1:3]
+    clamped = ds.train_x[
+        idx[:, None, None], np.clip(rows, 0, h - 1)[:, :, None], np.clip(cols, 0, w - 1)[:, None, :]
+    ]
+    assert (rows < 0).any() or (rows >= h).any() or (cols < 0).any() or (cols >= w).any()
+    assert not np.array_equal(device.norm(clamped), x)
+
+
+def test_auto_is_device_on_gpus_only() -> None:
+    assert crops_on_device("auto", gpu=True) and not crops_on_device("auto", gpu=False)
+    assert crops_on_device("device", gpu=False) and not crops_on_device("host", gpu=True)
+    assert pipeline_record(True).startswith("device") and pipeline_record(False).startswith("host")
+
+
+# ---- torch ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_torch_train_put_equals_the_host_batches(ds, channels_last: bool) -> None:
+    torch = pytest.importorskip("torch")
+    from common.config import Config
+    from frameworks.torch_models import to_device, train_put
+
+    cfg = Config(channels_last=channels_last)
+    state = type("State", (), {"device": torch.device("cpu"), "cfg": cfg})()
+    host = TrainLoader(ds, GLOBAL_BATCH, seed=5, layout="NCHW", prefetch=0)
+    device = TrainLoader(ds, GLOBAL_BATCH, seed=5, layout="NCHW", prefetch=0, on_device=True)
+    put_host, put_device = train_put(host, state), train_put(device, state)
+    assert put_host.__name__ == "<lambda>"  # the host path is to_device itself
+    for hb, db in zip(host_batches(host), host_batches(device), strict=True):
+        xh, yh = to_device(hb, state)
+        xd, yd = put_device(db)
+        assert xd.shape == xh.shape and xd.dtype == xh.dtype == torch.float32
+        assert xd.is_contiguous(memory_format=torch.channels_last) == channels_last
+        assert torch.equal(xd, xh) and torch.equal(yd, yh) and yd.dtype == torch.int64
+    # The same comparison fails on an injected bug.
+    db = host_batches(device)[0]
+    xd, _ = put_device(BUGS["no flip"](*db))
+    assert not torch.equal(xd, to_device(host_batches(host)[0], state)[0])
+
+
+# ---- JAX ------------------------------------------------------------------------------------
+
+
+def assert_within_one_rounding(a: np.ndarray, b: np.ndarray) -> None:
+    """Equal, or one float32 rounding apart (x * scale + shift, fused or not)."""
+    np.testing.assert_allclose(a, b, rtol=2**-23, atol=2**-22)
+
+
+@pytest.mark.parametrize("trainer", ["jax_pmap", "jax_shard"])
+def test_jax_train_put_equals_the_host_batches_on_two_devices(ds, trainer: str) -> None:
+    jax = pytest.importorskip("jax")
+    import importlib
+
+    from jax.sharding import Mesh
+
+    from frameworks.jax_models import train_put
+
+    mod = importlib.import_module(f"frameworks.{trainer}")
+    devices = jax.devices()[:2]
+    assert len(devices) == 2, "2 simulated CPU devices (XLA_FLAGS set before JAX started)"
+    mesh = Mesh(np.array(devices), (mod.AXIS,))
+    put = lambda batch: mod.to_device(batch, mesh)  # noqa: E731  (as the trainers)
+    host, device = loaders(ds)
+    put_device = train_put(
+        device, put, lambda a: mod.replicate(a, mesh), lambda f: mod.parallel_batches(f, mesh)
+    )
+    assert train_put(host, put, None, None) is put  # the host path is the trainer's put
+
+    def on_devices(arrays: tuple) -> list[list[np.ndarray]]:
+        """Each array's per-device pieces, in device order: (device, rows) as the step sees."""
+        return [
+            [np.asarray(s.data) for s in sorted(a.addressable_shards, key=lambda s: s.device.id)]
+            for a in arrays
+        ]
+
+    for hb, db in zip(host_batches(host), host_batches(device), strict=True):
+        expect, got = on_devices(put(hb)), on_devices(put_device(db))
+        for e, g in zip(expect, got, strict=True):  # images, then labels
+            assert [p.shape for p in g] == [p.shape for p in e]
+            for pe, pg in zip(e, g, strict=True):
+                assert pg.dtype == pe.dtype
+                assert_within_one_rounding(pg, pe)
+    # The same comparison fails on an injected bug.
+    db, (xh, _) = host_batches(device)[0], host_batches(host)[0]
+    xd = put_device(BUGS["crop one pixel lower"](*db))[0]
+    with pytest.raises(AssertionError):
+        assert_within_one_rounding(np.asarray(xd).reshape(xh.shape), xh)
