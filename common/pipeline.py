@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from common.config import per_device
+from common.config import ConfigError, per_device
 from common.datasets import Dataset
 from common.runtime import injected
 
@@ -97,9 +97,22 @@ def gather_crops(
     return np.where(inside[..., None], out, 0).astype(images.dtype)
 
 
-def crops_on_device(pipeline: str, gpu: bool) -> bool:
-    """`--pipeline`: device (crops gathered on the devices), host, or auto = device on GPUs."""
-    return pipeline == "device" or (pipeline == "auto" and gpu)
+# The most training-image bytes `--pipeline device` keeps on every device (a quarter of a 16 GB
+# GPU; CIFAR-10 is 0.15 GB): auto falls back to the host pipeline above it, and an explicit
+# `--pipeline device` is refused with the fix instead of failing inside a framework's allocator.
+DEVICE_DATA_LIMIT = 4 * 2**30
+
+
+def crops_on_device(pipeline: str, gpu: bool, nbytes: int) -> bool:
+    """`--pipeline`: device (crops gathered on the devices), host, or auto = device on GPUs when
+    the training set (`nbytes` of uint8 images) fits under DEVICE_DATA_LIMIT."""
+    fits = nbytes <= DEVICE_DATA_LIMIT
+    if pipeline == "device" and not fits:
+        raise ConfigError(
+            f"--pipeline device keeps the training set ({nbytes / 2**30:.1f} GiB) on every "
+            f"device, over its {DEVICE_DATA_LIMIT / 2**30:.0f} GiB limit; use --pipeline host"
+        )
+    return pipeline == "device" or (pipeline == "auto" and gpu and fits)
 
 
 def pipeline_record(on_device: bool) -> str:

@@ -275,7 +275,7 @@ def train(cfg: Config) -> dict:
         layout="NHWC",
         max_steps=cfg.max_steps_per_epoch,
         prefetch=cfg.prefetch,
-        on_device=crops_on_device(cfg.pipeline, devices[0].platform == "gpu"),
+        on_device=crops_on_device(cfg.pipeline, devices[0].platform == "gpu", ds.train_x.nbytes),
     )
     # Static shapes: every test batch is padded to a multiple of this process's device count.
     eval_batch = max(1, cfg.eval_batch_size // world)

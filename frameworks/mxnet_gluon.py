@@ -394,7 +394,7 @@ def train(cfg: Config) -> dict:
         layout="NCHW",
         max_steps=cfg.max_steps_per_epoch,
         prefetch=cfg.prefetch,
-        on_device=crops_on_device(cfg.pipeline, ctx[0].device_type == "gpu"),
+        on_device=crops_on_device(cfg.pipeline, ctx[0].device_type == "gpu", ds.train_x.nbytes),
     )
     evals = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW", pad_to=len(ctx))
     state = create_train_state(cfg, model, ctx, len(loader))

@@ -590,7 +590,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
             layout="NCHW",
             max_steps=cfg.max_steps_per_epoch,
             prefetch=cfg.prefetch,
-            on_device=crops_on_device(cfg.pipeline, cuda),
+            on_device=crops_on_device(cfg.pipeline, cuda, ds.train_x.nbytes),
         )
         evals = EvalLoader(ds, max(1, cfg.eval_batch_size // world), rank, world, layout="NCHW")
         state = create_train_state(cfg, model, device, len(loader))

@@ -199,7 +199,7 @@ def train(cfg: Config) -> dict:
         layout="NCHW",
         max_steps=cfg.max_steps_per_epoch,
         prefetch=cfg.prefetch,
-        on_device=crops_on_device(cfg.pipeline, cuda),
+        on_device=crops_on_device(cfg.pipeline, cuda, ds.train_x.nbytes),
     )
     evals = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW")
     state = create_train_state(cfg, model, device_ids, len(loader))

@@ -22,8 +22,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common.config import ConfigError
 from common.datasets import make_synthetic
-from common.pipeline import TrainLoader, crops_on_device, gather_crops, pipeline_record
+from common.pipeline import (
+    DEVICE_DATA_LIMIT,
+    TrainLoader,
+    crops_on_device,
+    gather_crops,
+    pipeline_record,
+)
 from common.runtime import simulate_host_devices
 
 simulate_host_devices(4)  # before the first device query (as tests/test_jax_pmap.py)
@@ -91,9 +98,13 @@ def test_the_specification_check_fails_on_injected_bugs(ds) -> None:
     assert not np.array_equal(device.norm(clamped), x)
 
 
-def test_auto_is_device_on_gpus_only() -> None:
-    assert crops_on_device("auto", gpu=True) and not crops_on_device("auto", gpu=False)
-    assert crops_on_device("device", gpu=False) and not crops_on_device("host", gpu=True)
+def test_auto_is_device_on_gpus_when_the_training_set_fits() -> None:
+    small, large = 150 * 2**20, DEVICE_DATA_LIMIT + 1  # CIFAR-10's 0.15 GB; over the limit
+    assert crops_on_device("auto", True, small) and not crops_on_device("auto", False, small)
+    assert crops_on_device("device", False, small) and not crops_on_device("host", True, small)
+    assert not crops_on_device("auto", True, large)  # falls back to the host pipeline
+    with pytest.raises(ConfigError, match=r"--pipeline device keeps .* use --pipeline host"):
+        crops_on_device("device", True, large)  # asked for: refused with the fix (exit 2)
     assert pipeline_record(True).startswith("device") and pipeline_record(False).startswith("host")
 
 
