@@ -104,6 +104,7 @@ def environment(recorder: RunRecorder) -> dict[str, Any]:
         "threads": recorder.threads,
         "execution": recorder.execution,
         "float32_precision": recorder.float32_precision,
+        "pipeline": recorder.pipeline,
         "versions": versions,
         "host": host,
         "command": [sys.executable, *sys.argv],

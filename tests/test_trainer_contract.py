@@ -382,6 +382,7 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
     assert rec["init"]["mode"] == "shared" and len(rec["init"]["sha256"]) == 64
     assert rec["threads"]["total"] == rec["threads"]["cores"]  # the threads rule on CPU
     assert rec["execution"] and rec["float32_precision"] == "fp32 (CPU)"
+    assert rec["pipeline"].startswith("host")  # --pipeline auto on a CPU
     if framework.startswith("jax"):  # the default XLA:CPU path (tests/test_xla_cpu.py)
         assert rec["execution"].endswith("XLA:CPU, YNNPACK fusions (dot,eltwise,reduce)")
     assert [e["timed"] for e in rec["epochs"]] == [False, True, True, True]
