@@ -198,6 +198,33 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]
         raise
 
 
+def remove_stale_temp_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files `atomic_write_with` left in `directory` when a process was
+    killed mid-write (SIGKILL, the OOM killer: nothing can clean up after it), i.e. those whose
+    writer (the pid in `.tmp<pid>`) no longer runs; return them. Only for a directory whose
+    writers are known to be gone or locked out (a checkpoint directory once its lock is held)."""
+    removed = []
+    for tmp in Path(directory).glob("*.tmp*"):
+        pid = tmp.name.rpartition(".tmp")[2]
+        if not pid.isdigit() or process_alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed
+
+
+def process_alive(pid: int) -> bool:
+    """True while a process `pid` exists (a zombie counts; another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write `data` to `path` atomically (see `atomic_write_with`): checkpoints, results."""
 

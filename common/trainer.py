@@ -42,7 +42,12 @@ from common import cli, tensorboard
 from common.config import Config, ConfigError, check_same_run
 from common.datasets import DatasetError
 from common.results import RunRecorder
-from common.runtime import atomic_write_bytes, stop_with_harness, unwritable
+from common.runtime import (
+    atomic_write_bytes,
+    remove_stale_temp_files,
+    stop_with_harness,
+    unwritable,
+)
 
 BAD_INPUT = (ConfigError, DatasetError)
 
@@ -174,6 +179,8 @@ def lock_checkpoint_dir(cfg: Config) -> Any:
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
     handle.flush()
+    # The lock is ours: a temp file whose writer is dead is debris of a run killed mid-write.
+    remove_stale_temp_files(directory)
     return handle
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from common.config import ConfigError, preset
-from common.runtime import process_state
+from common.runtime import process_alive, process_state
 from tests.conftest import MAIN_PYTHON, ROOT, SMOKE, one_line_error, read_json, run_trainer
 
 PY = str(MAIN_PYTHON)
@@ -117,9 +117,24 @@ def test_kill_9_of_the_parent_leaves_no_orphan_and_no_ok_record(tmp_path):
     assert gone(workers), [(w, process_state(w)) for w in workers]
     time.sleep(1.0)  # an orphan would write its record within one short epoch
     assert not out.exists()  # the parent writes --output, and it is dead: no "ok" from orphans
-    assert leftovers(ck, tmp) == []
-    # The lock died with the parent: a resume may start at once (and continues the run).
+    # Nothing is left but, when the kill hit rank 0 mid-checkpoint (SIGKILL: nothing can clean
+    # up), that checkpoint's temp file, whose writer is gone.
+    debris = leftovers(ck, tmp)
+    assert all(
+        d.startswith("torch-ddp.pt.") and not process_alive(int(d.rpartition(".tmp")[2]))
+        for d in debris
+    ), debris
+    # The lock died with the parent: a resume may start at once (and continues the run), and,
+    # once it holds the lock, removes such debris.
     assert (ck / "torch-ddp.pt").exists()
+    (ck / "torch-ddp.pt.debris.tmp999999999").write_bytes(b"half a checkpoint")  # a dead pid
+    resumed, seen = start_and_wait_for_epoch([*args, "--resume"], env_with(tmp), epoch=4)
+    try:
+        assert any(line.startswith("resumed from") for line in seen), seen
+        assert leftovers(ck, tmp) == []
+    finally:
+        os.killpg(resumed.pid, signal.SIGKILL)
+        resumed.wait()
 
 
 def test_sigterm_to_the_job_stops_the_workers_and_records_interrupted(tmp_path):
