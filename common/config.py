@@ -167,7 +167,8 @@ class Config:
         "where training batches are made: host (numpy crops and flips on a prefetch thread, "
         "copied to the devices every step), device (the uint8 training set copied to every "
         "device once; each step's crops gathered there from the same host-drawn order and "
-        "crops), auto (device on GPUs, host on CPUs)",
+        "crops; at most 4 GiB of images), auto (device on GPUs when the training set fits, "
+        "host otherwise and on CPUs)",
         choices=("auto", "host", "device"),
     )
     collective_timeout: float = opt(

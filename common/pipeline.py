@@ -103,14 +103,15 @@ def gather_crops(
 DEVICE_DATA_LIMIT = 4 * 2**30
 
 
-def crops_on_device(pipeline: str, gpu: bool, nbytes: int) -> bool:
+def crops_on_device(pipeline: str, gpu: bool, nbytes: int, limit: int = DEVICE_DATA_LIMIT) -> bool:
     """`--pipeline`: device (crops gathered on the devices), host, or auto = device on GPUs when
-    the training set (`nbytes` of uint8 images) fits under DEVICE_DATA_LIMIT."""
-    fits = nbytes <= DEVICE_DATA_LIMIT
+    the training set (`nbytes` of uint8 images) fits under `limit` (DEVICE_DATA_LIMIT, or less
+    where the framework's arrays hold less)."""
+    fits = nbytes <= limit
     if pipeline == "device" and not fits:
         raise ConfigError(
             f"--pipeline device keeps the training set ({nbytes / 2**30:.1f} GiB) on every "
-            f"device, over its {DEVICE_DATA_LIMIT / 2**30:.0f} GiB limit; use --pipeline host"
+            f"device, over its {limit / 2**30:.0f} GiB limit; use --pipeline host"
         )
     return pipeline == "device" or (pipeline == "auto" and gpu and fits)
 
@@ -133,6 +134,14 @@ class Normalizer:
             np.float32
         )
         self.layout = layout
+
+    def table(self) -> np.ndarray:
+        """(256, C) float32: every uint8 value in every channel, normalised by the same numpy
+        operations as __call__, so bit-identical to it: a device that looks its pixels up here
+        does no arithmetic that a compiler could fuse into one differently rounded multiply-add
+        (XLA does: x * scale + shift becomes an FMA, 1 ulp off numpy in about half the values)."""
+        values = np.broadcast_to(np.arange(256, dtype=np.uint8)[:, None], (256, len(self.scale)))
+        return values.astype(np.float32) * self.scale + self.shift  # as in __call__
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
         x = images.astype(np.float32) * self.scale + self.shift  # (N, H, W, C)

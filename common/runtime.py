@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import sys
@@ -198,15 +199,17 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]
         raise
 
 
-def remove_stale_temp_files(directory: str | os.PathLike[str]) -> list[Path]:
+def remove_stale_temp_files(directory: str | os.PathLike[str], prefix: str = "") -> list[Path]:
     """Remove the temporary files `atomic_write_with` left in `directory` when a process was
     killed mid-write (SIGKILL, the OOM killer: nothing can clean up after it), i.e. those whose
-    writer (the pid in `.tmp<pid>`) no longer runs; return them. Only for a directory whose
-    writers are known to be gone or locked out (a checkpoint directory once its lock is held)."""
+    writer (the pid in `.tmp<pid>`) no longer runs, and whose name starts with `prefix`; return
+    them. Only for a directory whose writers are known to be gone or locked out (a checkpoint
+    directory once its lock is held; a writer on another host would look dead here)."""
     removed = []
-    for tmp in Path(directory).glob("*.tmp*"):
-        pid = tmp.name.rpartition(".tmp")[2]
-        if not pid.isdigit() or process_alive(int(pid)):
+    for tmp in Path(directory).glob(f"{prefix}*.tmp*"):
+        # <file>.<random>.tmp<pid>, mkstemp's name; anything else is not ours to remove
+        match = re.fullmatch(r".+\.[A-Za-z0-9_]{8}\.tmp(\d{1,10})", tmp.name)
+        if match is None or not tmp.is_file() or process_alive(int(match.group(1))):
             continue
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -222,6 +225,8 @@ def process_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    except (OverflowError, ValueError):  # not a pid this system can have
+        return False
     return True
 
 

@@ -180,7 +180,7 @@ def lock_checkpoint_dir(cfg: Config) -> Any:
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     # The lock is ours: a temp file whose writer is dead is debris of a run killed mid-write.
-    remove_stale_temp_files(directory)
+    remove_stale_temp_files(directory, prefix=cfg.framework)
     return handle
 
 

@@ -397,11 +397,13 @@ def prefetch_to_devices(
         queue.extend(timed_put(b) for b in itertools.islice(batches, 1))
 
 
-def batch_maker(scale: np.ndarray, shift: np.ndarray) -> Callable[..., tuple[jax.Array, jax.Array]]:
+def batch_maker(table: np.ndarray) -> Callable[..., tuple[jax.Array, jax.Array]]:
     """--pipeline device: `make_batch(images, idx, rows, cols, y)`, common.pipeline.gather_crops
-    in jnp ops, then the host Normalizer's (x * scale + shift): the resident uint8 images
-    (N, H, W, C) -> float32 (B, H, W, C), and the labels. The trainer applies its parallel
-    transform to it (`parallel_batches`), so each device gathers its own shard."""
+    in jnp ops, each pixel then looked up in the host Normalizer's `table()` (256, C) instead of
+    computing x * scale + shift, which XLA would fuse into a multiply-add that rounds once where
+    numpy rounds twice: the resident uint8 images (N, H, W, C) -> float32 (B, H, W, C), bitwise
+    the host pipeline's, and the labels. The trainer applies its parallel transform to it
+    (`parallel_batches`), so each device gathers its own shard."""
 
     def make_batch(
         images: jax.Array, idx: jax.Array, rows: jax.Array, cols: jax.Array, y: jax.Array
@@ -411,7 +413,7 @@ def batch_maker(scale: np.ndarray, shift: np.ndarray) -> Callable[..., tuple[jax
         rows, cols = jnp.clip(rows, 0, h - 1), jnp.clip(cols, 0, w - 1)
         crops = images[idx[:, None, None], rows[:, :, None], cols[:, None, :]]
         crops = jnp.where(inside[..., None], crops, jnp.zeros((), crops.dtype))  # zero padding
-        return crops.astype(jnp.float32) * scale + shift, y
+        return jnp.asarray(table)[crops.astype(jnp.int32), jnp.arange(table.shape[1])], y
 
     return make_batch
 
@@ -429,7 +431,7 @@ def train_put(
     if not loader.on_device:
         return put
     images = replicate(loader.ds.train_x)
-    make_batch = parallel_batches(batch_maker(loader.norm.scale, loader.norm.shift))
+    make_batch = parallel_batches(batch_maker(loader.norm.table()))
     return lambda batch: make_batch(images, *put(batch))
 
 

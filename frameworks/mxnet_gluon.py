@@ -297,6 +297,11 @@ def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[list[An
     )
 
 
+# MXNet 1.9.1's wheels are built without large-tensor support (INT64_TENSOR_SIZE off): an
+# NDArray holds at most 2^31 - 1 elements, so a resident uint8 training set at most this many bytes.
+MAX_ELEMENTS = 2**31 - 1
+
+
 def make_batch(images: Any, idx: Any, rows: Any, cols: Any, scale: Any, shift: Any) -> Any:
     """--pipeline device: common.pipeline.gather_crops in mx.nd ops on one context, then the
     host Normalizer's (x * scale + shift): the resident uint8 images (N, H, W, C) -> float32
@@ -394,7 +399,9 @@ def train(cfg: Config) -> dict:
         layout="NCHW",
         max_steps=cfg.max_steps_per_epoch,
         prefetch=cfg.prefetch,
-        on_device=crops_on_device(cfg.pipeline, ctx[0].device_type == "gpu", ds.train_x.nbytes),
+        on_device=crops_on_device(
+            cfg.pipeline, ctx[0].device_type == "gpu", ds.train_x.nbytes, MAX_ELEMENTS
+        ),
     )
     evals = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW", pad_to=len(ctx))
     state = create_train_state(cfg, model, ctx, len(loader))

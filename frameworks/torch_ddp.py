@@ -226,10 +226,11 @@ def train_step(
     for group in state.optimizer.param_groups:
         group["lr"] = float(state.lr[state.step])  # a host array: no sync
     state.optimizer.zero_grad(set_to_none=True)
-    separate = state.phases.enabled  # time the all-reduce on its own (no overlap)
+    # time the all-reduce on its own (no overlap); a world of one has none (the bare model)
+    separate = state.phases.enabled and state.world > 1
     with (
         state.phases.phase("forward_backward"),
-        state.model.no_sync() if separate and state.world > 1 else nullcontext(),
+        state.model.no_sync() if separate else nullcontext(),
     ):
         with autocast(state):
             logits = state.forward(x)

@@ -127,7 +127,7 @@ def test_kill_9_of_the_parent_leaves_no_orphan_and_no_ok_record(tmp_path):
     # The lock died with the parent: a resume may start at once (and continues the run), and,
     # once it holds the lock, removes such debris.
     assert (ck / "torch-ddp.pt").exists()
-    (ck / "torch-ddp.pt.debris.tmp999999999").write_bytes(b"half a checkpoint")  # a dead pid
+    (ck / "torch-ddp.pt.debris00.tmp999999999").write_bytes(b"half a checkpoint")  # a dead pid
     resumed, seen = start_and_wait_for_epoch([*args, "--resume"], env_with(tmp), epoch=4)
     try:
         assert any(line.startswith("resumed from") for line in seen), seen
