@@ -32,7 +32,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,25 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
+# The SIGTERM / SIGINT handlers `interruptible` replaced: what a forked child gets back.
+_BEFORE: dict[int, Any] = {}
+
+
+def _restore_signals_in_child() -> None:
+    """After a fork, in the child (a DataLoader's or a multiprocessing Pool's worker, forked
+    inside `train`): the handlers from before `interruptible`. With the parent's handler a
+    worker would answer its pool's terminate() by raising `Interrupted` through its copy of the
+    parent's stack and ignore the next SIGTERM (shield_interrupts), and the pool's join could
+    wait for it for ever (seen once: d2l-mxnet's DataLoader at the end of a run)."""
+    for s, handler in _BEFORE.items():
+        if signal.getsignal(s) is _raise_interrupted:
+            with suppress(ValueError):  # not the main thread: handlers cannot be set
+                signal.signal(s, handler)
+
+
+os.register_at_fork(after_in_child=_restore_signals_in_child)
+
+
 @contextmanager
 def interruptible() -> Iterator[None]:
     """SIGTERM and SIGINT raise `Interrupted` in the main thread while inside (a no-op off the
@@ -90,6 +109,9 @@ def interruptible() -> Iterator[None]:
         yield
         return
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s, handler in previous.items():
+        if handler is not None and handler is not _raise_interrupted:  # None: set outside Python
+            _BEFORE.setdefault(s, handler)
     try:
         yield
     finally:

@@ -311,6 +311,45 @@ def test_sigterm_in_a_trainer_keeps_its_epochs_as_interrupted(tmp_path):
     assert rec["status"] == "interrupted" and rec["epochs"] == []
 
 
+def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(tmp_path):
+    """A DataLoader's or Pool's worker forked inside `train` gets the signal handlers from before
+    run_main (common.trainer._restore_signals_in_child): the parent's would make it raise
+    Interrupted through its copy of the parent's stack and ignore the next SIGTERM, so that its
+    pool's terminate() could wait for ever (d2l-mxnet's DataLoader did once, in CI)."""
+    import multiprocessing
+
+    import common.trainer as trainer
+    from common.trainer import interruptible
+
+    def child_handlers() -> tuple[object, object]:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report its handlers, then leave at once
+            handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)]
+            os.write(write, json.dumps([repr(h) for h in handlers]).encode())
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as f:
+            return tuple(json.loads(f.read()))
+
+    with interruptible():
+        assert child_handlers() == (repr(signal.SIG_DFL), repr(signal.default_int_handler))
+        # A real pool: its terminate() ends a worker idle in the task queue, and returns.
+        pool = multiprocessing.get_context("fork").Pool(2)
+        assert pool.apply(os.getpid) != os.getpid()
+        done = threading.Event()
+        threading.Thread(target=lambda: (pool.terminate(), done.set()), daemon=True).start()
+        assert done.wait(20), "pool.terminate() did not return"
+        # The check fails without the hook: emptied, it restores nothing, and the child keeps
+        # the parent's handler.
+        saved, trainer._BEFORE = dict(trainer._BEFORE), {}
+        try:
+            assert "_raise_interrupted" in child_handlers()[0]
+        finally:
+            trainer._BEFORE = saved
+
+
 # ---- one run per checkpoint directory -------------------------------------------------------
 
 
