@@ -450,7 +450,7 @@ def train(cfg: Config) -> dict:
                 state.phases.steps += 1
                 totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
                 if should_log(cfg, state.step):  # host sync: log point
-                    loss = totals["loss_sum"].asscalar() / totals["count"].asscalar()
+                    loss = totals["loss_sum"].asscalar() / totals["count"].asscalar()  # host sync
                     log(f"step {state.step} train_loss={loss:.4f}")
             if cfg.bn == "local":  # replicas' running statistics -> their mean (see docstring)
                 sync_batch_stats(state)
