@@ -86,10 +86,11 @@ want 5 && run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
     DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
     "$PY" -m benchmarks.compare --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard --gpus 1 \
     --preset digits --timeout 180 "${TB[@]}" --out "$OUT/compare-digits"
-# 6. Our loops against the seed tutorials' loops (d2l, NVIDIA course, Flax example) on the same
-#    work: full-width ResNet-18 on 8192 CIFAR-shaped synthetic images, batch 256, 1 GPU.
+# 6. Our loops against the seed tutorials' loops (d2l's PyTorch and JAX loops, the NVIDIA course,
+#    the Flax example) on the same work: full-width ResNet-18 on 8192 CIFAR-shaped synthetic
+#    images, batch 256, 1 GPU.
 want 6 && run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
-    --tutorials d2l-torch,nvidia-course,flax-imagenet --gpus 1 --repeat 2 \
+    --tutorials d2l-torch,nvidia-course,flax-imagenet,d2l-jax --gpus 1 --repeat 2 \
     --preset throughput --width 1 --train-limit 8192 --epochs 3 --timeout 120 \
     --out "$OUT/tutorial-loops"
 
