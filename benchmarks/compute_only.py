@@ -192,7 +192,13 @@ def run_torch(
     import torch
 
     from frameworks.torch_dp import build_model, create_train_state
-    from frameworks.torch_models import autocast, count_params, loss_fn, set_float32_precision
+    from frameworks.torch_models import (
+        autocast,
+        count_params,
+        execution,
+        loss_fn,
+        set_float32_precision,
+    )
 
     cuda = torch.cuda.is_available()
     fp32 = set_float32_precision(cfg, cuda)  # as the trainers: TF32 only with --tf32
@@ -238,7 +244,7 @@ def run_torch(
         out["memory_source"] = "torch.cuda.max_memory_allocated"
         fast = [cfg.precision]
         fast += ["channels_last"] if cfg.channels_last else []
-        fast += ["torch.compile"] if cfg.compile else []
+        fast += [execution(cfg, cuda, compiled=True).split(",")[0]] if cfg.compile else []
         out["precision_note"] = "+".join(fast) + f", cudnn.benchmark, float32 {fp32}"
     else:
         out["peak_memory_bytes"] = peak_rss_bytes()
@@ -508,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             channels_last=ns.channels_last,
             xla_cpu_ynn=ns.xla_cpu_ynn,
             compile=ns.compile,
+            compile_mode=ns.compile_mode,
             seed=ns.seed,
             lr=ns.lr,
         )

@@ -9,7 +9,8 @@
 # OUT_DIR defaults to docs/results/gpu-<UTC date>/ (committed results live under docs/results/;
 # the H100 runs of 2026-11-23 are in docs/results/h100-20261123/). Writes, under OUT_DIR:
 # machine.txt, commands.txt (every command and its seconds), throughput-bf16/,
-# throughput-bf16-host-pipeline/, throughput-bf16-compile/, throughput-fp32/ (each
+# throughput-bf16-host-pipeline/, throughput-bf16-compile/, throughput-bf16-reduce-overhead/,
+# throughput-fp32/ (each
 # throughput.json, throughput.md, runs/, logs/), compare-digits/ (the compare runner's tables
 # and records) and tutorial-loops/ (ours against the seed tutorials' loops).
 # Throughput: ResNet-18, 32x32 synthetic data, global batch 512 on 1 GPU; the real loop runs
@@ -71,9 +72,13 @@ want 1 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax
 want 2 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
     "${COMMON[@]}" --precision bf16 --channels-last --pipeline host \
     --out "$OUT/throughput-bf16-host-pipeline"
-# 3. The fastest PyTorch path: the same as 1 plus torch.compile.
+# 3. The fastest PyTorch paths: the same as 1 plus torch.compile, in its default mode and with
+#    CUDA graphs (reduce-overhead: the step's ~440 kernels replayed in one launch).
 want 3 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp "${COMMON[@]}" \
     --precision bf16 --channels-last --compile --out "$OUT/throughput-bf16-compile"
+want 3 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp "${COMMON[@]}" \
+    --precision bf16 --channels-last --compile --compile-mode reduce-overhead \
+    --out "$OUT/throughput-bf16-reduce-overhead"
 # 4. fp32 (full fp32: TF32 off in every framework, as the trainers default), NCHW.
 want 4 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
     "${COMMON[@]}" --precision fp32 --no-channels-last --out "$OUT/throughput-fp32"

@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from common.config import MAX_EPOCHS, MAX_IMAGE_SIZE, MAX_SEED, MAX_WIDTH, PRECISIONS
+from common.config import COMPILE_MODES, MAX_EPOCHS, MAX_IMAGE_SIZE, MAX_SEED, MAX_WIDTH, PRECISIONS
 from common.runtime import PARENT_ENV, ROOT, atomic_write_bytes, cpu_threads, unwritable
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
@@ -344,6 +344,9 @@ def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: 
                                help="JAX on CPU: XLA's YNNPACK fusion kernels")),
         ("--compile", dict(action=on_off, default=False,
                            help="CUDA: torch.compile the model (torch)")),
+        ("--compile-mode", dict(default="default", choices=COMPILE_MODES,
+                                help="with --compile: torch.compile's mode (reduce-overhead: "
+                                     "CUDA graphs)")),
     ):  # fmt: skip
         p.add_argument(name, **kwargs)  # type: ignore[arg-type]
 

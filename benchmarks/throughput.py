@@ -194,6 +194,7 @@ def workload(ns: Any, batch: int) -> list[str]:
         "--channels-last" if ns.channels_last else "--no-channels-last",
         "--xla-cpu-ynn" if ns.xla_cpu_ynn else "--no-xla-cpu-ynn",
         "--compile" if ns.compile else "--no-compile",
+        *(("--compile-mode", ns.compile_mode) if ns.compile else ()),
     ]
 
 

@@ -21,6 +21,8 @@ LR_SCHEDULES = ("constant", "step", "cosine")
 OPTIMIZERS = ("sgd", "novograd")
 BN_MODES = ("local", "sync")
 PRECISIONS = ("fp32", "bf16", "fp16")
+# torch.compile's modes; reduce-overhead adds CUDA graphs (one launch per graph, not per kernel).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 INIT_MODES = ("shared", "native")
 
 
@@ -195,6 +197,12 @@ class Config:
         "CPU (oneDNN); --no-channels-last for NCHW. Same values, faster convolutions",
     )
     compile: bool = opt(False, "CUDA: torch.compile the model (torch)")
+    compile_mode: str = opt(
+        "default",
+        "with --compile: torch.compile's mode; reduce-overhead replays the step's kernels as CUDA "
+        "graphs (1.5x the default mode's loop on one H100 at bf16, docs/performance.md)",
+        choices=COMPILE_MODES,
+    )
     xla_cpu_ynn: bool = opt(
         True,
         "JAX on CPU: XLA's YNNPACK kernels for its dot, elementwise and reduction fusions "
@@ -354,6 +362,8 @@ def validate(cfg: Config) -> None:
     per_device(cfg.batch_size, cfg.gpus)
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
+    if cfg.compile_mode != "default" and not cfg.compile:
+        raise ConfigError(f"--compile-mode {cfg.compile_mode} needs --compile")
     if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
         raise ConfigError("--nesterov needs --momentum > 0")
     if not (math.isfinite(cfg.collective_timeout) and 1 <= cfg.collective_timeout <= 86400):
@@ -546,6 +556,7 @@ __all__ = [
     "LR_SCHEDULES",
     "MODELS",
     "OPTIMIZERS",
+    "COMPILE_MODES",
     "PRECISIONS",
     "PRESETS",
     "Config",

@@ -195,7 +195,7 @@ def create_train_state(
         )
     else:
         ddp = model
-    forward = torch.compile(ddp) if cuda and cfg.compile else ddp
+    forward = torch.compile(ddp, mode=cfg.compile_mode) if cuda and cfg.compile else ddp
     scaler = torch.amp.GradScaler(device.type, enabled=cuda and cfg.precision == "fp16")
     return TrainState(
         model=ddp,

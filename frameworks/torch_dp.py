@@ -91,7 +91,8 @@ def create_train_state(
     # Scatter / replicate / gather every step; gradients are summed onto GPU 0 in backward().
     dp = nn.DataParallel(model, device_ids=device_ids or None)
     # torch.compile cannot trace DataParallel's replicas: compile only the single-GPU case.
-    forward = torch.compile(model) if cuda and cfg.compile and len(device_ids) == 1 else dp
+    compiled = cuda and cfg.compile and len(device_ids) == 1
+    forward = torch.compile(model, mode=cfg.compile_mode) if compiled else dp
     scaler = torch.amp.GradScaler(device.type, enabled=cuda and cfg.precision == "fp16")
     return TrainState(
         model=dp,

@@ -323,7 +323,9 @@ def autocast(state: TrainState) -> torch.autocast:
 
 def execution(cfg: Config, cuda: bool, compiled: bool) -> str:
     """The record's `execution`: eager or torch.compile, and the memory layout of the convs."""
-    mode = "torch.compile" if compiled else "eager"
+    mode = "eager"
+    if compiled:  # torch.compile's default mode, or the mode named
+        mode = "torch.compile" + ("" if cfg.compile_mode == "default" else f"({cfg.compile_mode})")
     layout = "channels_last" if cfg.channels_last else "NCHW"
     return f"{mode}, {layout}, {'cuDNN' if cuda else 'oneDNN'}"
 

@@ -1,0 +1,45 @@
+"""--compile-mode (torch.compile's mode, with --compile on CUDA) on any machine: the flag is
+checked before anything starts, reaches the benchmark tools' trainers and compute-only loops
+alike, and names itself in every record's `execution`. Its steps on a GPU:
+tests/test_gpu_compile.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks.throughput import workload
+from common.config import ConfigError, preset, validate
+from frameworks.torch_models import execution
+from tests.conftest import SMOKE, run_trainer
+
+
+def test_a_mode_without_compile_is_one_line_and_exit_2():
+    proc = run_trainer("torch-dp", *SMOKE, "--compile-mode", "reduce-overhead")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--compile-mode reduce-overhead needs --compile" in lines[0]
+    with pytest.raises(ConfigError, match="choose one of: default, reduce-overhead"):
+        validate(preset("smoke", compile=True, compile_mode="fast"))
+    validate(preset("smoke", compile=True, compile_mode="reduce-overhead"))  # accepted
+
+
+def test_the_record_names_the_mode():
+    def named(**kw):
+        return execution(preset("smoke", **kw), cuda=True, compiled=kw.get("compile", False))
+
+    assert named() == "eager, channels_last, cuDNN"
+    assert named(compile=True) == "torch.compile, channels_last, cuDNN"
+    assert named(compile=True, compile_mode="reduce-overhead").startswith(
+        "torch.compile(reduce-overhead), "
+    )
+
+
+def test_the_throughput_tool_gives_both_loops_the_mode():
+    ns = SimpleNamespace(model="resnet18", width=1.0, image_size=32, lr=0.01, precision="bf16",
+                         channels_last=True, xla_cpu_ynn=True, compile=True,
+                         compile_mode="reduce-overhead")  # fmt: skip
+    flags = workload(ns, 512)
+    assert flags[flags.index("--compile-mode") + 1] == "reduce-overhead"
+    assert "--compile-mode" not in workload(SimpleNamespace(**{**vars(ns), "compile": False}), 512)

@@ -1,0 +1,68 @@
+"""torch.compile's modes on a CUDA GPU (skipped without one): `--compile --compile-mode
+reduce-overhead` replays the step as CUDA graphs, and its steps, losses and updates must be the
+eager steps' to rounding. What a replay can get wrong, and what these tests would see: an
+output read after the next replay overwrote it (stale losses), a graph recorded with the first
+batch's data and replayed on it (the same loss every step), an update missing or applied twice.
+The mode's flag, validation and record: tests/test_compile_mode.py (CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from common.config import preset
+from tests.conftest import relative_update_difference
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+STEPS = 4
+
+
+def steps(mode: str | None, reuse_first_batch: bool = False) -> tuple[dict, dict, list[float]]:
+    """(initial, after, losses) of STEPS torch-dp steps on one GPU, fp32 with TF32 off, eager
+    (mode None) or compiled in `mode`; each step gets a new batch unless `reuse_first_batch`."""
+    from frameworks import torch_dp
+    from frameworks.torch_models import set_float32_precision, to_device
+
+    cfg = preset("smoke", framework="torch-dp", compile=mode is not None,
+                 compile_mode=mode or "default", momentum=0.9)  # fmt: skip
+    torch._dynamo.reset()  # each call compiles its own model from scratch
+    set_float32_precision(cfg, cuda=True)
+    torch.manual_seed(0)
+    model = torch_dp.build_model(cfg, 3, 10)
+    state = torch_dp.create_train_state(cfg, model, [0], steps_per_epoch=STEPS)
+    initial = {k: v.detach().cpu().clone().numpy() for k, v in state.module.state_dict().items()}
+    rng = np.random.default_rng(0)
+    losses = []
+    batches = [
+        (rng.standard_normal((32, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 32))
+        for _ in range(STEPS)
+    ]
+    for i in range(STEPS):
+        x, y = batches[0 if reuse_first_batch else i]
+        state, metrics = torch_dp.train_step(state, to_device((x, y), state))
+        losses.append(metrics["loss_sum"])  # read only after every step has run
+    losses = [float(t) for t in losses]
+    after = {k: v.detach().cpu().numpy() for k, v in state.module.state_dict().items()}
+    return initial, after, losses
+
+
+def test_reduce_overhead_steps_equal_the_eager_steps():
+    initial, eager, eager_losses = steps(None)
+    keys = [k for k in initial if not k.endswith("num_batches_tracked")]
+    before = {k: initial[k] for k in keys}
+    _, graphs, graph_losses = steps("reduce-overhead")
+    # The mode reached torch.compile: CUDA graphs were recorded, and none was skipped.
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_trees import get_manager
+
+    assert get_manager(device_index=0, create_if_none_exists=False) is not None
+    assert not counters["inductor"]["cudagraph_skips"]
+    assert relative_update_difference(before, graphs, eager) < 1e-3
+    np.testing.assert_allclose(graph_losses, eager_losses, rtol=1e-4)
+    # The checks can fail: the same batch replayed every step changes both (the bug a graph
+    # recorded with its first input, not fed the new one, would have).
+    _, stale, stale_losses = steps("reduce-overhead", reuse_first_batch=True)
+    assert relative_update_difference(before, stale, eager) > 0.01
+    assert not np.allclose(stale_losses, eager_losses, rtol=1e-4)
