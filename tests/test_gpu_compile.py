@@ -25,8 +25,12 @@ def steps(mode: str | None, reuse_first_batch: bool = False) -> tuple[dict, dict
     from frameworks import torch_dp
     from frameworks.torch_models import set_float32_precision, to_device
 
+    # A small LR: this tiny network at the smoke preset's LR turns a 1e-7 difference into 1e-2
+    # within 4 steps now and then (measured, eager against eager too), which would hide nothing
+    # but make the check flaky. Deterministic cuDNN: the same eager algorithms in every run.
     cfg = preset("smoke", framework="torch-dp", compile=mode is not None,
-                 compile_mode=mode or "default", momentum=0.9)  # fmt: skip
+                 compile_mode=mode or "default", lr=1e-3)  # fmt: skip
+    torch.backends.cudnn.deterministic = True
     torch._dynamo.reset()  # each call compiles its own model from scratch
     set_float32_precision(cfg, cuda=True)
     torch.manual_seed(0)
@@ -59,10 +63,10 @@ def test_reduce_overhead_steps_equal_the_eager_steps():
 
     assert get_manager(device_index=0, create_if_none_exists=False) is not None
     assert not counters["inductor"]["cudagraph_skips"]
-    assert relative_update_difference(before, graphs, eager) < 1e-3
-    np.testing.assert_allclose(graph_losses, eager_losses, rtol=1e-4)
+    assert relative_update_difference(before, graphs, eager) < 1e-2
+    np.testing.assert_allclose(graph_losses, eager_losses, rtol=1e-5)
     # The checks can fail: the same batch replayed every step changes both (the bug a graph
     # recorded with its first input, not fed the new one, would have).
     _, stale, stale_losses = steps("reduce-overhead", reuse_first_batch=True)
-    assert relative_update_difference(before, stale, eager) > 0.01
-    assert not np.allclose(stale_losses, eager_losses, rtol=1e-4)
+    assert relative_update_difference(before, stale, eager) > 0.1
+    assert not np.allclose(stale_losses, eager_losses, rtol=1e-5)
