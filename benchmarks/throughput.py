@@ -156,6 +156,8 @@ def make_plan(argv: list[str]) -> Plan:
                 precision=ns.precision,
                 batch_size=ns.batch_size,
                 lr=ns.lr,
+                compile=ns.compile,
+                compile_mode=ns.compile_mode,
                 gpus=1,
             )
         except ConfigError as exc:

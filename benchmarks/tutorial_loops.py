@@ -162,6 +162,11 @@ def plan_from(argv: list[str]) -> Plan:
     if ns.python:
         harness.use_interpreter(ns.python)
     given = {k: v for k, v in vars(ns).items() if k not in own}  # shared flags actually given
+    if given.get("compile"):  # ours would compile, the tutorials cannot: not the same loop
+        raise UsageError(
+            "--compile: the tutorials' loops have no torch.compile (they run eager); leave it "
+            "out to compare the loops (benchmarks.throughput compares compiled steps)"
+        )
     work = dict(DEFAULT_WORK) if ns.preset is None else {"preset": ns.preset}
     work = {**work, **given, **FORCED}
     name = work.pop("preset")

@@ -47,7 +47,8 @@ Where MXNet differs from the torch module (all stated, none hidden):
   statistics at 2 contexts, but hybridized over 3 it deadlocked (killed after 30 s) in 1.9.1,
   so it is rejected up front on CPU.
 - Mixed precision is not offered (MXNet's AMP is a separate contrib path); `--precision` must be
-  fp32 on GPUs. `--channels-last` and `--compile` are torch options and are ignored.
+  fp32 on GPUs. `--channels-last`, `--compile` and `--compile-mode` are torch options and are
+  ignored.
 
 Multi-node is out of scope. MXNet's only multi-node path is the parameter-server kvstore
 ("dist_sync"): a scheduler, server and worker processes started by

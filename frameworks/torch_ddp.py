@@ -46,7 +46,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.config import Config, ConfigError, resolve
+from common.config import CUDA_GRAPH_MODES, Config, ConfigError, resolve
 from common.datasets import check_available, load_for
 from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
@@ -617,6 +617,9 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
         recorder.pipeline = pipeline_record(loader.on_device)
         if not cuda and (cfg.precision != "fp32" or cfg.compile):
             log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
+        if cuda and cfg.compile and world > 1 and cfg.compile_mode in CUDA_GRAPH_MODES:
+            log(f"note: --compile-mode {cfg.compile_mode} (CUDA graphs) with DDP over {world} "
+                "GPUs is unmeasured in this project (measured on one GPU)")  # fmt: skip
         start = 0
         if report is not None:  # a spawned rank: the parent writes --output
             recorder.output = ""

@@ -1,8 +1,9 @@
 """torch.compile's modes on a CUDA GPU (skipped without one): `--compile --compile-mode
-reduce-overhead` replays the step as CUDA graphs, and its steps, losses and updates must be the
-eager steps' to rounding. What a replay can get wrong, and what these tests would see: an
-output read after the next replay overwrote it (stale losses), a graph recorded with the first
-batch's data and replayed on it (the same loss every step), an update missing or applied twice.
+reduce-overhead` replays the model's compiled forward and backward as CUDA graphs, and its
+steps (losses, correct counts, updates) must be the eager steps' to rounding. What a replay can
+get wrong, and what these checks would see: a graph recorded with the first batch's data and
+replayed on it (shown below), the logits read after the backward graph reused their memory
+(wrong correct counts), an update missing or applied twice (the updates).
 The mode's flag, validation and record: tests/test_compile_mode.py (CPU)."""
 
 from __future__ import annotations
@@ -12,26 +13,39 @@ import pytest
 import torch
 
 from common.config import preset
+
+if torch.cuda.is_available():
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_trees import get_manager, reset_cudagraph_trees
 from tests.conftest import relative_update_difference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def deterministic_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same eager cuDNN algorithms in every run (restored after the test)."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+
 
 STEPS = 4
 
 
 def steps(mode: str | None, reuse_first_batch: bool = False) -> tuple[dict, dict, list[float]]:
-    """(initial, after, losses) of STEPS torch-dp steps on one GPU, fp32 with TF32 off, eager
-    (mode None) or compiled in `mode`; each step gets a new batch unless `reuse_first_batch`."""
+    """(initial, after, metrics) of STEPS torch-dp steps on one GPU, fp32 with TF32 off, eager
+    (mode None) or compiled in `mode`; each step gets a new batch unless `reuse_first_batch`.
+    metrics: every step's loss sum and correct count, read after the last step."""
     from frameworks import torch_dp
     from frameworks.torch_models import set_float32_precision, to_device
 
     # A small LR: this tiny network at the smoke preset's LR turns a 1e-7 difference into 1e-2
-    # within 4 steps now and then (measured, eager against eager too), which would hide nothing
-    # but make the check flaky. Deterministic cuDNN: the same eager algorithms in every run.
+    # within 4 steps now and then (measured, in the default mode too), which would hide nothing
+    # but make the check flaky.
     cfg = preset("smoke", framework="torch-dp", compile=mode is not None,
                  compile_mode=mode or "default", lr=1e-3)  # fmt: skip
-    torch.backends.cudnn.deterministic = True
     torch._dynamo.reset()  # each call compiles its own model from scratch
+    reset_cudagraph_trees()  # and records its own graphs, counted from zero
+    counters.clear()
     set_float32_precision(cfg, cuda=True)
     torch.manual_seed(0)
     model = torch_dp.build_model(cfg, 3, 10)
@@ -46,7 +60,7 @@ def steps(mode: str | None, reuse_first_batch: bool = False) -> tuple[dict, dict
     for i in range(STEPS):
         x, y = batches[0 if reuse_first_batch else i]
         state, metrics = torch_dp.train_step(state, to_device((x, y), state))
-        losses.append(metrics["loss_sum"])  # read only after every step has run
+        losses += [metrics["loss_sum"], metrics["correct"]]  # read after every step has run
     losses = [float(t) for t in losses]
     after = {k: v.detach().cpu().numpy() for k, v in state.module.state_dict().items()}
     return initial, after, losses
@@ -58,9 +72,6 @@ def test_reduce_overhead_steps_equal_the_eager_steps():
     before = {k: initial[k] for k in keys}
     _, graphs, graph_losses = steps("reduce-overhead")
     # The mode reached torch.compile: CUDA graphs were recorded, and none was skipped.
-    from torch._dynamo.utils import counters
-    from torch._inductor.cudagraph_trees import get_manager
-
     assert get_manager(device_index=0, create_if_none_exists=False) is not None
     assert not counters["inductor"]["cudagraph_skips"]
     assert relative_update_difference(before, graphs, eager) < 1e-2

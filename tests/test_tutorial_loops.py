@@ -25,6 +25,7 @@ TINY = ["--preset", "smoke", "--epochs", "2", "--gpus", "1", "--repeat", "1"]
         (["--batch-size", "7", "--gpus", "2"], "does not divide"),
         (["--preset", "nope"], "unknown preset"),
         (["--python", "/nonexistent/python"], "--python /nonexistent/python"),
+        (["--compile"], "the tutorials' loops have no torch.compile"),
     ],
 )
 def test_bad_input_is_one_line_and_runs_nothing(

@@ -40,13 +40,20 @@ def profiled_step(state, batch):
         (out / f"{name}-cpu.txt").write_text(cpu)
         gpu = avg.table(sort_by="self_device_time_total", row_limit=25)
         (out / f"{name}-cuda.txt").write_text(gpu)
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        # The GPU's own work (kernels, memsets, copies), not the GPU-side ranges of the
+        # profiler's user annotations (DataParallel.forward, Optimizer.step), which span them.
+        kernels = [
+            e
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA
+            and not getattr(e, "is_user_annotation", False)
+        ]
         busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
         steps = LAST - FIRST + 1
         summary = (
-            f"{name}: {steps} steps in {wall:.4f} s wall (profiled), GPU kernels "
+            f"{name}: {steps} steps in {wall:.4f} s wall (profiled), GPU operations "
             f"{busy:.4f} s ({busy / wall:.2f} of the wall), {len(kernels) / steps:.0f} "
-            f"kernels per step"
+            f"GPU operations (kernels, memsets, copies) per step"
         )
         print(summary)
         (out / f"{name}-summary.txt").write_text(summary + "\n")
