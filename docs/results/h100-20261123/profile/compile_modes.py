@@ -10,36 +10,13 @@ from pathlib import Path
 import torch._inductor.config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+sys.path.insert(0, str(Path(__file__).parent))
+from work import WORK  # noqa: E402
+
 from frameworks import torch_ddp  # noqa: E402
 
 mode, out = sys.argv[1], sys.argv[2]
-flags = [
-    "--preset",
-    "throughput",
-    "--dataset",
-    "synthetic",
-    "--model",
-    "resnet18",
-    "--width",
-    "1",
-    "--image-size",
-    "32",
-    "--batch-size",
-    "512",
-    "--lr",
-    "0.01",
-    "--precision",
-    "bf16",
-    "--channels-last",
-    "--gpus",
-    "1",
-    "--epochs",
-    "6",
-    "--max-steps-per-epoch",
-    "16",
-    "--output",
-    out,
-]
+flags = [*WORK, "--epochs", "6", "--output", out]
 if mode != "eager":
     flags.append("--compile")
 if mode == "cudagraphs":

@@ -12,6 +12,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+sys.path.insert(0, str(Path(__file__).parent))
+from work import WORK  # noqa: E402
+
 from frameworks import torch_ddp, torch_dp  # noqa: E402
 
 name, out = sys.argv[1], Path(sys.argv[2])
@@ -62,29 +65,5 @@ def profiled_step(state, batch):
 
 
 module.train_step = profiled_step
-flags = [
-    "--preset",
-    "throughput",
-    "--dataset",
-    "synthetic",
-    "--model",
-    "resnet18",
-    "--width",
-    "1",
-    "--image-size",
-    "32",
-    "--batch-size",
-    "512",
-    "--lr",
-    "0.01",
-    "--precision",
-    "bf16",
-    "--channels-last",
-    "--gpus",
-    "1",
-    "--epochs",
-    "3",
-    "--max-steps-per-epoch",
-    "16",
-]
+flags = [*WORK, "--epochs", "3"]
 sys.exit(module.main(flags + sys.argv[3:]))
