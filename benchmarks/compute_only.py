@@ -25,6 +25,7 @@ each family runs in its own interpreter.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -59,6 +60,19 @@ def family_of(framework: str) -> str:
             "name such as torch-ddp"
         )
     return family
+
+
+def check_installed(family: str) -> None:
+    """One line naming the interpreter to use when this one lacks the family's packages (MXNet
+    lives in .venv-mxnet, torch and JAX in .venv), instead of an ImportError's traceback."""
+    fw = next(f for f in harness.REGISTRY.values() if f.family == family)
+    missing = [p for p in fw.packages if importlib.util.find_spec(p) is None]
+    if missing:
+        env = fw.venv
+        raise ConfigError(
+            f"{', '.join(missing)} not installed in {sys.executable}; run it with {family}'s "
+            f"interpreter: {env}/bin/python -m benchmarks.compute_only --framework {family} ..."
+        )
 
 
 def peak_rss_bytes() -> int:
@@ -500,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        family_of(ns.framework)
+        check_installed(family_of(ns.framework))
         harness.check_options(ns)
         if ns.steps < 1 or ns.warmup < 1 or ns.batch_size < 1 or ns.interleave < 0:
             raise ConfigError("--steps, --warmup and --batch-size must be >= 1, --interleave >= 0")

@@ -169,6 +169,7 @@ def test_missing_interpreter_is_one_line_and_exit_2(module: str, tmp_path: Path)
         ("benchmarks.throughput", ["--timeout", "0"]),
         ("benchmarks.throughput", ["--compile-mode", "reduce-overhead"]),  # without --compile
         ("benchmarks.compute_only", ["--framework", "torch", "--compile-mode", "max-autotune"]),
+        ("benchmarks.compute_only", ["--framework", "mxnet"]),  # MXNet is not in .venv
         ("benchmarks.comm_probe", ["--models", "resnet50"]),
         ("benchmarks.comm_probe", ["--reps", "0"]),
         ("benchmarks.comm_probe", ["--frameworks", "caffe"]),
