@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import os
 import re
 import signal
@@ -21,6 +22,44 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# `python -m <module>` entry points -> the packages each imports (MXNet lives in .venv-mxnet,
+# torch and JAX in .venv).
+JAX = ("jax", "flax", "optax")
+ENTRY_POINTS: dict[str, tuple[str, ...]] = {
+    "frameworks.torch_ddp": ("torch",),
+    "frameworks.torch_dp": ("torch",),
+    "frameworks.jax_pmap": JAX,
+    "frameworks.jax_shard": JAX,
+    "frameworks.mxnet_gluon": ("mxnet",),
+    "benchmarks.tutorials.d2l_torch": ("torch",),
+    "benchmarks.tutorials.nvidia_course": ("torch",),
+    "benchmarks.tutorials.d2l_jax": JAX,
+    "benchmarks.tutorials.flax_imagenet": JAX,
+    "benchmarks.tutorials.d2l_mxnet": ("mxnet",),
+}
+
+
+def check_interpreter(argv: list[str] | None = None) -> None:
+    """`python -m <entry point>` in an interpreter without its framework: one line naming the
+    interpreter to use and exit 2, instead of an ImportError's traceback from inside the module.
+    The packages' `__init__` calls it, before the module imports its framework; for any other
+    command (tests, imports, the runners' own checked interpreters) it does nothing."""
+    argv = list(getattr(sys, "orig_argv", [])) if argv is None else argv
+    if "-m" not in argv[:-1]:
+        return
+    module = argv[argv.index("-m") + 1]
+    missing = [p for p in ENTRY_POINTS.get(module, ()) if importlib.util.find_spec(p) is None]
+    if missing:
+        mxnet = "mxnet" in ENTRY_POINTS[module]
+        env, setup = (".venv-mxnet", "mxnet") if mxnet else (".venv", "main")
+        print(
+            f"python -m {module}: error: {', '.join(missing)} not installed in {sys.executable}; "
+            f"run it with {env}/bin/python -m {module} (`bash scripts/setup.sh {setup}` builds it)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
 
 
 def set_xla_flag(name: str, value: str) -> None:

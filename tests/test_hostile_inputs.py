@@ -36,8 +36,9 @@ from common.config import preset
 from common.datasets import load_for
 from common.pipeline import EvalLoader
 from common.results import write_json_atomic
+from common.runtime import ENTRY_POINTS
 from common.trainer import run_main
-from tests.conftest import SMOKE, one_line_error, run_trainer
+from tests.conftest import MAIN_PYTHON, MXNET_PYTHON, SMOKE, one_line_error, run_module, run_trainer
 
 # ---- values: every one range-checked before anything starts ----------------------------------
 
@@ -457,3 +458,24 @@ def _fail_config_json(module: Any) -> Any:
         real(path, obj)
 
     return write
+
+
+@pytest.mark.parametrize("module", sorted(ENTRY_POINTS))
+def test_an_entry_point_run_by_the_wrong_interpreter_is_one_line_and_exit_2(module: str) -> None:
+    """MXNet lives in .venv-mxnet, torch and JAX in .venv: each entry point run by the other
+    environment's interpreter names the one to use, instead of an ImportError's traceback (the
+    traceback is what a module without the package check gives: the run with the right
+    interpreter, below, shows the check does not refuse it)."""
+    if not MXNET_PYTHON.exists():
+        pytest.skip("needs .venv-mxnet (bash scripts/setup.sh mxnet)")
+    mxnet = "mxnet" in ENTRY_POINTS[module]
+    wrong, right = (MAIN_PYTHON, MXNET_PYTHON) if mxnet else (MXNET_PYTHON, MAIN_PYTHON)
+    proc = run_module(module, "--help", python=wrong, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert (
+        lines[0].startswith(f"python -m {module}: error: ")
+        and f"{right.parent.parent.name}/bin/python -m {module}" in lines[0]
+    )
+    ok = run_module(module, "--help", python=right, timeout=120)
+    assert ok.returncode == 0 and "usage" in ok.stdout, ok.stderr[-2000:]

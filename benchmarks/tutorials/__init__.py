@@ -8,3 +8,7 @@ from the tutorial's published structure (cited in its docstring) and keeps the l
 time as the tutorial has them; where it must differ (no dataset download here, CPU stand-ins
 for NCCL), `DEVIATIONS` in the module says so and the record carries that list.
 """
+
+from common.runtime import check_interpreter
+
+check_interpreter()  # run with the wrong interpreter: one line and exit 2, before any import
