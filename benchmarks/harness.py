@@ -44,7 +44,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from common.config import COMPILE_MODES, MAX_EPOCHS, MAX_IMAGE_SIZE, MAX_SEED, MAX_WIDTH, PRECISIONS
-from common.runtime import PARENT_ENV, ROOT, atomic_write_bytes, cpu_threads, unwritable
+from common.runtime import (
+    ENTRY_POINTS,
+    PARENT_ENV,
+    ROOT,
+    atomic_write_bytes,
+    cpu_threads,
+    unwritable,
+)
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
 TOOL = "python -m benchmarks.{}"  # how each tool is started
@@ -64,7 +71,6 @@ class Framework:
     module: str  # run as `python -m <module>`
     venv: str  # the environment directory under the project root
     setup: str  # `bash scripts/setup.sh <setup>` builds that environment
-    packages: tuple[str, ...]  # must be importable by the interpreter
     # Why device counts > 1 are not applicable without CUDA (None: they are).
     multi_device_needs_cuda: str | None = None
 
@@ -72,6 +78,12 @@ class Framework:
     def family(self) -> str:
         """torch, jax or mxnet: the compute-only loop and the package set it shares."""
         return self.name.split("-")[0]
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """What its interpreter must import (common.runtime.ENTRY_POINTS, which also checks
+        `python -m <module>` run by the wrong interpreter)."""
+        return ENTRY_POINTS[self.module]
 
     @property
     def install(self) -> str:
@@ -97,13 +109,12 @@ REGISTRY: dict[str, Framework] = {
             "frameworks.torch_dp",
             ".venv",
             "main",
-            ("torch",),
             multi_device_needs_cuda="nn.DataParallel needs CUDA; on CPU it runs one replica",
         ),
-        Framework("torch-ddp", "frameworks.torch_ddp", ".venv", "main", ("torch",)),
-        Framework("jax-pmap", "frameworks.jax_pmap", ".venv", "main", ("jax", "flax", "optax")),
-        Framework("jax-shard", "frameworks.jax_shard", ".venv", "main", ("jax", "flax", "optax")),
-        Framework("mxnet-gluon", "frameworks.mxnet_gluon", ".venv-mxnet", "mxnet", ("mxnet",)),
+        Framework("torch-ddp", "frameworks.torch_ddp", ".venv", "main"),
+        Framework("jax-pmap", "frameworks.jax_pmap", ".venv", "main"),
+        Framework("jax-shard", "frameworks.jax_shard", ".venv", "main"),
+        Framework("mxnet-gluon", "frameworks.mxnet_gluon", ".venv-mxnet", "mxnet"),
     )
 }
 

@@ -26,17 +26,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # `python -m <module>` entry points -> the packages each imports (MXNet lives in .venv-mxnet,
 # torch and JAX in .venv).
-JAX = ("jax", "flax", "optax")
+_JAX = ("jax", "flax", "optax")
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "frameworks.torch_ddp": ("torch",),
     "frameworks.torch_dp": ("torch",),
-    "frameworks.jax_pmap": JAX,
-    "frameworks.jax_shard": JAX,
+    "frameworks.jax_pmap": _JAX,
+    "frameworks.jax_shard": _JAX,
     "frameworks.mxnet_gluon": ("mxnet",),
     "benchmarks.tutorials.d2l_torch": ("torch",),
     "benchmarks.tutorials.nvidia_course": ("torch",),
-    "benchmarks.tutorials.d2l_jax": JAX,
-    "benchmarks.tutorials.flax_imagenet": JAX,
+    "benchmarks.tutorials.d2l_jax": _JAX,
+    "benchmarks.tutorials.flax_imagenet": _JAX,
     "benchmarks.tutorials.d2l_mxnet": ("mxnet",),
 }
 
