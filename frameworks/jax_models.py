@@ -32,9 +32,16 @@ Every default that differs between frameworks is spelled out here rather than in
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
 import itertools
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -42,6 +49,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -63,7 +71,13 @@ from common.runtime import (
 )
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from common.trainer import check_resume, checkpoint_meta, reading_checkpoint, restore_meta
+from common.trainer import (
+    check_resume,
+    checkpoint_meta,
+    first_line,
+    reading_checkpoint,
+    restore_meta,
+)
 
 # torchvision's kaiming_normal_(mode="fan_out", nonlinearity="relu"): jax's variance_scaling
 # computes fan_out = prod(kernel_shape[:-2]) * out_channels for an HWIO kernel, "normal" is the
@@ -599,6 +613,7 @@ class CompileMeter:
         self.sec = 0.0
         self.hits = 0
         self.misses = 0
+        self.steps: dict[str, Any] = {"dir": None, "hits": 0, "misses": 0}
 
     @classmethod
     def get(cls) -> CompileMeter:
@@ -626,8 +641,167 @@ class CompileMeter:
                 "dir": jax.config.jax_compilation_cache_dir if on else None,
                 "hits": self.hits,
                 "misses": self.misses,
+                "steps": self.steps,  # the exported train steps (cached_step)
             },
         }
+
+
+# Config fields that cannot change the train step's program: where results go, when to log or
+# stop, the host's loader threads, and the seed (it only picks values: the initial weights and
+# the dropout key are arguments of the step, not constants in it; a test checks this). Every
+# other field is part of an exported step's key.
+NOT_IN_STEP = frozenset(
+    {
+        "output",
+        "tensorboard",
+        "checkpoint_dir",
+        "save_state",
+        "resume",
+        "log_every",
+        "phase_timing",
+        "target_accuracy",
+        "patience",
+        "prefetch",
+        "collective_timeout",
+        "compile_cache",
+        "cache_dir",
+        "seed",
+        "download",
+        "verify",
+    }
+)
+STEP_CACHE_FILES = 64  # exported steps kept per cache directory (100 KB-1 MB each), newest first
+
+
+def cached_step(
+    cfg: Config, step: Callable[..., Any], steps_per_epoch: int, donate: tuple[int, ...] = ()
+) -> Callable[..., Any]:
+    """--compile-cache, the tracing half: the train step as a `jax.export`ed program, stored in
+    <cache-dir>/jax-steps, so that a later run of the same configuration loads it instead of
+    tracing the Python model again (the persistent compilation cache then skips XLA's compile).
+    `step` is the trainer's parallel train step (pmap, or jit with shardings), unchanged: the
+    program is the one it lowers to, exported on the first run and called through
+    `Exported.call` on every run (the first one too, so both runs compile the same program).
+
+    The key is everything the program depends on: the config (less NOT_IN_STEP), the steps per
+    epoch (the LR table is a constant of the program), the arguments' shapes, dtypes and
+    shardings, the platform, JAX's settings, the versions of JAX, Flax and Optax, and the text of
+    every module in frameworks/ and common/ (any edit is a new key). Off (the step is returned
+    as it is) with --no-compile-cache, in a multi-process run, and without the `flatbuffers`
+    package that JAX's serialisation needs; the record's compile_cache.steps says which."""
+    meter = CompileMeter.get()
+    off = step_cache_off(cfg)
+    if off:
+        meter.steps = {"dir": None, "hits": 0, "misses": 0, "off": off}
+        return step
+    folder = Path(cfg.cache_dir).expanduser() / "jax-steps"
+    meter.steps = {"dir": str(folder), "hits": 0, "misses": 0}
+    treedef: Any = None
+    call: Callable[..., Any] | None = None
+
+    def flat_step(leaves: list[jax.Array], batch: Any) -> tuple[list[jax.Array], Any]:
+        new_state, metrics = step(jax.tree.unflatten(treedef, leaves), batch)
+        return jax.tree.leaves(new_state), metrics
+
+    def first_call(state: Any, batch: Any) -> Callable[..., Any]:
+        nonlocal treedef
+        leaves, treedef = jax.tree.flatten(state)  # the state's functions stay out of the file
+        path = folder / f"train_step-{step_key(cfg, steps_per_epoch, (leaves, batch))}.jaxexport"
+        start = time.perf_counter()
+        exported = load_exported(path, (leaves, batch))
+        meter.sec += time.perf_counter() - start  # a load is part of what compiling costs
+        if exported is None:  # trace and lower once, here (the meter counts both)
+            exported = jax.export.export(jax.jit(flat_step))(leaves, batch)
+            store_exported(path, exported)
+            meter.steps["misses"] += 1
+        else:
+            meter.steps["hits"] += 1
+        return jax.jit(exported.call, donate_argnums=donate)
+
+    def run(state: Any, batch: Any) -> tuple[Any, Any]:
+        nonlocal call
+        if call is None:
+            call = first_call(state, batch)
+        leaves, metrics = call(jax.tree.leaves(state), batch)
+        return jax.tree.unflatten(treedef, leaves), metrics
+
+    return run
+
+
+def step_cache_off(cfg: Config) -> str | None:
+    """Why cached_step cannot store steps in this run (None: it can)."""
+    if not cfg.compile_cache:
+        return "--no-compile-cache"
+    if jax.process_count() > 1:
+        return "multi-process run"
+    if importlib.util.find_spec("flatbuffers") is None:
+        return "the flatbuffers package is not installed (pip install flatbuffers)"
+    return None
+
+
+def step_key(cfg: Config, steps_per_epoch: int, args: Any) -> str:
+    """The hex digest naming an exported train step (cached_step): what its program depends on."""
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_STEP}
+    leaves, treedef = jax.tree.flatten(args)
+    parts = {
+        "config": fields,
+        "steps_per_epoch": steps_per_epoch,
+        "args": [str(treedef)]
+        + [f"{x.shape} {x.dtype} {getattr(x, 'sharding', None)}" for x in leaves],
+        "platform": [d.device_kind for d in jax.devices()],
+        "jax_config": sorted(jax.config.values.items()),
+        "versions": [importlib.metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax")],
+        "sources": source_digest(),
+    }
+    return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 of every module in frameworks/ and common/ (path and text)."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("frameworks/*.py"), *root.glob("common/*.py")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def load_exported(path: Path, args: Any) -> jax.export.Exported | None:
+    """The exported step stored at `path`, or None: missing, unreadable, or not for `args`."""
+    try:
+        exported = jax.export.deserialize(bytearray(path.read_bytes()))
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a damaged or foreign file: traced again and replaced
+        print(f"note: ignoring the exported step {path} ({first_line(exc)})", file=sys.stderr)
+        return None
+    want = [(tuple(x.shape), x.dtype) for x in jax.tree.leaves(args)]
+    if [(tuple(a.shape), a.dtype) for a in exported.in_avals] != want:
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used: pruned last
+    return exported
+
+
+def store_exported(path: Path, exported: jax.export.Exported) -> None:
+    """Write the exported step atomically (concurrent runs may write the same file) and keep
+    the STEP_CACHE_FILES most recently used. A failed write costs only the next run's trace."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, exported.serialize())
+        files = sorted(path.parent.glob("*.jaxexport"), key=mtime, reverse=True)
+        for old in files[STEP_CACHE_FILES:]:
+            old.unlink(missing_ok=True)
+    except OSError as exc:
+        print(f"note: exported step not stored ({first_line(exc)})", file=sys.stderr)
+
+
+def mtime(path: Path) -> float:
+    """Modification time, or 0 for a file another process has just removed."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def check_config(cfg: Config) -> None:

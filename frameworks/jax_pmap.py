@@ -55,6 +55,7 @@ from common.trainer import (
 from frameworks.jax_models import (
     CompileMeter,
     TrainState,
+    cached_step,
     canonical_state,
     check_config,
     checkpoint_path,
@@ -298,6 +299,8 @@ def train(cfg: Config) -> dict:
     recorder.float32_precision = fp32
     recorder.pipeline = pipeline_record(loader.on_device)
     p_train_step, p_eval_step = parallelize(cfg, mesh)
+    # --compile-cache: the step traced once per configuration, then loaded (jax_models.py)
+    p_train_step = cached_step(cfg, p_train_step, len(loader), donate_state(devices))
     p_mean = cross_replica_mean(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh
     # --pipeline device: the training set goes to the devices here, the crops are made there.

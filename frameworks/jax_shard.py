@@ -59,6 +59,7 @@ from common.trainer import (
 from frameworks.jax_models import (
     CompileMeter,
     TrainState,
+    cached_step,
     canonical_state,
     check_config,
     checkpoint_path,
@@ -323,6 +324,8 @@ def train(cfg: Config) -> dict:
     recorder.float32_precision = fp32
     recorder.pipeline = pipeline_record(loader.on_device)
     j_train_step, j_eval_step = parallelize(cfg, mesh)
+    # --compile-cache: the step traced once per configuration, then loaded (jax_models.py)
+    j_train_step = cached_step(cfg, j_train_step, len(loader), donate_state(devices))
     j_allreduce = cross_device_sum(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh
     # --pipeline device: the training set goes to the devices here, the crops are made there.

@@ -1,0 +1,182 @@
+"""--compile-cache, the tracing half (jax_models.cached_step): the JAX trainers export their
+parallel train step once per configuration and later runs load it instead of tracing the model.
+
+What could go wrong, and the test that would see it:
+- the loaded program computes something else than the traced step: two steps through a stored
+  and then a loaded program equal the trainer's own step bitwise (pmap and jit+shard_map);
+- a stale program is served after the configuration changed: a step stored for lr 0.1 is not
+  used at lr 0.2, and, with the key made blind to the config (the injected bug), it would be and
+  the comparison fails;
+- a field left out of the key (NOT_IN_STEP: the seed) does change the program: a step stored
+  under seed 0 runs seed 1's state exactly as seed 1's own step does;
+- a damaged file: traced again and replaced, with a note;
+- off where it cannot work (--no-compile-cache, no flatbuffers), returning the step untouched.
+The trainers' runs (cold, warm, off: equal final states, the record's counts) are in
+tests/test_jax_pmap.py::test_a_second_run_loads_its_programs_from_the_compile_cache.
+
+Shares the compiled steps and 4 simulated devices of tests/test_jax_pmap.py (one pytest process).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from common.config import Config
+from common.datasets import load_for
+from frameworks import jax_models
+from frameworks.jax_models import CompileMeter, cached_step, step_key
+from tests.test_jax_pmap import CFG, MODULES, compiled, host_devices, max_diff, train_batches
+
+STEPS_PER_EPOCH = 4  # what compiled() gives create_train_state
+
+
+def config(tmp_path: Path, **changes: Any) -> Config:
+    return CFG.replace(cache_dir=str(tmp_path / "cache"), **changes)
+
+
+def run_steps(step: Any, state: Any, mesh: Mesh, mod: Any, steps: int = 2) -> Any:
+    """Host state after `steps` training steps of `step` from `state`."""
+    for batch in train_batches()[:steps]:
+        state, _ = step(state, mod.to_device(batch, mesh))
+    return mod.unreplicate(state)
+
+
+def trainer_parts(framework: str, n: int, cfg: Config) -> tuple[Any, Any, Mesh, Any]:
+    """(parallel train step, initial device state, mesh, module) for `cfg`, as train() builds
+    them (compiled() keeps CFG's; this one takes another lr or seed)."""
+    mod = MODULES[framework]
+    mesh = Mesh(np.array(host_devices(n)), ("batch",))
+    ds = load_for(cfg)
+    model = mod.build_model(cfg, ds.channels, ds.num_classes)
+    state = mod.create_train_state(cfg, model, ds.image_shape, mesh, STEPS_PER_EPOCH)
+    train, _ = mod.parallelize(cfg, mesh)
+    return train, state, mesh, mod
+
+
+def leaf_diff(a: Any, b: Any) -> float:
+    """Largest difference between two states' arrays (their treedefs hold each run's own
+    model and optimiser objects, which never compare equal)."""
+    return max_diff(jax.tree.leaves(a), jax.tree.leaves(b))
+
+
+def steps_counts() -> dict[str, Any]:
+    return dict(CompileMeter.get().steps)
+
+
+@pytest.mark.parametrize(
+    ("framework", "n", "bn"), [("jax-pmap", 2, "local"), ("jax-shard", 2, "local")]
+)
+def test_a_stored_step_and_a_loaded_one_equal_the_traced_step(
+    tmp_path: Path, framework: str, n: int, bn: str
+) -> None:
+    train, _, initial, mesh, mod = compiled(framework, n, bn)
+    cfg = config(tmp_path, gpus=n, bn=bn)
+    traced = run_steps(train, mod.replicate(initial, mesh), mesh, mod)
+    stored = run_steps(
+        cached_step(cfg, train, STEPS_PER_EPOCH), mod.replicate(initial, mesh), mesh, mod
+    )
+    assert steps_counts() == {"dir": str(tmp_path / "cache" / "jax-steps"), "hits": 0, "misses": 1}
+    assert len(list((tmp_path / "cache" / "jax-steps").glob("*.jaxexport"))) == 1
+    loaded = run_steps(
+        cached_step(cfg, train, STEPS_PER_EPOCH), mod.replicate(initial, mesh), mesh, mod
+    )
+    assert steps_counts()["hits"] == 1 and steps_counts()["misses"] == 0
+    assert max_diff(stored, traced) == 0.0
+    assert max_diff(loaded, traced) == 0.0
+    assert max_diff(loaded.params, initial.params) > 0  # it did train
+
+
+def test_a_changed_configuration_is_traced_again_and_a_blind_key_would_serve_a_stale_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fw, n = "jax-shard", 1
+    slow, fast = config(tmp_path, gpus=n, lr=0.1), config(tmp_path, gpus=n, lr=0.2)
+    train_slow, state_slow, mesh, mod = trainer_parts(fw, n, slow)
+    train_fast, state_fast, _, _ = trainer_parts(fw, n, fast)
+    want = run_steps(train_fast, state_fast, mesh, mod)  # lr 0.2, traced
+    run_steps(cached_step(slow, train_slow, STEPS_PER_EPOCH), state_slow, mesh, mod)  # stores 0.1
+    got = run_steps(cached_step(fast, train_fast, STEPS_PER_EPOCH), state_fast, mesh, mod)
+    assert steps_counts()["misses"] == 1  # another key: traced, not loaded
+    assert leaf_diff(got, want) == 0.0
+    # The injected bug: a key that ignores the configuration serves lr 0.1's program at lr 0.2.
+    monkeypatch.setattr(jax_models, "step_key", lambda cfg, steps, args: "blind")
+    run_steps(cached_step(slow, train_slow, STEPS_PER_EPOCH), state_slow, mesh, mod)
+    stale = run_steps(cached_step(fast, train_fast, STEPS_PER_EPOCH), state_fast, mesh, mod)
+    assert steps_counts()["hits"] == 1
+    assert leaf_diff(stale, want) > 1e-3
+
+
+def test_the_seed_is_not_in_the_program(tmp_path: Path) -> None:
+    # NOT_IN_STEP leaves the seed out of the key so that `compare --repeat` (seeds s..s+K-1)
+    # loads one step: the seed only picks the initial weights and dropout key, both arguments.
+    fw, n = "jax-pmap", 2
+    seed0, seed1 = config(tmp_path, gpus=n, seed=0), config(tmp_path, gpus=n, seed=1)
+    train0, state0, mesh, mod = trainer_parts(fw, n, seed0)
+    train1, state1, _, _ = trainer_parts(fw, n, seed1)
+    run_steps(cached_step(seed0, train0, STEPS_PER_EPOCH), state0, mesh, mod)  # stores seed 0's
+    want = run_steps(train1, state1, mesh, mod)
+    _, state1, _, _ = trainer_parts(fw, n, seed1)  # a fresh copy (steps donate theirs on GPUs)
+    got = run_steps(cached_step(seed1, train1, STEPS_PER_EPOCH), state1, mesh, mod)
+    assert steps_counts()["hits"] == 1
+    assert leaf_diff(got, want) == 0.0
+    assert leaf_diff(want.params, run_steps(train0, state0, mesh, mod).params) > 0  # seeds differ
+
+
+def test_the_key_follows_what_the_program_depends_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, initial, mesh, mod = compiled("jax-shard", 2, "local")
+    state = mod.replicate(initial, mesh)
+    batch = mod.to_device(train_batches()[0], mesh)
+    cfg = CFG.replace(gpus=2, bn="local")
+    key = step_key(cfg, 4, (jax.tree.leaves(state), batch))
+    same = [
+        cfg.replace(seed=3),
+        cfg.replace(output="elsewhere.json", log_every=5, tensorboard="tb", prefetch=0),
+    ]
+    for other in same:
+        assert step_key(other, 4, (jax.tree.leaves(state), batch)) == key
+    for other in (cfg.replace(lr=0.2), cfg.replace(epochs=3), cfg.replace(label_smoothing=0.1)):
+        assert step_key(other, 4, (jax.tree.leaves(state), batch)) != key
+    assert step_key(cfg, 5, (jax.tree.leaves(state), batch)) != key  # another LR table
+    half = mod.to_device(tuple(a[:12] for a in train_batches()[0]), mesh)
+    assert step_key(cfg, 4, (jax.tree.leaves(state), half)) != key  # another batch shape
+    monkeypatch.setattr(jax_models, "source_digest", lambda: "edited")
+    assert step_key(cfg, 4, (jax.tree.leaves(state), batch)) != key  # an edited module
+
+
+def test_a_damaged_file_is_traced_again_and_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train, _, initial, mesh, mod = compiled("jax-shard", 2, "local")
+    cfg = config(tmp_path, gpus=2, bn="local")
+    want = run_steps(
+        cached_step(cfg, train, STEPS_PER_EPOCH), mod.replicate(initial, mesh), mesh, mod
+    )
+    (path,) = (tmp_path / "cache" / "jax-steps").glob("*.jaxexport")
+    path.write_bytes(b"not an exported program")
+    got = run_steps(
+        cached_step(cfg, train, STEPS_PER_EPOCH), mod.replicate(initial, mesh), mesh, mod
+    )
+    assert "note: ignoring the exported step" in capsys.readouterr().err
+    assert steps_counts()["misses"] == 1 and max_diff(got, want) == 0.0
+    assert jax.export.deserialize(bytearray(path.read_bytes())).in_avals  # replaced
+
+
+def test_off_returns_the_step_untouched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    train, *_ = compiled("jax-shard", 2, "local")
+    assert cached_step(config(tmp_path, compile_cache=False), train, 4) is train
+    assert steps_counts()["off"] == "--no-compile-cache"
+    real = jax_models.importlib.util.find_spec
+    monkeypatch.setattr(
+        jax_models.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "flatbuffers" else real(name, *a),
+    )
+    assert cached_step(config(tmp_path), train, 4) is train
+    assert "flatbuffers" in steps_counts()["off"]
+    assert not (tmp_path / "cache").exists()
