@@ -8,8 +8,10 @@ with the shared trainer flags after `--` plus A's extra flags, then B's, `--repe
 alternating which goes first (A first in even pairs, B first in odd ones), and reports the
 median of the per-pair ratios B/A of the records' `images_per_sec` (the timing rule of
 common/timing.py: timed images / timed seconds, the first epoch untimed), with the pairs, the
-load average around every run and every record. This is how a fast path is accepted: measured
-side by side on the same machine at the same time, not against a number from another day.
+load average around every run and every record, and each side's median first epoch over a later
+one (what compilation and warm-up cost: `--a=--no-step-cache --b=` for the JAX step cache).
+This is how a fast path is accepted: measured side by side on the same machine at the same
+time, not against a number from another day.
 """
 
 from __future__ import annotations
@@ -107,6 +109,11 @@ def run_side(plan: Plan, side: str, pair: int) -> dict[str, Any]:
         return {**row, "status": "failed", "error": record.get("error") or child.error()}
     for key in ("images_per_sec", "sec_per_epoch", "first_epoch_sec", "timed_epochs"):
         row[key] = record.get(key)
+    first, later = record.get("first_epoch_sec"), record.get("sec_per_epoch_median")
+    if (
+        first and later
+    ):  # what the untimed first epoch (compilation, warm-up) costs over a later one
+        row["first_over_later"] = first / later
     return {**row, "status": "ok", "execution": record.get("execution"), "record": str(output)}
 
 
@@ -123,7 +130,13 @@ def execute(plan: Plan) -> int:
             print(
                 f"[{TOOL}] pair {pair + 1}/{plan.repeat}: "
                 + ", ".join(
-                    f"{s} {r.get('images_per_sec') or 0:.1f} images/s ({r['status']})"
+                    f"{s} {r.get('images_per_sec') or 0:.1f} images/s ({r['status']}"
+                    + (
+                        f", first epoch {r['first_over_later']:.2f}x"
+                        if "first_over_later" in r
+                        else ""
+                    )
+                    + ")"
                     for s, r in got.items()
                 )
                 + (f", B/A {ratios[-1]:.3f}" if len(ratios) == pair + 1 else ""),
@@ -139,6 +152,7 @@ def execute(plan: Plan) -> int:
         "shared": plan.shared,
         "ratios_b_over_a": ratios,
         "median_ratio": statistics.median(ratios) if ratios else None,
+        "first_epoch_over_later_median": first_over_later(rows),
         "runs": rows,
         "host": host_info(),
     }
@@ -149,9 +163,26 @@ def execute(plan: Plan) -> int:
         f"pairs: {', '.join(f'{r:.3f}' for r in ratios)}",
         flush=True,
     )
+    firsts = result["first_epoch_over_later_median"]
+    if firsts:
+        print(
+            f"[{TOOL}] first epoch / a later one, median: "
+            + ", ".join(f"{side} {x:.2f}x" for side, x in firsts.items()),
+            flush=True,
+        )
     print(json.dumps({"ab": str(plan.out / "ab.json")}), flush=True)
     failed = any(r["status"] != "ok" for r in rows)
     return 1 if failed or not ratios else 0
+
+
+def first_over_later(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each side's median of first_epoch_sec / its median later epoch (a side without one: left
+    out)."""
+    got = {
+        s: [r["first_over_later"] for r in rows if r["side"] == s and "first_over_later" in r]
+        for s in "AB"
+    }
+    return {s: statistics.median(x) for s, x in got.items() if x}
 
 
 def main(argv: list[str] | None = None) -> int:

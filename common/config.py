@@ -183,7 +183,13 @@ class Config:
     compile_cache: bool = opt(
         True,
         "JAX: keep compiled XLA programs in --cache-dir, so that a second run of the same "
-        "configuration does not compile again (safe for concurrent runs)",
+        "configuration does not compile again (safe for concurrent runs; see --step-cache)",
+    )
+    step_cache: bool = opt(
+        True,
+        "JAX, with --compile-cache: also keep the traced train step (jax.export, in "
+        "<cache-dir>/jax-steps), so that a second run does not trace the model again; "
+        "--no-step-cache traces it in every run",
     )
     cache_dir: str = opt(
         "~/.cache/dp-bench",

@@ -664,6 +664,7 @@ NOT_IN_STEP = frozenset(
         "prefetch",
         "collective_timeout",
         "compile_cache",
+        "step_cache",
         "cache_dir",
         "seed",
         "download",
@@ -687,8 +688,10 @@ def cached_step(
     epoch (the LR table is a constant of the program), the arguments' shapes, dtypes and
     shardings, the platform, JAX's settings, the versions of JAX, Flax and Optax, and the text of
     every module in frameworks/ and common/ (any edit is a new key). Off (the step is returned
-    as it is) with --no-compile-cache, in a multi-process run, and without the `flatbuffers`
-    package that JAX's serialisation needs; the record's compile_cache.steps says which."""
+    as it is) with --no-compile-cache or --no-step-cache, in a multi-process run, and without
+    the `flatbuffers` package that JAX's serialisation needs; a failure to export, load or
+    compile it falls back to the step as it is, with a note. The record's compile_cache.steps
+    says which."""
     meter = CompileMeter.get()
     off = step_cache_off(cfg)
     if off:
@@ -721,7 +724,15 @@ def cached_step(
     def run(state: Any, batch: Any) -> tuple[Any, Any]:
         nonlocal call
         if call is None:
-            call = first_call(state, batch)
+            try:  # the first execution compiles: a failure there falls back too
+                call = first_call(state, batch)
+                return run(state, batch)
+            except Exception as exc:  # the cache must never cost a run: trace as without it
+                print(f"note: train step not exported ({first_line(exc)})", file=sys.stderr)
+                meter.steps["off"] = f"failed: {first_line(exc)}"
+                call = step
+        if call is step:
+            return step(state, batch)
         leaves, metrics = call(jax.tree.leaves(state), batch)
         return jax.tree.unflatten(treedef, leaves), metrics
 
@@ -732,6 +743,8 @@ def step_cache_off(cfg: Config) -> str | None:
     """Why cached_step cannot store steps in this run (None: it can)."""
     if not cfg.compile_cache:
         return "--no-compile-cache"
+    if not cfg.step_cache:
+        return "--no-step-cache"
     if jax.process_count() > 1:
         return "multi-process run"
     if importlib.util.find_spec("flatbuffers") is None:

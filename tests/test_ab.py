@@ -41,6 +41,13 @@ def test_pairs_alternate_and_the_ratio_is_reported(tmp_path) -> None:
         (1, "B"),
     ]
     assert len(result["ratios_b_over_a"]) == 2 and result["median_ratio"] > 0
+    for r in result["runs"]:
+        assert (
+            r["first_over_later"]
+            == r["first_epoch_sec"] / read_json(r["record"])["sec_per_epoch_median"]
+        )
+    firsts = result["first_epoch_over_later_median"]
+    assert firsts.keys() == {"A", "B"} and "first epoch / a later one, median" in proc.stdout
     by_side = {r["side"]: r for r in result["runs"]}
     assert "NCHW" in by_side["A"]["execution"] and "channels_last" in by_side["B"]["execution"]
     # B went first in the second pair: its log was written before A's

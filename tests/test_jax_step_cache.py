@@ -10,7 +10,8 @@ What could go wrong, and the test that would see it:
 - a field left out of the key (NOT_IN_STEP: the seed) does change the program: a step stored
   under seed 0 runs seed 1's state exactly as seed 1's own step does;
 - a damaged file: traced again and replaced, with a note;
-- off where it cannot work (--no-compile-cache, no flatbuffers), returning the step untouched.
+- off where it cannot work (--no-compile-cache, --no-step-cache, no flatbuffers), returning the
+  step untouched, and a step that fails to export falls back to the traced one with a note.
 The trainers' runs (cold, warm, off: equal final states, the record's counts) are in
 tests/test_jax_pmap.py::test_a_second_run_loads_its_programs_from_the_compile_cache.
 
@@ -171,6 +172,8 @@ def test_off_returns_the_step_untouched(tmp_path: Path, monkeypatch: pytest.Monk
     train, *_ = compiled("jax-shard", 2, "local")
     assert cached_step(config(tmp_path, compile_cache=False), train, 4) is train
     assert steps_counts()["off"] == "--no-compile-cache"
+    assert cached_step(config(tmp_path, step_cache=False), train, 4) is train
+    assert steps_counts()["off"] == "--no-step-cache"
     real = jax_models.importlib.util.find_spec
     monkeypatch.setattr(
         jax_models.importlib.util,
@@ -180,3 +183,20 @@ def test_off_returns_the_step_untouched(tmp_path: Path, monkeypatch: pytest.Monk
     assert cached_step(config(tmp_path), train, 4) is train
     assert "flatbuffers" in steps_counts()["off"]
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_step_that_fails_to_export_falls_back_to_the_traced_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train, _, initial, mesh, mod = compiled("jax-pmap", 2, "local")
+    want = run_steps(train, mod.replicate(initial, mesh), mesh, mod)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("cannot export this\nsecond line")
+
+    monkeypatch.setattr(jax_models.jax.export, "export", refuse)
+    step = cached_step(config(tmp_path, gpus=2, bn="local"), train, STEPS_PER_EPOCH)
+    got = run_steps(step, mod.replicate(initial, mesh), mesh, mod)
+    assert "note: train step not exported (cannot export this)" in capsys.readouterr().err
+    assert steps_counts()["off"] == "failed: cannot export this"
+    assert max_diff(got, want) == 0.0
