@@ -109,10 +109,9 @@ def run_side(plan: Plan, side: str, pair: int) -> dict[str, Any]:
         return {**row, "status": "failed", "error": record.get("error") or child.error()}
     for key in ("images_per_sec", "sec_per_epoch", "first_epoch_sec", "timed_epochs"):
         row[key] = record.get(key)
+    # What the untimed first epoch (compilation, warm-up) costs over a later, timed one.
     first, later = record.get("first_epoch_sec"), record.get("sec_per_epoch_median")
-    if (
-        first and later
-    ):  # what the untimed first epoch (compilation, warm-up) costs over a later one
+    if first and later and (record.get("timed_epochs") or 0) >= 1:
         row["first_over_later"] = first / later
     return {**row, "status": "ok", "execution": record.get("execution"), "record": str(output)}
 

@@ -188,13 +188,13 @@ class Config:
     step_cache: bool = opt(
         True,
         "JAX, with --compile-cache: also keep the traced train step (jax.export, in "
-        "<cache-dir>/jax-steps), so that a second run does not trace the model again; "
+        "<cache-dir>/jax-steps), so that a second run does not trace it again; "
         "--no-step-cache traces it in every run",
     )
     cache_dir: str = opt(
         "~/.cache/dp-bench",
-        "where the JAX compilation cache lives (<cache-dir>/jax; JAX_COMPILATION_CACHE_DIR, if "
-        "set, wins)",
+        "where the JAX caches live: compiled programs in <cache-dir>/jax "
+        "(JAX_COMPILATION_CACHE_DIR, if set, wins), exported train steps in <cache-dir>/jax-steps",
     )
     # Fast paths: mixed precision, torch.compile and TF32 (CUDA), channels-last (torch, CUDA and
     # CPU), XLA:CPU's YNNPACK kernels (JAX on CPU). Every record's `execution` names the path.

@@ -62,7 +62,9 @@ from common.init import initial_state
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.runtime import (
+    INJECT_ENV,
     atomic_write_bytes,
+    remove_stale_temp_files,
     simulate_host_devices,
     stale_launch_env,
     threads_record,
@@ -573,6 +575,7 @@ def setup_process(cfg: Config) -> None:
     multi-process run if one is configured."""
     setup_xla(cfg)
     use_compile_cache(cfg)
+    source_digest()  # the step cache's key: the sources as this process imported them
     init_distributed(cfg.collective_timeout)
 
 
@@ -672,6 +675,7 @@ NOT_IN_STEP = frozenset(
     }
 )
 STEP_CACHE_FILES = 64  # exported steps kept per cache directory (100 KB-1 MB each), newest first
+STEP_FILE_MAGIC = b"dp-bench exported step 1\n"  # then the payload's sha256, then the payload
 
 
 def cached_step(
@@ -684,14 +688,14 @@ def cached_step(
     program is the one it lowers to, exported on the first run and called through
     `Exported.call` on every run (the first one too, so both runs compile the same program).
 
-    The key is everything the program depends on: the config (less NOT_IN_STEP), the steps per
-    epoch (the LR table is a constant of the program), the arguments' shapes, dtypes and
-    shardings, the platform, JAX's settings, the versions of JAX, Flax and Optax, and the text of
-    every module in frameworks/ and common/ (any edit is a new key). Off (the step is returned
-    as it is) with --no-compile-cache or --no-step-cache, in a multi-process run, and without
-    the `flatbuffers` package that JAX's serialisation needs; a failure to export, load or
-    compile it falls back to the step as it is, with a note. The record's compile_cache.steps
-    says which."""
+    The key is everything the program depends on: the config (less NOT_IN_STEP), the LR table
+    (a constant of the program), the arguments' shapes, dtypes and shardings, the devices, JAX's
+    settings, the versions of JAX, Flax, Optax and numpy, and the text of every module in
+    frameworks/ and common/ (any edit is a new key). Off (the step is returned as it is) with
+    --no-compile-cache or --no-step-cache, in a multi-process run, under the tests' bug
+    injection, and without the `flatbuffers` package that JAX's serialisation needs; a failure
+    to export, load or compile it falls back to the step as it is, with a note (a damaged file
+    is removed). The record's compile_cache.steps says which."""
     meter = CompileMeter.get()
     off = step_cache_off(cfg)
     if off:
@@ -699,17 +703,19 @@ def cached_step(
         return step
     folder = Path(cfg.cache_dir).expanduser() / "jax-steps"
     meter.steps = {"dir": str(folder), "hits": 0, "misses": 0}
+    table = lr_table_for(cfg, steps_per_epoch)  # what make_optimizer bakes into the program
     treedef: Any = None
     call: Callable[..., Any] | None = None
+    loaded: Path | None = None
 
     def flat_step(leaves: list[jax.Array], batch: Any) -> tuple[list[jax.Array], Any]:
         new_state, metrics = step(jax.tree.unflatten(treedef, leaves), batch)
         return jax.tree.leaves(new_state), metrics
 
     def first_call(state: Any, batch: Any) -> Callable[..., Any]:
-        nonlocal treedef
+        nonlocal treedef, loaded
         leaves, treedef = jax.tree.flatten(state)  # the state's functions stay out of the file
-        path = folder / f"train_step-{step_key(cfg, steps_per_epoch, (leaves, batch))}.jaxexport"
+        path = folder / f"train_step-{step_key(cfg, table, (leaves, batch))}.jaxexport"
         start = time.perf_counter()
         exported = load_exported(path, (leaves, batch))
         meter.sec += time.perf_counter() - start  # a load is part of what compiling costs
@@ -718,18 +724,24 @@ def cached_step(
             store_exported(path, exported)
             meter.steps["misses"] += 1
         else:
+            loaded = path
             meter.steps["hits"] += 1
         return jax.jit(exported.call, donate_argnums=donate)
 
-    def run(state: Any, batch: Any) -> tuple[Any, Any]:
+    def run(state: Any, batch: Any) -> tuple[Any, Any]:  # no host sync
         nonlocal call
         if call is None:
             try:  # the first execution compiles: a failure there falls back too
                 call = first_call(state, batch)
                 return run(state, batch)
             except Exception as exc:  # the cache must never cost a run: trace as without it
+                if any(x.is_deleted() for x in jax.tree.leaves(state)):
+                    raise  # the step ran on donated buffers and failed: not the cache's doing
                 print(f"note: train step not exported ({first_line(exc)})", file=sys.stderr)
                 meter.steps["off"] = f"failed: {first_line(exc)}"
+                if loaded is not None:  # a file that loads but does not run: not again
+                    with contextlib.suppress(OSError):
+                        loaded.unlink(missing_ok=True)
                 call = step
         if call is step:
             return step(state, batch)
@@ -747,23 +759,27 @@ def step_cache_off(cfg: Config) -> str | None:
         return "--no-step-cache"
     if jax.process_count() > 1:
         return "multi-process run"
+    if os.environ.get(INJECT_ENV):  # a test's injected bug must neither be stored nor hidden
+        return f"{INJECT_ENV} is set"
     if importlib.util.find_spec("flatbuffers") is None:
         return "the flatbuffers package is not installed (pip install flatbuffers)"
     return None
 
 
-def step_key(cfg: Config, steps_per_epoch: int, args: Any) -> str:
+def step_key(cfg: Config, lr_table: np.ndarray, args: Any) -> str:
     """The hex digest naming an exported train step (cached_step): what its program depends on."""
     fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_STEP}
     leaves, treedef = jax.tree.flatten(args)
     parts = {
         "config": fields,
-        "steps_per_epoch": steps_per_epoch,
+        "lr_table": hashlib.sha256(np.ascontiguousarray(lr_table).tobytes()).hexdigest(),
         "args": [str(treedef)]
         + [f"{x.shape} {x.dtype} {getattr(x, 'sharding', None)}" for x in leaves],
-        "platform": [d.device_kind for d in jax.devices()],
+        "devices": [d.device_kind for d in jax.devices()],
         "jax_config": sorted(jax.config.values.items()),
-        "versions": [importlib.metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax")],
+        "versions": [
+            importlib.metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax", "numpy")
+        ],
         "sources": source_digest(),
     }
     return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()[:32]
@@ -771,7 +787,8 @@ def step_key(cfg: Config, steps_per_epoch: int, args: Any) -> str:
 
 @functools.cache
 def source_digest() -> str:
-    """sha256 of every module in frameworks/ and common/ (path and text)."""
+    """sha256 of every module in frameworks/ and common/ (path and text). Taken once per
+    process, first by setup_process: the text the process imported, not an edit made since."""
     root = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for path in sorted([*root.glob("frameworks/*.py"), *root.glob("common/*.py")]):
@@ -780,13 +797,21 @@ def source_digest() -> str:
 
 
 def load_exported(path: Path, args: Any) -> jax.export.Exported | None:
-    """The exported step stored at `path`, or None: missing, unreadable, or not for `args`."""
+    """The exported step stored at `path`, or None: missing, damaged (removed), or not for
+    `args`."""
     try:
-        exported = jax.export.deserialize(bytearray(path.read_bytes()))
+        data = path.read_bytes()
+        n = len(STEP_FILE_MAGIC)
+        head, digest, payload = data[:n], data[n : n + 32], data[n + 32 :]
+        if head != STEP_FILE_MAGIC or hashlib.sha256(payload).digest() != digest:
+            raise ValueError("not a dp-bench exported step, or damaged")
+        exported = jax.export.deserialize(bytearray(payload))
     except FileNotFoundError:
         return None
     except Exception as exc:  # a damaged or foreign file: traced again and replaced
         print(f"note: ignoring the exported step {path} ({first_line(exc)})", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
         return None
     want = [(tuple(x.shape), x.dtype) for x in jax.tree.leaves(args)]
     if [(tuple(a.shape), a.dtype) for a in exported.in_avals] != want:
@@ -797,15 +822,18 @@ def load_exported(path: Path, args: Any) -> jax.export.Exported | None:
 
 
 def store_exported(path: Path, exported: jax.export.Exported) -> None:
-    """Write the exported step atomically (concurrent runs may write the same file) and keep
-    the STEP_CACHE_FILES most recently used. A failed write costs only the next run's trace."""
+    """Write the exported step atomically (concurrent runs may write the same file), with a
+    checksum, and keep the STEP_CACHE_FILES most recently used. A failed write costs only the
+    next run's trace."""
     try:
+        payload = exported.serialize()
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, exported.serialize())
+        remove_stale_temp_files(path.parent, "train_step-")  # writers killed mid-write
+        atomic_write_bytes(path, STEP_FILE_MAGIC + hashlib.sha256(payload).digest() + payload)
         files = sorted(path.parent.glob("*.jaxexport"), key=mtime, reverse=True)
         for old in files[STEP_CACHE_FILES:]:
             old.unlink(missing_ok=True)
-    except OSError as exc:
+    except Exception as exc:
         print(f"note: exported step not stored ({first_line(exc)})", file=sys.stderr)
 
 
