@@ -76,6 +76,7 @@ from common.trainer import (
     should_log,
 )
 from frameworks.torch_models import (
+    CompileMeter,
     TrainState,
     autocast,
     canonical_state,
@@ -546,6 +547,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
     if cfg.gpus != world:  # the launcher decides the device count
         cfg = resolve(cfg.replace(gpus=world))
     injected_failure(FRAMEWORK)
+    compiles = CompileMeter()  # torch.compile's time and cache hits, for the record
     cuda = torch.cuda.is_available()
     if cuda:
         # local rank k -> GPU k; modulo: srun --gpus-per-task leaves each task one visible GPU
@@ -612,7 +614,8 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
             torch.get_num_threads(),
             "torch.set_num_threads in each process (one process per device)",
         )
-        recorder.execution = execution(cfg, cuda, compiled=cuda and cfg.compile)
+        compiled = cuda and cfg.compile  # see create_train_state
+        recorder.execution = execution(cfg, cuda, compiled=compiled)
         recorder.float32_precision = fp32
         recorder.pipeline = pipeline_record(loader.on_device)
         if not cuda and (cfg.precision != "fp32" or cfg.compile):
@@ -689,6 +692,8 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
                     state.phases = PhaseTimer(sync, cfg.phase_timing)
         if cfg.phase_timing:
             recorder.phases = state.phases.per_step_ms()
+        if compiled:
+            recorder.extra.update(compiles.record())  # compile_sec, compile_cache
         if is_main:
             save_final_state(cfg, canonical_state(state))  # --save-state
         dist.barrier()  # no rank tears gloo/NCCL down while another is still in a collective

@@ -40,6 +40,7 @@ from common.trainer import (
     should_log,
 )
 from frameworks.torch_models import (
+    CompileMeter,
     TrainState,
     autocast,
     canonical_state,
@@ -178,6 +179,7 @@ def select_devices(n: int) -> tuple[list[int], str]:
 def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     injected_failure(FRAMEWORK)
+    compiles = CompileMeter()  # torch.compile's time and cache hits, for the record
     log = printer(True)
     cuda = torch.cuda.is_available()
     device_ids, kind = select_devices(cfg.gpus)  # check_config: that many are visible
@@ -218,9 +220,8 @@ def train(cfg: Config) -> dict:
     recorder.threads = threads_record(
         torch.get_num_threads(), None, "torch.set_num_threads in the one process"
     )
-    recorder.execution = execution(
-        cfg, cuda, compiled=cuda and cfg.compile and len(device_ids) == 1
-    )
+    compiled = cuda and cfg.compile and len(device_ids) == 1  # see create_train_state
+    recorder.execution = execution(cfg, cuda, compiled=compiled)
     recorder.float32_precision = fp32
     recorder.pipeline = pipeline_record(loader.on_device)
     if not cuda and (cfg.precision != "fp32" or cfg.compile):
@@ -284,6 +285,8 @@ def train(cfg: Config) -> dict:
                 state.phases = PhaseTimer(sync, cfg.phase_timing)
     if cfg.phase_timing:
         recorder.phases = state.phases.per_step_ms()
+    if compiled:
+        recorder.extra.update(compiles.record())  # compile_sec, compile_cache
     save_final_state(cfg, canonical_state(state))  # --save-state
     return recorder.finish()
 

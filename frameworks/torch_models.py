@@ -330,6 +330,51 @@ def execution(cfg: Config, cuda: bool, compiled: bool) -> str:
     return f"{mode}, {layout}, {'cuDNN' if cuda else 'oneDNN'}"
 
 
+class CompileMeter:
+    """What torch.compile cost this run (--compile, CUDA), for the record as the JAX trainers'
+    `compile_sec` and `compile_cache`: seconds in Dynamo's compiles of the forward graphs
+    (AOTAutograd and Inductor included) and of the backward graphs (compiled at their first
+    call), and the hits and misses of Inductor's FX graph cache and AOTAutograd's cache (both
+    persistent, on by default). From torch._dynamo's own timers and counters, counted from this
+    meter's creation; they are torch internals, so a torch that lacks them records None."""
+
+    timers = ("_compile.compile_inner", "backward._backward_impl")
+    caches = {
+        "fxgraph": ("inductor", "fxgraph_cache_hit", "fxgraph_cache_miss"),
+        "aot_autograd": ("aot_autograd", "autograd_cache_hit", "autograd_cache_miss"),
+    }
+
+    def __init__(self) -> None:
+        self.start = self.read()
+
+    def read(self) -> dict[str, float] | None:
+        try:
+            from torch._dynamo.utils import compilation_time_metrics, counters
+        except ImportError:
+            return None
+        now = {"sec": sum(sum(compilation_time_metrics.get(k, ())) for k in self.timers)}
+        for name, (group, hit, miss) in self.caches.items():
+            now[f"{name}_hits"] = counters[group][hit]
+            now[f"{name}_misses"] = counters[group][miss]
+        return now
+
+    def record(self) -> dict[str, Any]:
+        now = self.read()
+        if now is None or self.start is None:
+            return {"compile_sec": None, "compile_cache": None}
+        delta = {k: now[k] - self.start[k] for k in now}
+        try:
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            where: str | None = cache_dir()
+        except ImportError:
+            where = None
+        return {
+            "compile_sec": round(delta.pop("sec"), 3),
+            "compile_cache": {"dir": where, **{k: int(v) for k, v in delta.items()}},
+        }
+
+
 def set_float32_precision(cfg: Config, cuda: bool) -> str:
     """float32 matmuls and convolutions: full fp32 unless --tf32, the same choice as every other
     framework (torch's own defaults differ: TF32 on for cuDNN convolutions, off for matmuls)."""

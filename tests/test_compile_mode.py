@@ -43,3 +43,24 @@ def test_the_throughput_tool_gives_both_loops_the_mode():
     flags = workload(ns, 512)
     assert flags[flags.index("--compile-mode") + 1] == "reduce-overhead"
     assert "--compile-mode" not in workload(SimpleNamespace(**{**vars(ns), "compile": False}), 512)
+
+
+def test_the_compile_meter_counts_torch_compiles_from_its_start():
+    # The trainers record CompileMeter().record() as compile_sec / compile_cache when they
+    # compile (CUDA only; tests/test_gpu_compile.py runs that). Here torch.compile on the CPU
+    # with the aot_eager backend (Dynamo and AOTAutograd, no C++ compiler needed): the meter sees
+    # the compile, and a meter started afterwards does not.
+    import torch
+
+    from frameworks.torch_models import CompileMeter
+
+    meter = CompileMeter()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    compiled = torch.compile(model, backend="aot_eager")
+    compiled(torch.randn(4, 8)).sum().backward()
+    after = CompileMeter()
+    compiled(torch.randn(4, 8)).sum().backward()  # no new compile: same shapes
+    got = meter.record()
+    assert got["compile_sec"] > 0.01
+    assert set(got["compile_cache"]) >= {"dir", "fxgraph_hits", "aot_autograd_misses"}
+    assert after.record()["compile_sec"] == 0.0

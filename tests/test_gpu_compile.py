@@ -81,3 +81,15 @@ def test_reduce_overhead_steps_equal_the_eager_steps():
     _, stale, stale_losses = steps("reduce-overhead", reuse_first_batch=True)
     assert relative_update_difference(before, stale, eager) > 0.1
     assert not np.allclose(stale_losses, eager_losses, rtol=1e-5)
+
+
+def test_a_compiled_run_records_what_compiling_cost():
+    # As the JAX records: compile_sec and compile_cache (frameworks/torch_models.CompileMeter;
+    # the meter itself is tested on the CPU in tests/test_compile_mode.py).
+    from frameworks import torch_dp
+
+    record = torch_dp.train(preset("smoke", epochs=2, gpus=1, compile=True))
+    assert record["status"] == "ok" and record["compile_sec"] > 0
+    assert record["compile_cache"]["fxgraph_hits"] + record["compile_cache"]["fxgraph_misses"] > 0
+    eager = torch_dp.train(preset("smoke", epochs=2, gpus=1))
+    assert "compile_sec" not in eager
