@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # GPU results (issue 14), on one lent GPU with a plain python3 (torch + CUDA JAX, flax, optax;
 # no venvs, no MXNet, no internet). Ends within BUDGET_SEC (default 560 s: a budget guards every
-# step; a step that no longer fits is listed as skipped). All six steps take about 15 minutes
-# on one H100; where one command may run 10 minutes, run them in two calls:
+# step; a step that no longer fits is listed as skipped). Steps 1-6 take about 15 minutes on
+# one H100, step 7 about 4 more (estimated, not yet run); where one command may run 10 minutes,
+# run them in three calls:
 #
 #   bash benchmarks/gpu_suite.sh [OUT_DIR [BUDGET_SEC]]
 #   STEPS=1,2,3,4 bash benchmarks/gpu_suite.sh OUT_DIR       # about 8 minutes on one H100
 #   STEPS=5,6 bash benchmarks/gpu_suite.sh OUT_DIR-2         # about 6 minutes
+#   STEPS=7 bash benchmarks/gpu_suite.sh OUT_DIR-3           # the JAX step cache, GPU tests
 #
 # OUT_DIR defaults to docs/results/gpu-<UTC date>/ (committed results live under docs/results/;
 # the H100 runs of 2026-11-23 are in docs/results/h100-20261123/). Writes, under OUT_DIR:
@@ -21,6 +23,8 @@
 # --no-tensorboard. To bring it to a machine without registry access, carry its wheel:
 #   pip download --no-deps --only-binary=:all: -d .whl tensorboardX==2.6.5   (here), then
 #   pip install --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site (there)
+# Step 7 wants flatbuffers (jax.export's serialisation: without it the step cache is off and
+# the records say so) and pytest with pluggy, iniconfig and packaging, carried the same way.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-$ROOT/docs/results/gpu-$(date -u +%Y%m%d)}
@@ -62,7 +66,7 @@ run() {
 COMMON=(--python "$PY" --gpus 1 --model resnet18 --image-size 32 --batch-size 512
         --steps 16 --epochs 4 --timeout 240)
 # STEPS (default: all) picks steps by number, e.g. STEPS=1,2 bash benchmarks/gpu_suite.sh ...
-want() { [[ ",${STEPS:-1,2,3,4,5,6}," == *",$1,"* ]]; }
+want() { [[ ",${STEPS:-1,2,3,4,5,6,7}," == *",$1,"* ]]; }
 
 # 1. Mixed precision, every torch and JAX module: torch autocast bf16 + channels_last +
 #    cudnn.benchmark; JAX bf16 activations. The input pipeline is --pipeline auto: on a GPU the
@@ -101,6 +105,26 @@ want 6 && run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
     --tutorials d2l-torch,nvidia-course,flax-imagenet,d2l-jax --gpus 1 --repeat 2 \
     --preset throughput --width 1 --train-limit 8192 --epochs 3 --timeout 120 \
     --out "$OUT/tutorial-loops"
+# 7. The JAX step cache on a GPU (issue 13): a warm run's first epoch with the train step traced
+#    again (A, --no-step-cache) and loaded (B), and the timed images/s (what the exported call
+#    costs per step); one warm-up run per side first, so both find their XLA programs cached.
+#    Then the GPU-only tests (CUDA graphs, torch.compile's record) where pytest is installed.
+JAXWORK=(--preset throughput --width 1 --image-size 32 --batch-size 512 --precision bf16
+         --epochs 4 --max-steps-per-epoch 16 --gpus 1)
+if want 7; then
+  for side in --no-step-cache --step-cache; do
+    run "$PY" -m frameworks.jax_pmap "${JAXWORK[@]}" "$side" --output "$OUT/step-cache-warmup.json"
+  done
+  run env DPBENCH_PYTHON_JAX_PMAP="$PY" "$PY" -m benchmarks.ab --framework jax-pmap \
+      --a=--no-step-cache --b=--step-cache --repeat 3 --timeout 180 \
+      --out "$OUT/step-cache-jax-pmap" -- "${JAXWORK[@]}"
+  if "$PY" -c 'import pytest' 2>/dev/null; then
+    run "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_compile.py tests/test_jax_step_cache.py
+  else
+    echo "- skipped (no pytest; carry its wheels as tensorboardX's above): the GPU tests" \
+      | tee -a "$OUT/commands.txt"
+  fi
+fi
 
 echo "results in $OUT after $SECONDS s (exit $status)"
 exit $status

@@ -726,7 +726,12 @@ def cached_step(
         else:
             loaded = path
             meter.steps["hits"] += 1
-        return jax.jit(exported.call, donate_argnums=donate)
+        # The new state keeps the shardings the state came in with, as the traced step's does:
+        # the arrays that come back from elsewhere (jax-pmap's p_mean at an epoch's end, a
+        # restored checkpoint) then match the call's own outputs, and its fast path (no retrace
+        # of the call, ~10 ms a time on a CPU) stays in use. The metrics' are XLA's choice.
+        same_as_in = ([x.sharding for x in leaves], None)
+        return jax.jit(exported.call, donate_argnums=donate, out_shardings=same_as_in)
 
     def run(state: Any, batch: Any) -> tuple[Any, Any]:  # no host sync
         nonlocal call
