@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import math
 import pickle
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -348,6 +349,9 @@ class CompileMeter:
         self.start = self.read()
 
     def read(self) -> dict[str, float] | None:
+        if "torch._dynamo" not in sys.modules:  # nothing compiled yet (its import takes ~1 s)
+            zero = {f"{name}_{kind}": 0 for name in self.caches for kind in ("hits", "misses")}
+            return {"sec": 0.0, **zero}
         try:
             from torch._dynamo.utils import compilation_time_metrics, counters
         except ImportError:
