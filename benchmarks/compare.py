@@ -405,8 +405,7 @@ def sweep_of(plan: Plan) -> report.Sweep:
         planned[(spec.framework, spec.devices)] = planned.get((spec.framework, spec.devices), 0) + 1
     b = plan.base
     return report.Sweep(
-        title=f"{b.model} (width {b.width:g}) on {b.dataset}, preset {b.preset}, "
-        f"{plan.scaling} scaling",
+        title=report.sweep_title(b.model, b.width, b.dataset, b.preset, plan.scaling),
         command=shlex.join(plan.command),
         frameworks=plan.frameworks,
         counts=plan.counts,

@@ -443,14 +443,21 @@ def output_dir(given: str | None, prefix: str, marker: str) -> Path:
     return out
 
 
-_CLAIMS: list[tuple[Path, str]] = []  # output directories of the plan being made
+def claim_existing(out: Path) -> None:
+    """A tool that rewrites files in an existing result directory (`benchmarks.report DIR`):
+    `run_tool` locks it as it does an --out, so a runner still writing there is not raced."""
+    _CLAIMS.append((out, None))
+
+
+_CLAIMS: list[tuple[Path, str | None]] = []  # output directories of the plan being made
 LOCK_NAME = ".lock"
 
 
-def claim(out: Path, marker: str) -> Any:
+def claim(out: Path, marker: str | None) -> Any:
     """Hold `out` for this tool run: an exclusive lock on out/.lock (two tools started at once
     on one --out cannot both pass the `marker` check and then both write), then the marker
-    check again under the lock. Returns the open lock file (the lock lasts while it is open)."""
+    check again under the lock (none for a tool that rewrites a finished result: marker None).
+    Returns the open lock file (the lock lasts while it is open)."""
     import fcntl  # POSIX only, like the process groups below
 
     out.mkdir(parents=True, exist_ok=True)
@@ -460,7 +467,7 @@ def claim(out: Path, marker: str) -> Any:
     except BlockingIOError:
         lock.close()
         raise UsageError(f"{out} is in use by another run; choose a new --out") from None
-    if (out / marker).exists():
+    if marker is not None and (out / marker).exists():
         lock.close()
         raise UsageError(f"{out} already holds a result ({marker}); choose a new --out")
     return lock

@@ -9,12 +9,19 @@ average exceeded its core count is named in a warning. Every title says the devi
 "cpu-simulated" rows are labelled as logical devices on one CPU so nobody reads them as GPU
 scaling. Every file is written atomically (harness.write_atomic): a runner killed half-way leaves
 the previous complete version.
+
+    python -m benchmarks.report results/<timestamp>/
+
+rebuilds a comparison's tables and plots from its config.json and runs/*.json: after the runner
+was killed (even with kill -9, which leaves no final tables), or to render old results with this
+version of the report.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import statistics
 from collections.abc import Callable, Iterable
@@ -22,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import markdown_table, write_atomic
+from benchmarks import harness
+from benchmarks.harness import UsageError, markdown_table, write_atomic
 from benchmarks.harness import print_table as show
 
 LEFT = ("framework", "status", "BN", "device kind")
@@ -48,6 +56,10 @@ class Sweep:
     host: dict[str, Any] = field(default_factory=dict)
     started: str = ""
     finished: str = ""
+
+
+def sweep_title(model: str, width: float, dataset: str, preset: str, scaling: str) -> str:
+    return f"{model} (width {width:g}) on {dataset}, preset {preset}, {scaling} scaling"
 
 
 def device_kinds(sweep: Sweep, records: Iterable[dict[str, Any]]) -> list[str]:
@@ -662,3 +674,122 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         ax.legend(fontsize=7, ncol=2)
     save(fig, "accuracy_vs_time.png")
     return written, ""
+
+
+# -- rebuilding a comparison's files -----------------------------------------------------------
+
+TOOL = "report"
+
+
+@dataclass
+class Rebuild:
+    out: Path
+    config: dict[str, Any]
+
+
+def sweep_from_config(config: dict[str, Any]) -> Sweep:
+    """The Sweep that benchmarks.compare planned, from the config.json it wrote."""
+    base = config["base_config"]
+    planned: dict[tuple[str, int], int] = {}
+    for run in config["runs"]:
+        key = (run["framework"], int(run["devices"]))
+        planned[key] = planned.get(key, 0) + 1
+    return Sweep(
+        title=sweep_title(
+            base["model"], base["width"], base["dataset"], base["preset"], config["scaling"]
+        ),
+        command=config["command"],
+        frameworks=list(config["frameworks"]),
+        counts=[int(n) for n in config["device_counts"]],
+        planned=planned,
+        skipped=dict(config.get("skipped") or {}),
+        not_applicable={
+            (na["framework"], int(na["devices"])): na["reason"]
+            for na in config.get("not_applicable") or []
+        },
+        expected_kind=config.get("device_kind") or "cpu-simulated",
+        target_accuracy=base.get("target_accuracy") or 0.0,
+        host=dict(config.get("host") or {}),
+        started=config.get("started") or "",
+        finished=config.get("finished") or "",
+    )
+
+
+def records_of(out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every planned run's record, in the sweep's order; a run without one was not run. A record
+    the runner did not finish (it was killed while the run went on: the trainer's own record
+    has no `runner` part) gets the runner facts config.json has."""
+    records = []
+    for run in config["runs"]:
+        record = harness.read_record(out / run["output"])
+        if record is None:
+            continue
+        record.setdefault(
+            "runner",
+            {
+                "run_id": run["run_id"],
+                "seed": run["seed"],
+                "peak_lr": run["peak_lr"],
+                "command": run["command"],
+                "log": run["log"],
+                "returncode": None,
+                "ended": "unknown (the runner did not finish this run)",
+            },
+        )
+        records.append(record)
+    return records
+
+
+def make_rebuild(argv: list[str]) -> Rebuild:
+    about = "Rebuild a comparison's tables and plots from its config.json and runs/*.json."
+    p = harness.Parser(TOOL, description=about)
+    p.add_argument("dir", help="the comparison's directory, e.g. results/20261123T120000Z")
+    ns = p.parse_args(argv)
+    out = Path(ns.dir).expanduser().resolve()
+    path = out / "config.json"
+    if not path.is_file():
+        raise UsageError(f"{path} not found; give the directory benchmarks.compare wrote")
+    try:
+        config = json.loads(path.read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+        sweep_from_config(config)
+        runs = [(r["output"], r["framework"], r["run_id"]) for r in config["runs"]]
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        why = f"no {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+        raise UsageError(f"{path} is not a comparison's config.json ({why})") from None
+    if not all(isinstance(o, str) and not Path(o).is_absolute() and ".." not in Path(o).parts
+               for o, _, _ in runs):  # fmt: skip
+        raise UsageError(f"{path}: a run's output is not a path inside {out}")
+    why = harness.unwritable(out, "dir")
+    if why:
+        raise UsageError(f"{out}: {why}")
+    harness.claim_existing(out)
+    return Rebuild(out, config)
+
+
+def rebuild(plan: Rebuild) -> int:
+    sweep = sweep_from_config(plan.config)
+    records = records_of(plan.out, plan.config)
+    if plan.config.get("status") == "running":
+        print(f"report: the comparison in {plan.out} never finished (config.json says running)")
+    try:
+        plots, plot_note = write_plots(plan.out, sweep, records)
+        write_tables(plan.out, sweep, records, plots, plot_note)
+    except OSError as exc:
+        print(f"report: error: could not write into {plan.out}: {exc.strerror or exc}")
+        return 1
+    print_table(sweep, records)
+    print(f"\nreport: {len(records)} of {len(plan.config['runs'])} planned runs have records; "
+          f"rewrote results.md, results.csv, runs.csv and the plots in {plan.out}")  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `python -m benchmarks.report DIR`. Exit 0 rebuilt, 1 not written, 2 bad
+    input."""
+    return harness.run_tool(TOOL, argv, make_rebuild, rebuild)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

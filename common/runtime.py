@@ -318,6 +318,8 @@ def _unwritable_dir(d: Path) -> str | None:
         st = os.statvfs(d)
     except OSError:
         return None
+    if getattr(st, "f_blocks", 1) == 0:  # /proc, /sys: no storage, whatever the permissions
+        return f"{d} is on a virtual file system (no storage for files)"
     if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
         return f"the file system of {d} is full"
     return None

@@ -90,6 +90,7 @@ from frameworks.torch_models import (
     load_checkpoint,
     loss_fn,
     make_optimizer,
+    no_forward_buffer_sync,
     save_checkpoint,
     seed_for,
     set_float32_precision,
@@ -181,7 +182,7 @@ def create_train_state(
     optimizer = make_optimizer(cfg, model)
     # DDP broadcasts rank 0's parameters now and averages gradients bucket by bucket during
     # backward(), overlapping the all-reduce with the rest of the backward pass. Its default
-    # also broadcasts rank 0's BN buffers at every forward; broadcast_buffers=False keeps each
+    # also broadcasts rank 0's BN buffers at every forward; no_forward_buffer_sync keeps each
     # rank's running statistics of its own shard instead, averaged at the end of every epoch
     # (sync_batch_stats), as jax-pmap and mxnet-gluon do. A world of one
     # has nothing to average: the bare model trains identically without DDP's per-step bucket
@@ -192,7 +193,7 @@ def create_train_state(
             model,
             device_ids=[device.index] if cuda else None,
             gradient_as_bucket_view=True,
-            broadcast_buffers=False,
+            **no_forward_buffer_sync(),
         )
     else:
         ddp = model

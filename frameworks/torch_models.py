@@ -17,6 +17,7 @@ Every default that differs between frameworks is spelled out here rather than in
 
 from __future__ import annotations
 
+import inspect
 import io
 import math
 import pickle
@@ -307,6 +308,18 @@ def make_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
     return NovoGrad(groups, lr=cfg.lr, betas=cfg.novograd_betas)
+
+
+def no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's keyword that stops it broadcasting rank 0's buffers (BN running statistics) at
+    every forward. torch 2.14 renamed `broadcast_buffers` (still accepted, with a FutureWarning
+    in every process) to `forward_sync_buffers`, which still broadcasts them once, when DDP is
+    built; they are equal on every rank then anyway (the same start, or the same checkpoint)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def loss_fn(cfg: Config, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -6,14 +6,17 @@ devices); the others drive `benchmarks.compare` in-process or with stand-in inte
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+import json
 import os
 import signal
 import stat
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -111,6 +114,37 @@ def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
     assert sorted(viewer.Runs()) == sorted(name.removesuffix(".json") for name in runs)
     assert f".venv/bin/tensorboard --logdir {tb}" in proc.stdout
     assert read_json(out / "config.json")["tensorboard"] == str(tb)
+    assert_report_rebuilds_the_same_files(out)
+
+
+REBUILT = ("results.md", "results.csv", "runs.csv")
+
+
+def assert_report_rebuilds_the_same_files(out: Path) -> None:
+    """`python -m benchmarks.report DIR` from config.json and runs/ alone gives the files the
+    runner wrote, byte for byte (the sweep it rebuilds is the one the runner planned)."""
+    written = {name: (out / name).read_bytes() for name in REBUILT}
+    for name in [*REBUILT, "throughput.png", "efficiency.png", "accuracy_vs_time.png"]:
+        (out / name).unlink()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert report.main([str(out)]) == 0
+    assert {name: (out / name).read_bytes() for name in REBUILT} == written
+    assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "4 of 4 planned runs have records" in printed.getvalue()
+    assert not (out / harness.LOCK_NAME).exists() and not list(out.rglob("*.tmp"))
+
+
+def test_report_rebuild_sees_a_different_plan(tmp_path: Path) -> None:
+    """The byte-for-byte check above can fail: a config.json that planned one run more for a
+    cell gives that cell "not run 1" and a different table."""
+    sweep = report.Sweep("t", "c", ["a"], [1], {("a", 1): 1})
+    records = [_record("a", 1, 0, 100.0, 0.9)]
+    report.write_tables(tmp_path, sweep, records)
+    first = (tmp_path / "results.csv").read_text()
+    report.write_tables(tmp_path, replace(sweep, planned={("a", 1): 2}), records)
+    assert (tmp_path / "results.csv").read_text() != first
+    assert "ok 1, not run 1" in (tmp_path / "results.csv").read_text()
 
 
 def test_crashed_run_is_reported_and_the_others_keep_their_results(tmp_path: Path) -> None:
@@ -184,6 +218,43 @@ def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path
     assert statuses == ["interrupted", "not run"]
     assert not list(out.rglob("*.tmp"))
     assert _ended(int(pid_file.read_text()))
+
+    # The runner killed with kill -9 instead: config.json still says "running", no tables, and
+    # the run's record is the trainer's own (no runner part). benchmarks.report rebuilds them.
+    config = read_json(out / "config.json")
+    (out / "config.json").write_text(json.dumps({**config, "status": "running"}))
+    record.pop("runner")
+    (out / "runs" / f"{PAIR[0]}-1dev.json").write_text(json.dumps(record))
+    for name in ("results.md", "results.csv", "runs.csv"):
+        (out / name).unlink()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert report.main([str(out)]) == 0
+    assert "never finished" in printed.getvalue()
+    rows = read_csv(out / "results.csv")
+    assert [r["status"] for r in rows] == ["interrupted", "not run"]
+    run = read_csv(out / "runs.csv")[0]
+    assert run["run_id"] == f"{PAIR[0]}-1dev" and run["status"] == "interrupted"
+
+
+@pytest.mark.parametrize(
+    "config, says",
+    [
+        (None, "config.json not found; give the directory benchmarks.compare wrote"),
+        ("garbage", "is not a comparison's config.json (Expecting value"),
+        ("[]", "is not a comparison's config.json (not a JSON object)"),
+        ('{"runs": []}', "is not a comparison's config.json (no 'base_config')"),
+    ],
+)
+def test_report_bad_directory_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str | None, says: str
+) -> None:
+    if config is not None:
+        (tmp_path / "config.json").write_text(config)
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("report: error: ") and says in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["config.json"] if config else [])
 
 
 def test_hung_run_is_killed_at_the_timeout_with_its_workers(tmp_path: Path) -> None:

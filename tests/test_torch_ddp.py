@@ -1,5 +1,6 @@
 """torch-ddp on CPU (gloo): the phase-timed all-reduce equals DDP's, determinism, evaluation at
-any process count, torchrun on two "nodes", launcher environments.
+any process count, torchrun on two "nodes", launcher environments, --bn local's per-rank BN
+statistics.
 The N-process step = 1-process step, kill-and-resume, bad input, failures:
 tests/test_trainer_contract.py."""
 
@@ -223,3 +224,66 @@ def test_launcher_environments(monkeypatch):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+LOCAL_BN_SCRIPT = """
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+from common.config import preset
+from frameworks import torch_ddp
+
+def rank_main(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    cfg = preset("smoke", bn="local")
+    model = torch_ddp.build_model(cfg, 3, 10)
+    state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 2)
+    state.lr[:] = 0.0  # the weights stay put, so the same batch gives the same statistics
+    bn = state.module.bn1
+    g = torch.Generator().manual_seed(rank)  # each rank its own shard
+    batch = (torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g))
+    before = bn.running_mean.clone()
+    torch_ddp.train_step(state, batch)
+    first = bn.running_mean.clone()
+    torch_ddp.train_step(state, batch)
+    second = bn.running_mean.clone()
+    torch.save({"before": before, "first": first, "second": second}, f"{out}{rank}.pt")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+"""
+
+
+@pytest.mark.parametrize("inject", [False, True])
+def test_local_bn_keeps_each_ranks_running_statistics(tmp_path, inject):
+    """--bn local: DDP must not overwrite a rank's BN running statistics with rank 0's at every
+    forward (torch's default; torch 2.14 renamed the switch), or the epoch-end average
+    (sync_batch_stats) would average rank 0's history. Two steps of the same batch at LR 0 on
+    each of 2 ranks: each rank's statistics follow its own batch, m = bn momentum:
+    second = (1 - m) * first + (first - (1 - m) * before). Shown to fail with the per-forward
+    sync put back (inject: DDP built with forward_sync_buffers=True)."""
+    script = tmp_path / "local_bn.py"
+    source = LOCAL_BN_SCRIPT
+    if inject:
+        source = source.replace(
+            "import os,",
+            "import frameworks.torch_models as tm\n"
+            "tm.no_forward_buffer_sync = lambda: {'forward_sync_buffers': True}\nimport os,",
+        ).replace("from frameworks import torch_ddp", "from frameworks import torch_ddp\n"
+                  "torch_ddp.no_forward_buffer_sync = tm.no_forward_buffer_sync")  # fmt: skip
+    script.write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(free_port()), str(tmp_path / "rank")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = preset("smoke").bn_momentum
+    own = []
+    for rank in (0, 1):
+        s = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        expected = (1 - m) * s["first"] + (s["first"] - (1 - m) * s["before"])
+        own.append(torch.allclose(s["second"], expected, rtol=1e-5, atol=1e-6))
+    # rank 0's statistics are its own either way; rank 1's only without the per-forward sync
+    assert own == ([True, False] if inject else [True, True])
