@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import harness
-from common.config import FRAMEWORKS, Config, ConfigError, preset
+from common.config import FRAMEWORKS, Config, ConfigError, image_side, preset
 from common.runtime import (
     cpu_threads,
     free_port,
@@ -46,6 +46,7 @@ from common.runtime import (
     simulate_host_devices,
     use_xla_cpu_ynn,
     xla_cpu_execution,
+    xla_cpu_ynn_wanted,
 )
 
 FAMILIES = ("torch", "jax", "mxnet")
@@ -278,7 +279,8 @@ def run_jax(
     cfg: Config, batch: int, steps: int, warmup: int, framework: str = "", rounds: int = 0
 ) -> dict[str, Any]:
     simulate_host_devices(1)  # before JAX's CPU backend starts: one device
-    use_xla_cpu_ynn(cfg.xla_cpu_ynn)  # the trainers' XLA:CPU path (jax_models.setup_process)
+    # the trainers' XLA:CPU path at one device (jax_models.setup_xla)
+    use_xla_cpu_ynn(xla_cpu_ynn_wanted(cfg.xla_cpu_ynn, image_side(cfg), 1))
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh

@@ -33,7 +33,7 @@ def _flag_kwargs(f: dataclasses.Field[Any]) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(default=argparse.SUPPRESS, help=meta["help"])
     if meta.get("parse"):
         kwargs["type"] = meta["parse"]
-    elif isinstance(f.default, bool):
+    elif isinstance(f.default, bool) or meta.get("switch"):
         kwargs["action"] = argparse.BooleanOptionalAction
     elif isinstance(f.default, (int, float, str)):
         kwargs["type"] = type(f.default)

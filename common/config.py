@@ -49,14 +49,16 @@ def opt(
     choices: tuple[str, ...] | None = None,
     parse: Callable[[str], Any] | None = None,
     hidden: bool = False,
+    switch: bool = False,
 ) -> Any:
     """A Config field with its command-line documentation beside it; `common.cli` builds the flag.
 
     `help` is the flag's help text; `choices` the allowed values (also checked by `validate`);
     `parse` turns the flag's text into the value where the default's type cannot (int, float,
-    str and bool are derived); `hidden` fields have no flag (set by presets, trainers or tests).
+    str and bool are derived); `hidden` fields have no flag (set by presets, trainers or tests);
+    `switch`: --name / --no-name for a field whose default is None (decided later: "auto").
     """
-    meta = {"help": help, "choices": choices, "parse": parse, "hidden": hidden}
+    meta = {"help": help, "choices": choices, "parse": parse, "hidden": hidden, "switch": switch}
     return field(default=default, metadata=meta)
 
 
@@ -212,10 +214,13 @@ class Config:
         "one GPU only, docs/performance.md)",
         choices=COMPILE_MODES,
     )
-    xla_cpu_ynn: bool = opt(
-        True,
-        "JAX on CPU: XLA's YNNPACK kernels for its dot, elementwise and reduction fusions "
-        "(--no-xla-cpu-ynn: XLA's own code). Same values to rounding, faster",
+    xla_cpu_ynn: bool | None = opt(
+        None,
+        "JAX on CPU: XLA's YNNPACK kernels for its dot, elementwise and reduction fusions, or "
+        "XLA's own code (--no-xla-cpu-ynn). Same values to rounding. Default: YNNPACK, except "
+        "for images under 32x32 on several simulated devices, where XLA's own code measured "
+        "faster (docs/performance.md)",
+        switch=True,
     )
     tf32: bool = opt(
         False,
@@ -498,6 +503,11 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.synthetic_classes >= 2, "synthetic-classes", ">= 2", cfg.synthetic_classes)
 
 
+def image_side(cfg: Config) -> int:
+    """The side of the images a run trains on: --image-size, else the dataset's own."""
+    return cfg.image_size or DATA_SHAPES.get(cfg.dataset, (0, 32, 0))[1]
+
+
 def _check_sizes(cfg: Config) -> None:
     """What the dataset and the machine can hold, known before any file is read: a global
     batch no larger than the training set, the images and the simulated devices in memory."""
@@ -511,10 +521,10 @@ def _check_sizes(cfg: Config) -> None:
             f"global batch {cfg.batch_size} is larger than the {cfg.dataset} training set "
             f"({n_train} images), so no step could run; use --batch-size {most} or less"
         )
-    n_test, side, channels = DATA_SHAPES.get(
-        cfg.dataset, (cfg.synthetic_test, cfg.image_size or 32, cfg.synthetic_channels)
+    n_test, _, channels = DATA_SHAPES.get(
+        cfg.dataset, (cfg.synthetic_test, 32, cfg.synthetic_channels)
     )
-    side = cfg.image_size or side
+    side = image_side(cfg)
     n_test = min(n_test, cfg.test_limit or n_test)
     memory = physical_memory()
     # uint8 images plus the float32 copy a resize makes: 5 bytes per pixel value.

@@ -88,11 +88,22 @@ YNN_FLAG = "xla_cpu_experimental_ynn_fusion_type"
 YNN_FUSIONS = "dot,eltwise,reduce"  # every fusion kind XLA:CPU can hand to YNNPACK (jaxlib 0.10)
 
 
+def xla_cpu_ynn_wanted(setting: bool | None, image_size: int, devices: int) -> bool:
+    """--xla-cpu-ynn / --no-xla-cpu-ynn as given, else (None) the faster path as measured on 2
+    cores, alternating runs (docs/performance.md): YNNPACK at 1 device (ResNet-18 x 0.25 at
+    32x32 1.68x, the WideResNet on 16x16 digits 1.44x, ResNet-18 on digits 0.99x) and at 32x32
+    on 2 devices (1.31x); XLA's own code for images under 32x32 on several simulated devices
+    (YNNPACK 0.96x for ResNet-18 with pmap, 0.96x with jit, 0.90x for the WideResNet)."""
+    if setting is not None:
+        return setting
+    return devices <= 1 or image_size >= 32
+
+
 def use_xla_cpu_ynn(enabled: bool) -> None:
-    """`--xla-cpu-ynn` (default): XLA:CPU compiles its dot, elementwise and reduction fusions to
-    YNNPACK kernels instead of its own LLVM code (measured on 2 cores: ResNet-18 at 32x32 1.7x
-    faster at width 0.25 and 1.95x at full width, 0.96-0.99x on 16x16 digits; the same update
-    as XLA's own code to float32 rounding; docs/performance.md).
+    """`--xla-cpu-ynn`: XLA:CPU compiles its dot, elementwise and reduction fusions to YNNPACK
+    kernels instead of its own LLVM code (measured on 2 cores: ResNet-18 at 32x32 1.7x faster at
+    width 0.25 and 1.95x at full width; `xla_cpu_ynn_wanted` for where it is not; the same
+    update as XLA's own code to float32 rounding; docs/performance.md).
     Affects JAX's CPU backend only. A `--xla_cpu_experimental_ynn_fusion_type` already in
     XLA_FLAGS (the user's own choice) is left as it is."""
     if xla_flag(YNN_FLAG) is None and enabled:

@@ -56,7 +56,7 @@ import optax
 from flax import serialization, struct, traverse_util
 from flax.training import train_state
 
-from common.config import Config, ConfigError
+from common.config import Config, ConfigError, image_side
 from common.datasets import check_available
 from common.init import initial_state
 from common.pipeline import EvalLoader, TrainLoader
@@ -70,6 +70,7 @@ from common.runtime import (
     threads_record,
     use_xla_cpu_ynn,
     xla_cpu_execution,
+    xla_cpu_ynn_wanted,
 )
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
@@ -566,7 +567,7 @@ def setup_xla(cfg: Config) -> None:
     them) and XLA:CPU's kernels (--xla-cpu-ynn). The JAX trainers and the JAX tutorial loops
     both start here, so the two sides of a comparison run the same XLA programs the same way."""
     simulate_host_devices(cfg.gpus)
-    use_xla_cpu_ynn(cfg.xla_cpu_ynn)
+    use_xla_cpu_ynn(xla_cpu_ynn_wanted(cfg.xla_cpu_ynn, image_side(cfg), cfg.gpus))
 
 
 def setup_process(cfg: Config) -> None:

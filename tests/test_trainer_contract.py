@@ -383,8 +383,8 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
     assert rec["threads"]["total"] == rec["threads"]["cores"]  # the threads rule on CPU
     assert rec["execution"] and rec["float32_precision"] == "fp32 (CPU)"
     assert rec["pipeline"].startswith("host")  # --pipeline auto on a CPU
-    if framework.startswith("jax"):  # the default XLA:CPU path (tests/test_xla_cpu.py)
-        assert rec["execution"].endswith("XLA:CPU, YNNPACK fusions (dot,eltwise,reduce)")
+    if framework.startswith("jax"):  # the default XLA:CPU path at 16x16 on 2 devices
+        assert rec["execution"].endswith("XLA:CPU (its own code)")  # tests/test_xla_cpu.py
     assert [e["timed"] for e in rec["epochs"]] == [False, True, True, True]
     assert_events_match_record(tb, rec)  # one event file: process 0 alone writes
 
