@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -43,7 +44,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from common.config import COMPILE_MODES, MAX_EPOCHS, MAX_IMAGE_SIZE, MAX_SEED, MAX_WIDTH, PRECISIONS
+from common.config import (
+    COMPILE_MODES,
+    MAX_EPOCHS,
+    MAX_IMAGE_SIZE,
+    MAX_SEED,
+    MAX_WIDTH,
+    PRECISIONS,
+    Config,
+)
 from common.runtime import (
     ENTRY_POINTS,
     PARENT_ENV,
@@ -410,9 +419,14 @@ def check_options(ns: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be <= {limit:g} (got {value:g})")
 
 
+SWITCHES = {f.name for f in dataclasses.fields(Config) if f.metadata.get("switch")}
+
+
 def flag(name: str, value: Any) -> list[str]:
     """A shared training flag back on a command line, in the form common.cli parses."""
     opt = "--" + name.replace("_", "-")
+    if value is None and name in SWITCHES:  # unset: the trainer decides (e.g. --xla-cpu-ynn)
+        return []
     if isinstance(value, bool):
         return [opt if value else "--no-" + name.replace("_", "-")]
     if value is None:
@@ -466,7 +480,8 @@ def claim(out: Path, marker: str | None) -> Any:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise UsageError(f"{out} is in use by another run; choose a new --out") from None
+        fix = "wait for it to finish" if marker is None else "choose a new --out"
+        raise UsageError(f"{out} is in use by another run; {fix}") from None
     if marker is not None and (out / marker).exists():
         lock.close()
         raise UsageError(f"{out} already holds a result ({marker}); choose a new --out")

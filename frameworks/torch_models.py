@@ -312,9 +312,10 @@ def make_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
 
 def no_forward_buffer_sync() -> dict[str, bool]:
     """DDP's keyword that stops it broadcasting rank 0's buffers (BN running statistics) at
-    every forward. torch 2.14 renamed `broadcast_buffers` (still accepted, with a FutureWarning
-    in every process) to `forward_sync_buffers`, which still broadcasts them once, when DDP is
-    built; they are equal on every rank then anyway (the same start, or the same checkpoint)."""
+    every forward. Recent torch (2.13+) deprecates `broadcast_buffers` (still accepted, with a
+    FutureWarning in every process) for `forward_sync_buffers`, which still broadcasts them once,
+    when DDP is built; they are equal on every rank then anyway (the same start; a checkpoint
+    is loaded after)."""
     from torch.nn.parallel import DistributedDataParallel
 
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:

@@ -11,36 +11,18 @@ cd "$root"
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 
-moved() {  # moved VENV: a console script whose interpreter line names another environment
-  # (the checkout was moved or copied, or packages were installed through another path to it);
-  # such a script fails with "required file not found" although bin/python still works.
-  # pip's own scripts are left out: this project runs `python -m pip`.
-  local venv="$1" want f first
-  want="#!$(cd "$venv" && pwd -P)/bin/python"
-  for f in "$venv"/bin/*; do
-    [[ -f "$f" && ! -L "$f" && "$(basename "$f")" != pip* ]] || continue
-    IFS= read -r first <"$f" || continue
-    if [[ "$first" == "#!"*/bin/python* && "$first" != "$want"* ]]; then
-      echo "$f"
-      return 0
-    fi
-  done
-}
-
 build() {  # build NAME VENV REQUIREMENTS
   local name="$1" venv="$2" req="$3" stamp="$2/.requirements.sha256"
   local want
   want="$(sha256sum "$req" | cut -d' ' -f1)"
   if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-    local stale
-    stale="$(moved "$venv")"
-    if [[ -z "$stale" ]]; then
-      echo "[setup] $name environment $venv is up to date"
-      return 0
+    # console scripts that name another environment's python (the checkout moved): rewritten
+    local fixed
+    fixed="$("$venv/bin/python" scripts/fix_scripts.py "$venv")"
+    if [[ -n "$fixed" ]]; then
+      echo "[setup] $name environment $venv: $(wc -l <<<"$fixed") console script(s) named another environment's python; pointed at $venv/bin/python"
     fi
-    echo "[setup] $stale runs $(head -n1 "$stale" | cut -c3-), not this $venv: reinstalling the $name packages in place"
-    "$venv/bin/python" -m pip install -q --force-reinstall --no-deps -r "$req" 2> >(grep -v "is ignored" >&2)
-    echo "[setup] $name environment ready"
+    echo "[setup] $name environment $venv is up to date"
     return 0
   fi
   echo "[setup] building the $name environment in $venv from $req (a few minutes, once)"

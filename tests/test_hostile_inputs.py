@@ -204,12 +204,17 @@ def test_a_full_file_system_is_refused(tmp_path, monkeypatch, capsys) -> None:
     assert rc == 2 and len(err) == 1 and "is full" in err[0], err
 
 
-@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="no /proc on this system")
-def test_a_virtual_file_system_is_refused_for_what_it_is(capsys) -> None:
-    """/proc has no storage: refused as such, not as "full" (root may write-access it)."""
-    rc, err = run_stub("--output", "/proc/run.json", capsys=capsys)
-    assert rc == 2 and len(err) == 1, err
-    assert "virtual file system" in err[0] or "is not writable" in err[0], err
+def test_a_virtual_file_system_is_refused_for_what_it_is(tmp_path, monkeypatch, capsys) -> None:
+    """A file system with no storage at all (/proc, /sys: no blocks; root passes os.access
+    there) is refused as such, not as "full"."""
+    real = os.statvfs(tmp_path)
+
+    class Virtual:
+        f_blocks, f_bavail, f_frsize = 0, 0, real.f_frsize
+
+    monkeypatch.setattr(os, "statvfs", lambda p: Virtual())
+    rc, err = run_stub("--output", str(tmp_path / "run.json"), capsys=capsys)
+    assert rc == 2 and len(err) == 1 and "virtual file system" in err[0], err
 
 
 def test_a_real_trainer_refuses_a_bad_output_before_it_loads_anything(tmp_path, capsys) -> None:

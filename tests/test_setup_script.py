@@ -1,39 +1,43 @@
-"""scripts/setup.sh on environments that exist: left alone when up to date; repaired in place
-when a console script names another environment's interpreter (the checkout was moved, or
-packages were installed through another path to it), which otherwise fails with "required file
-not found" (`.venv/bin/tensorboard`, the viewer compare names). A stub interpreter stands in for
-the environment's python, so nothing is installed."""
+"""scripts/setup.sh on environments that exist: left alone when up to date; console scripts that
+name another environment's interpreter (the checkout was moved, or packages were installed
+through another path to it) pointed back at this one's, in place and without the network
+(scripts/fix_scripts.py). Otherwise `.venv/bin/tensorboard`, the viewer compare names, fails
+with "required file not found" while `.venv/bin/python` still works."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import ROOT
 
+CODE = "import sys\nprint('tool')\n"
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    (tmp_path / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
-    (tmp_path / "requirements").mkdir()
-    req = tmp_path / "requirements" / "main.txt"
+
+def make_project(where: Path) -> Path:
+    (where / "scripts").mkdir(parents=True)
+    for name in ("setup.sh", "fix_scripts.py"):
+        shutil.copy(ROOT / "scripts" / name, where / "scripts" / name)
+    (where / "requirements").mkdir()
+    req = where / "requirements" / "main.txt"
     req.write_text("tensorboard==2.21.0\n")
-    venv = tmp_path / ".venv"
+    venv = where / ".venv"
     (venv / "bin").mkdir(parents=True)
-    python = venv / "bin" / "python"  # records how it was called: `-m pip install ...`
-    python.write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/calls"\n')
-    python.chmod(0o755)
+    (venv / "bin" / "python").symlink_to(sys.executable)  # runs fix_scripts.py, nothing else
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (venv / ".requirements.sha256").write_text(hashlib.sha256(req.read_bytes()).hexdigest() + "\n")
-    own = f"#!{venv.resolve()}/bin/python\n"
-    for name in ("tensorboard", "ruff"):
-        (venv / "bin" / name).write_text(own + "import sys\n")
-    (venv / "bin" / "pip").write_text("#!/elsewhere/.venv/bin/python\n")  # pip's own: ignored
-    return tmp_path
+    return where
+
+
+def script(project: Path, name: str, header: str) -> Path:
+    path = project / ".venv" / "bin" / name
+    path.write_text(header + CODE)
+    path.chmod(0o755)
+    return path
 
 
 def setup(project: Path) -> str:
@@ -44,14 +48,34 @@ def setup(project: Path) -> str:
     return proc.stdout
 
 
-def test_an_up_to_date_environment_is_left_alone(project: Path) -> None:
-    assert "is up to date" in setup(project)
-    assert not (project / "calls").exists()
+def test_scripts_naming_another_environment_are_pointed_back_once(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "moved here")  # a space: pip's /bin/sh form
+    python = f"{project / '.venv' / 'bin' / 'python'}"
+    own = script(project, "ruff", f"#!/bin/sh\n'''exec' \"{python}\" \"$0\" \"$@\"\n' '''\n")
+    system = script(project, "tool", "#!/usr/bin/python3\n")  # not an environment: left alone
+    old = tmp_path / "was here" / ".venv" / "bin" / "python"  # deleted with the old checkout
+    stale = script(project, "tensorboard", f"#!{tmp_path}/old/.venv/bin/python\n")
+    stale_sh = script(project, "pip", f"#!/bin/sh\n'''exec' \"{old}\" \"$0\" \"$@\"\n' '''\n")
+    before = {p: p.read_text() for p in (own, system)}
 
-
-def test_a_script_naming_another_environment_is_reinstalled_in_place(project: Path) -> None:
-    (project / ".venv" / "bin" / "tensorboard").write_text("#!/work/old/.venv/bin/python\n")
     out = setup(project)
-    assert ".venv/bin/tensorboard runs /work/old/.venv/bin/python" in out
-    calls = (project / "calls").read_text().splitlines()
-    assert calls == ["-m pip install -q --force-reinstall --no-deps -r requirements/main.txt"]
+    assert "2 console script(s) named another environment's python" in out
+    expected = f"#!/bin/sh\n'''exec' \"{python}\" \"$0\" \"$@\"\n' '''\n" + CODE
+    assert stale.read_text() == expected and stale_sh.read_text() == expected
+    assert os.access(stale, os.X_OK)
+    assert {p: p.read_text() for p in (own, system)} == before
+    assert subprocess.run([str(stale)], capture_output=True, text=True).stdout == "tool\n"
+    assert "console script" not in setup(project)  # repaired for good
+    assert "is up to date" in setup(project)
+
+
+def test_a_symlinked_environment_is_this_one(tmp_path: Path) -> None:
+    """A checkout whose .venv is a link to an environment elsewhere (as CI's clone here):
+    scripts naming the real path are its own, not another environment's."""
+    real = make_project(tmp_path / "real")
+    tool = script(real, "tensorboard", f"#!{real / '.venv' / 'bin' / 'python'}\n")
+    clone = tmp_path / "clone"
+    shutil.copytree(real, clone, symlinks=True, ignore=shutil.ignore_patterns(".venv"))
+    (clone / ".venv").symlink_to(real / ".venv")
+    assert "console script" not in setup(clone)
+    assert tool.read_text().startswith(f"#!{real / '.venv' / 'bin' / 'python'}\n")

@@ -258,7 +258,7 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("inject", [False, True])
 def test_local_bn_keeps_each_ranks_running_statistics(tmp_path, inject):
     """--bn local: DDP must not overwrite a rank's BN running statistics with rank 0's at every
-    forward (torch's default; torch 2.14 renamed the switch), or the epoch-end average
+    forward (torch's default; recent torch renamed the switch), or the epoch-end average
     (sync_batch_stats) would average rank 0's history. Two steps of the same batch at LR 0 on
     each of 2 ranks: each rank's statistics follow its own batch, m = bn momentum:
     second = (1 - m) * first + (first - (1 - m) * before). Shown to fail with the per-forward

@@ -79,6 +79,10 @@ def test_the_flag_is_a_switch_with_an_automatic_default() -> None:
     assert check_args(["--preset", "digits"], "jax-pmap").xla_cpu_ynn is None
     assert check_args(["--xla-cpu-ynn"], "jax-pmap").xla_cpu_ynn is True
     assert check_args(["--no-xla-cpu-ynn"], "jax-shard").xla_cpu_ynn is False
+    from benchmarks.harness import flag
+
+    for value in (None, True, False):  # a tool passing the setting on: unset stays unset
+        assert check_args(flag("xla_cpu_ynn", value), "jax-pmap").xla_cpu_ynn is value
     assert image_side(preset("digits")) == 16  # the preset's --image-size
     assert image_side(preset("digits", image_size=0)) == 8  # the dataset's own side
     assert image_side(preset("smoke", dataset="cifar10", image_size=0)) == 32
