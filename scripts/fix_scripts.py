@@ -41,8 +41,8 @@ def header(python: str) -> bytes:
 
 def fix(venv: Path) -> list[Path]:
     bin_dir = venv / "bin"
-    own = os.path.realpath(bin_dir)  # a symlinked environment is still this one
-    python = str(Path(os.path.abspath(bin_dir)) / "python")  # the path as it is used
+    own = os.path.realpath(bin_dir)  # a symlinked environment is still this one, and is
+    python = os.path.join(own, "python")  # named by its real path: the link may go, it stays
     fixed = []
     for f in sorted(bin_dir.iterdir()):
         if f.is_symlink() or not f.is_file():

@@ -71,7 +71,8 @@ def test_scripts_naming_another_environment_are_pointed_back_once(tmp_path: Path
 
 def test_a_symlinked_environment_is_this_one(tmp_path: Path) -> None:
     """A checkout whose .venv is a link to an environment elsewhere (as CI's clone here):
-    scripts naming the real path are its own, not another environment's."""
+    scripts naming the real path are its own, not another environment's; a stale one is
+    pointed at the real path."""
     real = make_project(tmp_path / "real")
     tool = script(real, "tensorboard", f"#!{real / '.venv' / 'bin' / 'python'}\n")
     clone = tmp_path / "clone"
@@ -79,3 +80,7 @@ def test_a_symlinked_environment_is_this_one(tmp_path: Path) -> None:
     (clone / ".venv").symlink_to(real / ".venv")
     assert "console script" not in setup(clone)
     assert tool.read_text().startswith(f"#!{real / '.venv' / 'bin' / 'python'}\n")
+    # one that is stale is pointed at the real environment, not through the link, which may go
+    stale = script(real, "ruff", f"#!{tmp_path}/gone/.venv/bin/python\n")
+    assert "1 console script(s)" in setup(clone)
+    assert stale.read_text() == f"#!{real / '.venv' / 'bin' / 'python'}\n" + CODE
