@@ -58,10 +58,8 @@ def fix(venv: Path) -> list[Path]:
         if os.path.exists(interp) and not os.path.exists(os.path.join(where, "..", "pyvenv.cfg")):
             continue  # a system interpreter (#!/usr/bin/python3), not a moved environment
         data = f.read_bytes()
-        if data.startswith(b"#!/bin/sh\n"):  # drop the three header lines of pip's sh form
-            body = data.split(b"\n", 3)[3]
-        else:
-            body = data.split(b"\n", 1)[1]
+        header_lines = 3 if data.startswith(b"#!/bin/sh\n") else 1  # pip's sh form: three
+        body = b"".join(data.splitlines(keepends=True)[header_lines:])
         mode = f.stat().st_mode
         tmp = f.with_name(f".{f.name}.fixing")
         tmp.write_bytes(header(python) + body)

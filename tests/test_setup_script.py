@@ -57,11 +57,14 @@ def test_scripts_naming_another_environment_are_pointed_back_once(tmp_path: Path
     stale = script(project, "tensorboard", f"#!{tmp_path}/old/.venv/bin/python\n")
     stale_sh = script(project, "pip", f"#!/bin/sh\n'''exec' \"{old}\" \"$0\" \"$@\"\n' '''\n")
     before = {p: p.read_text() for p in (own, system)}
+    bare = project / ".venv" / "bin" / "bare"  # an interpreter line and nothing else
+    bare.write_text(f"#!{old}")
 
     out = setup(project)
-    assert "2 console script(s) named another environment's python" in out
+    assert "3 console script(s) named another environment's python" in out
     expected = f"#!/bin/sh\n'''exec' \"{python}\" \"$0\" \"$@\"\n' '''\n" + CODE
     assert stale.read_text() == expected and stale_sh.read_text() == expected
+    assert bare.read_text() == expected.removesuffix(CODE)
     assert os.access(stale, os.X_OK)
     assert {p: p.read_text() for p in (own, system)} == before
     assert subprocess.run([str(stale)], capture_output=True, text=True).stdout == "tool\n"
