@@ -47,26 +47,37 @@ def fix(venv: Path) -> list[Path]:
     for f in sorted(bin_dir.iterdir()):
         if f.is_symlink() or not f.is_file():
             continue
-        with open(f, "rb") as fh:
-            head = fh.read(4096)
-        interp = interpreter(head)
-        if interp is None:
-            continue
-        where = os.path.dirname(interp.decode(errors="replace"))
-        if os.path.realpath(where) == own:
-            continue
-        if os.path.exists(interp) and not os.path.exists(os.path.join(where, "..", "pyvenv.cfg")):
-            continue  # a system interpreter (#!/usr/bin/python3), not a moved environment
-        data = f.read_bytes()
-        header_lines = 3 if data.startswith(b"#!/bin/sh\n") else 1  # pip's sh form: three
-        body = b"".join(data.splitlines(keepends=True)[header_lines:])
-        mode = f.stat().st_mode
-        tmp = f.with_name(f".{f.name}.fixing")
-        tmp.write_bytes(header(python) + body)
-        os.chmod(tmp, mode)
-        os.replace(tmp, f)
-        fixed.append(f)
+        try:
+            if rewrite(f, own, python):
+                fixed.append(f)
+        except OSError as exc:  # one script that cannot be read or replaced: said, the rest go on
+            print(f"fix_scripts: {f} left as it is: {exc.strerror or exc}", file=sys.stderr)
     return fixed
+
+
+def rewrite(f: Path, own: str, python: str) -> bool:
+    """Point console script `f` at `python` if it names another environment's; True if it did."""
+    with open(f, "rb") as fh:
+        head = fh.read(4096)
+    interp = interpreter(head)
+    if interp is None:
+        return False
+    where = os.path.dirname(interp.decode(errors="replace"))
+    if os.path.realpath(where) == own:
+        return False
+    if os.path.exists(interp) and not os.path.exists(os.path.join(where, "..", "pyvenv.cfg")):
+        return False  # a system interpreter (#!/usr/bin/python3), not a moved environment
+    data = f.read_bytes()
+    header_lines = 3 if data.startswith(b"#!/bin/sh\n") else 1  # pip's sh form: three
+    body = b"".join(data.splitlines(keepends=True)[header_lines:])
+    tmp = f.with_name(f".{f.name}.fixing")
+    try:
+        tmp.write_bytes(header(python) + body)
+        os.chmod(tmp, f.stat().st_mode)
+        os.replace(tmp, f)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
 
 
 if __name__ == "__main__":
