@@ -14,6 +14,7 @@ import sys
 from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
+from common import devices
 from common.config import PRESETS, Config, ConfigError, preset
 
 
@@ -73,10 +74,23 @@ def check_args(argv: Sequence[str], framework: str) -> Config:
     parser = build_parser(f"python -m frameworks.{framework.replace('-', '_')}")
     parser.__class__ = _Checking
     ns = parser.parse_args(list(argv))
-    overrides = {k: v for k, v in vars(ns).items() if k != "preset"}
-    if "batch_size" in overrides:
+    return preset(ns.preset, framework=framework, **overrides_of(ns))
+
+
+def overrides_of(ns: argparse.Namespace) -> dict[str, Any]:
+    """The Config values the command line gave (every flag's default is SUPPRESSed), plus
+    --devices from DPBENCH_DEVICES where the flag was not given (ConfigError on a bad value)."""
+    overrides = {k: v for k, v in vars(ns).items() if k != "preset"}  # only flags given
+    if "batch_size" in overrides:  # an explicit global batch wins over a per-device preset
         overrides.setdefault("batch_per_device", 0)
-    return preset(ns.preset, framework=framework, **overrides)
+    if "devices" not in overrides:
+        try:
+            chosen = devices.default()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if chosen:
+            overrides["devices"] = chosen
+    return overrides
 
 
 def parse_args(argv: Sequence[str] | None, framework: str, prog: str | None = None) -> Config:
@@ -84,10 +98,7 @@ def parse_args(argv: Sequence[str] | None, framework: str, prog: str | None = No
     prog = prog or f"python -m frameworks.{framework.replace('-', '_')}"
     parser = build_parser(prog)
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    overrides = {k: v for k, v in vars(ns).items() if k != "preset"}  # only flags given
-    if "batch_size" in overrides:  # an explicit global batch wins over a per-device preset
-        overrides.setdefault("batch_per_device", 0)
     try:
-        return preset(ns.preset, framework=framework, **overrides)
+        return preset(ns.preset, framework=framework, **overrides_of(ns))
     except ConfigError as exc:
         parser.error(str(exc))

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.devices import CHOICES as DEVICE_CHOICES
+
 FRAMEWORKS = ("torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "mxnet-gluon")
 MODELS = ("resnet18", "wideresnet")
 DATASETS = ("cifar10", "cifar100", "fashion-mnist", "digits", "synthetic")
@@ -92,6 +94,13 @@ class Config:
     synthetic_channels: int = opt(3, "synthetic image channels", hidden=True)
     # Devices: GPUs where present, otherwise N simulated CPU devices.
     gpus: int = opt(1, "number of devices: GPUs where present, otherwise N simulated CPU devices")
+    devices: str = opt(
+        "auto",
+        "where the devices are: auto (the GPUs where this framework sees them, else simulated CPU "
+        "devices), cpu (simulated CPU devices, also on a GPU machine), cuda (GPUs; refused when "
+        "the framework sees none). Default: $DPBENCH_DEVICES, else auto",
+        choices=DEVICE_CHOICES,
+    )
     # Optimisation. `batch_size` is the GLOBAL batch; a preset may instead fix the per-device
     # batch (`batch_per_device` > 0), and the global batch then grows with the device count.
     epochs: int = opt(10, "number of epochs")

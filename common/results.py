@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from common import devices
 from common.config import Config
 from common.runtime import atomic_write_bytes
 from common.schedule import lr_table_for
@@ -284,6 +285,7 @@ class RunRecorder:
             "dataset": self.cfg.dataset,
             "devices": self.devices,
             "device_kind": self.device_kind,
+            "device_choice": devices.record(self.cfg.devices),  # --devices and CUDA's variables
             "bn_mode": self.bn_mode,
             "global_batch_size": self.cfg.batch_size,
             "epochs": self.epochs,

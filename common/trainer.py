@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from common import cli, tensorboard
+from common import cli, devices, tensorboard
 from common.config import Config, ConfigError, check_same_run
 from common.datasets import DatasetError
 from common.results import RunRecorder
@@ -233,6 +233,7 @@ def run_main(
     try:
         with interruptible():
             stop_with_harness()
+            devices.pin(cfg.devices)  # --devices cpu hides the GPUs before any CUDA call
             check_outputs(cfg)
             if setup is not None:
                 setup(cfg)

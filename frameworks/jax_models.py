@@ -58,6 +58,7 @@ from flax.training import train_state
 
 from common.config import Config, ConfigError, image_side
 from common.datasets import check_available
+from common.devices import need_gpus
 from common.init import initial_state
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
@@ -568,6 +569,8 @@ def setup_xla(cfg: Config) -> None:
     both start here, so the two sides of a comparison run the same XLA programs the same way."""
     simulate_host_devices(cfg.gpus)
     use_xla_cpu_ynn(xla_cpu_ynn_wanted(cfg.xla_cpu_ynn, image_side(cfg), cfg.gpus))
+    if cfg.devices != "auto":  # JAX read JAX_PLATFORMS when imported: devices.pin is too late
+        jax.config.update("jax_platforms", "cpu" if cfg.devices == "cpu" else "cuda")
 
 
 def setup_process(cfg: Config) -> None:
@@ -673,6 +676,7 @@ NOT_IN_STEP = frozenset(
         "seed",
         "download",
         "verify",
+        "devices",  # where the devices are: the key holds the devices and shardings themselves
     }
 )
 STEP_CACHE_FILES = 64  # exported steps kept per cache directory (100 KB-1 MB each), newest first
@@ -853,6 +857,7 @@ def mtime(path: Path) -> float:
 
 def check_config(cfg: Config) -> None:
     """The JAX trainers' checks before training starts (ConfigError / DatasetError)."""
+    check_devices(cfg)
     check_available(cfg)
     check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
 
@@ -889,6 +894,32 @@ def init_distributed(timeout: float = 300.0) -> None:
         )
     else:
         jax.distributed.initialize(initialization_timeout=int(timeout))
+
+
+def check_devices(cfg: Config) -> None:
+    """Start JAX's backends (the first device query) and check `--devices` against them: one
+    ConfigError for `--devices cuda` without a GPU and for a platform JAX cannot start (e.g.
+    JAX_PLATFORMS=cuda on a machine without one), not a traceback from inside JAX."""
+    try:
+        gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+    except (RuntimeError, AssertionError) as exc:  # no such backend / no plugin for it at all
+        if cfg.devices != "cuda":
+            platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+            raise ConfigError(
+                f"JAX could not start its devices (JAX_PLATFORMS={platforms!r}"
+                f"{': ' + str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                "unset JAX_PLATFORMS or use --devices cpu"
+            ) from None
+        gpus = []
+    why = need_gpus(cfg.devices, len(gpus), cfg.framework, f"jax {jax.__version__}, {jax_build()}")
+    if why:
+        raise ConfigError(why)
+
+
+def jax_build() -> str:
+    """Which of JAX's CUDA plugins this interpreter has, for messages and the device probe."""
+    plugins = [p for p in ("jax_cuda13_plugin", "jax_cuda12_plugin") if importlib.util.find_spec(p)]
+    return f"{plugins[0]} installed" if plugins else "no CUDA plugin (a CPU build)"
 
 
 def select_devices(n: int) -> tuple[list[jax.Device], str]:

@@ -500,8 +500,9 @@ def setup(cfg: Config) -> None:
 
 def check_config(cfg: Config) -> None:
     """MXNet-specific checks before training starts (ConfigError / DatasetError)."""
-    from frameworks.mxnet_models import checkpoint_meta_of, checkpoint_path
+    from frameworks.mxnet_models import check_devices, checkpoint_meta_of, checkpoint_path
 
+    check_devices(cfg)  # --devices cuda needs an MXNet that sees a GPU
     ctx, _ = select_devices(cfg.gpus)
     if cfg.bn == "sync" and ctx[0].device_type != "gpu":
         raise ConfigError(

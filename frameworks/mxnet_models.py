@@ -51,7 +51,8 @@ import numpy as np
 from mxnet import gluon
 from mxnet.gluon import nn
 
-from common.config import Config
+from common.config import Config, ConfigError
+from common.devices import need_gpus
 from common.init import initial_state
 from common.results import RunRecorder, write_json_atomic
 from common.runtime import atomic_write_with
@@ -460,6 +461,17 @@ class TrainState:
     ctx: list[Any]  # the devices
     host: Any  # where a batch is staged for split_and_load: pinned memory on GPUs
     phases: PhaseTimer
+
+
+def check_devices(cfg: Config) -> None:
+    """`--devices cuda` on an MXNet without a GPU (a CPU build; on Hopper there is no other:
+    scripts/setup_plan.py) is one ConfigError before any work."""
+    cuda = mx.runtime.Features().is_enabled("CUDA")
+    visible = mx.context.num_gpus() if cuda else 0
+    build = "a CUDA build" if cuda else "a CPU build"
+    why = need_gpus(cfg.devices, visible, cfg.framework, f"mxnet {mx.__version__}, {build}")
+    if why:
+        raise ConfigError(why)
 
 
 def sync() -> None:

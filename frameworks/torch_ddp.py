@@ -80,6 +80,7 @@ from frameworks.torch_models import (
     TrainState,
     autocast,
     canonical_state,
+    check_devices,
     checkpoint_meta_of,
     checkpoint_path,
     count_params,
@@ -709,11 +710,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
 def check_config(cfg: Config) -> None:
     """torch-specific checks before any process starts (ConfigError / DatasetError)."""
     launched = launch_env()  # under srun: MASTER_ADDR / MASTER_PORT must be set
-    if torch.cuda.is_available() and launched is None and cfg.gpus > torch.cuda.device_count():
-        raise ConfigError(
-            f"--gpus {cfg.gpus} but only {torch.cuda.device_count()} CUDA devices "
-            f"are visible; use --gpus {torch.cuda.device_count()} or fewer"
-        )
+    check_devices(cfg, count=launched is None)  # a launcher's world sets the device count
     check_available(cfg)
     check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
 

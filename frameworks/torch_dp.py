@@ -44,6 +44,7 @@ from frameworks.torch_models import (
     TrainState,
     autocast,
     canonical_state,
+    check_devices,
     checkpoint_meta_of,
     checkpoint_path,
     count_params,
@@ -296,12 +297,7 @@ def train(cfg: Config) -> dict:
 
 def check_config(cfg: Config) -> None:
     """torch-specific checks before training starts (ConfigError / DatasetError)."""
-    if torch.cuda.is_available():
-        if cfg.gpus > torch.cuda.device_count():
-            raise ConfigError(
-                f"--gpus {cfg.gpus} but only {torch.cuda.device_count()} CUDA devices are "
-                f"visible; use --gpus {torch.cuda.device_count()} or fewer"
-            )
+    if check_devices(cfg):  # --devices, and --gpus against the GPUs torch sees
         if cfg.bn == "sync" and cfg.gpus > 1:
             raise ConfigError(
                 "--bn sync is not possible with nn.DataParallel (each replica normalises its "

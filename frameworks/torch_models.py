@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.config import Config
+from common.config import Config, ConfigError
+from common.devices import need_gpus
 from common.init import initial_state
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
@@ -409,6 +410,22 @@ def seed_for(seed: int, epoch: int, rank: int) -> int:
 
 
 # ---- device I/O and evaluation -----------------------------------------------------------
+
+
+def check_devices(cfg: Config, count: bool = True) -> int:
+    """The GPUs torch sees (0: none, or `--devices cpu` hid them), checked before any work:
+    `--devices cuda` with none, or (`count`) `--gpus` beyond them, is one ConfigError."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU build"
+    why = need_gpus(cfg.devices, visible, cfg.framework, f"torch {torch.__version__}, {build}")
+    if why:
+        raise ConfigError(why)
+    if count and visible and cfg.gpus > visible:
+        raise ConfigError(
+            f"--gpus {cfg.gpus} but only {visible} CUDA devices are visible; "
+            f"use --gpus {visible} or fewer"
+        )
+    return visible
 
 
 def sync() -> None:

@@ -1,0 +1,82 @@
+"""`--devices auto|cpu|cuda`: where a run's devices are, chosen once for the process and its
+children, and stated in every record. No framework is imported here.
+
+- `auto` (default): the GPUs where the run's framework sees them, else `--gpus` simulated CPU
+  devices (JAX host devices, torch gloo processes, MXNet `mx.cpu(i)`).
+- `cpu`: the simulated CPU devices even on a GPU machine. `pin` hides the GPUs from this process
+  and every process it starts, before any framework touches CUDA: CUDA_VISIBLE_DEVICES="" (torch
+  and MXNet read it when CUDA starts) and JAX_PLATFORMS=cpu (the JAX trainers also set JAX's
+  platform in-process: JAX reads that variable when it is imported).
+- `cuda`: the GPUs; a framework that sees none is refused with one line (`need_gpus`).
+
+`DPBENCH_DEVICES` sets the default for every trainer and runner of a shell (the test suite sets
+`cpu`, so a GPU machine runs the simulated-device tests exactly as a CPU does). The user's own
+CUDA_VISIBLE_DEVICES and JAX_PLATFORMS keep working under `auto` and are recorded as they were
+before any pinning (`record`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+CHOICES = ("auto", "cpu", "cuda")
+ENV = "DPBENCH_DEVICES"  # the default of --devices, for a whole shell or test session
+USER_ENV = ("CUDA_VISIBLE_DEVICES", "JAX_PLATFORMS")  # recorded as the user set them
+_SAVED = "DPBENCH_USER_DEVICE_ENV"  # those values before `pin` changed them (JSON, inherited)
+SETUP = "bash scripts/setup.sh"  # installs the CUDA builds the driver runs (scripts/setup_plan.py)
+
+
+def default() -> str | None:
+    """--devices from DPBENCH_DEVICES (None: unset); a bad value names the variable."""
+    value = os.environ.get(ENV, "").strip()
+    if not value:
+        return None
+    if value not in CHOICES:
+        raise ValueError(
+            f"{ENV}={value!r} is not one of {', '.join(CHOICES)}; "
+            f"set it to one of them or unset it (e.g. `unset {ENV}`)"
+        )
+    return value
+
+
+def user_env() -> dict[str, str | None]:
+    """CUDA_VISIBLE_DEVICES and JAX_PLATFORMS as the user set them (None: unset), also in a
+    process started after `pin` changed them."""
+    saved = os.environ.get(_SAVED)
+    if saved:
+        try:
+            return dict(json.loads(saved))
+        except (ValueError, TypeError):
+            pass
+    return {k: os.environ.get(k) for k in USER_ENV}
+
+
+def pin(choice: str) -> None:
+    """Make `choice` hold in this process and every process it starts (see the module doc).
+    Call before the framework's first device query."""
+    os.environ.setdefault(_SAVED, json.dumps(user_env()))
+    if choice == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    elif choice == "cuda" and os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
+        os.environ["JAX_PLATFORMS"] = "cuda"  # no silent fall-back to JAX's CPU backend
+
+
+def record(choice: str) -> dict[str, Any]:
+    """The run record's `device_choice`: what was asked and the user's device variables."""
+    return {"asked": choice, "env": user_env()}
+
+
+def need_gpus(choice: str, visible: int, framework: str, seen: str) -> str | None:
+    """Why `--devices cuda` cannot run (None: it can, or the choice is not cuda): `framework`
+    sees `visible` GPUs; `seen` describes its build ("torch 2.14.1, a CPU build")."""
+    if choice != "cuda" or visible > 0:
+        return None
+    hidden = {k: v for k, v in user_env().items() if v is not None}
+    env = f" with {', '.join(f'{k}={v!r}' for k, v in hidden.items())}" if hidden else ""
+    return (
+        f"--devices cuda but {framework} sees no GPU ({seen}{env}); install its GPU build "
+        f"with `{SETUP}` (it picks the CUDA builds by the driver), or use --devices cpu"
+    )
