@@ -44,6 +44,11 @@ class Plan:
     wait_load: float
     out: Path
     command: str
+    where: dict[str, harness.Devices]  # "A"/"B" -> the devices that side runs on
+
+    @property
+    def devices(self) -> harness.Devices:  # the line printed before the runs
+        return self.where["A"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,11 +80,18 @@ def make_plan(argv: list[str]) -> Plan:
     missing = harness.unavailable([ns.framework])
     if missing:
         raise UsageError(f"{ns.framework}: {missing[ns.framework]}")
+    chosen: dict[str, harness.Devices] = {}  # --devices asked -> as decided
+    where: dict[str, harness.Devices] = {}  # side -> its devices
     for side, flags in (("--a", a), ("--b", b)):
         try:  # what each side's trainer would refuse, refused before the first run
-            cli.check_args([*shared, *flags], ns.framework)
+            asked = cli.check_args([*shared, *flags], ns.framework).devices
         except ConfigError as exc:
             raise UsageError(f"{side}: {exc}") from None
+        if asked not in chosen:  # the devices as compare would choose them, checked alike
+            chosen[asked] = harness.choose_devices(asked, [ns.framework])
+        if ns.framework in chosen[asked].skipped:
+            raise UsageError(f"{ns.framework}: {chosen[asked].skipped[ns.framework]}")
+        where[side[-1].upper()] = chosen[asked]
     return Plan(
         ns.framework,
         a,
@@ -90,6 +102,7 @@ def make_plan(argv: list[str]) -> Plan:
         ns.wait_load,
         harness.output_dir(ns.out, "ab-", "ab.json"),
         shlex.join(["python", "-m", "benchmarks.ab", *argv]),
+        where,
     )
 
 
@@ -99,7 +112,8 @@ def run_side(plan: Plan, side: str, pair: int) -> dict[str, Any]:
     tag = f"{side}-{pair}"
     output = plan.out / "runs" / f"{tag}.json"
     flags = plan.a if side == "A" else plan.b
-    command = [str(fw.python), "-m", fw.module, *plan.shared, *flags, "--output", str(output)]
+    command = [str(fw.python), "-m", fw.module, *plan.shared, *flags,
+               *plan.where[side].flags, "--output", str(output)]  # fmt: skip
     child = harness.run_child(
         command, plan.out / "logs" / f"{tag}.log", plan.timeout, tag=tag, wait_load=plan.wait_load
     )

@@ -39,6 +39,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.harness import REGISTRY, UsageError
+from common import devices
 from common.results import host_info, write_json_atomic
 from common.runtime import cpu_threads, set_omp_threads, simulate_host_devices
 
@@ -282,9 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--reps", type=int, default=20, help="timed repetitions (median reported; default 20)"
     )
     p.add_argument("--warmup", type=int, default=5, help="untimed repetitions first (default 5)")
-    harness.add_flags(p, python=True, out="results/comm-", timeout=600.0)
+    harness.add_flags(p, python=True, out="results/comm-", timeout=600.0, devices=True)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one framework
-    p.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--worker-devices", type=int, default=1, help=argparse.SUPPRESS)
     return p
 
 
@@ -298,6 +299,7 @@ class Plan:
     skipped: dict[str, str]
     out: Path
     command: list[str]
+    devices: harness.Devices
 
 
 def make_plan(argv: list[str]) -> Plan:
@@ -315,11 +317,14 @@ def make_plan(argv: list[str]) -> Plan:
     harness.check_positive(width=ns.width, timeout=ns.timeout)
     if ns.python is not None:
         harness.use_interpreter(ns.python)
-    gpus = harness.detect_gpus()
+    gpus = harness.machine_gpus(ns.devices)
     harness.check_counts(counts, gpus)
-    out = harness.output_dir(ns.out, "comm-", "comm.json")
     skipped = harness.unavailable(frameworks)
-    return Plan(ns, frameworks, counts, models, gpus, skipped, out, [*PROG.split(), *argv])
+    chosen = harness.choose_devices(ns.devices, [f for f in frameworks if f not in skipped])
+    skipped.update(chosen.skipped)
+    out = harness.output_dir(ns.out, "comm-", "comm.json")
+    return Plan(ns, frameworks, counts, models, gpus, skipped, out, [*PROG.split(), *argv],
+                chosen)  # fmt: skip
 
 
 def probe(plan: Plan, fw: str, n: int) -> list[dict[str, Any]]:
@@ -333,7 +338,8 @@ def probe(plan: Plan, fw: str, n: int) -> list[dict[str, Any]]:
     # torch-ddp: N rank processes, started by torchrun (a free port on the loopback interface)
     launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
     command = [python, *(launch if fw == "torch-ddp" else []), "-m", "benchmarks.comm_probe",
-               "--worker", fw, "--devices", str(n), "--models", ",".join(plan.models),
+               "--worker", fw, "--worker-devices", str(n), *plan.devices.flags,
+               "--models", ",".join(plan.models),
                "--width", f"{ns.width:g}", "--reps", str(ns.reps), "--warmup", str(ns.warmup),
                ]  # fmt: skip
     log = plan.out / "logs" / f"{fw}-{n}dev.log"
@@ -432,13 +438,14 @@ def execute(plan: Plan) -> int:
 def run_worker(ns: argparse.Namespace) -> int:
     """Inside the worker process: measure and print one JSON line."""
     family = REGISTRY[ns.worker].family
+    devices.pin(ns.devices or "auto")  # as the driver chose, before the framework starts
     if family == "jax":  # before JAX's CPU backend starts (the model is built first)
-        simulate_host_devices(ns.devices)
+        simulate_host_devices(ns.worker_devices)
     elif family == "mxnet":  # before mxnet loads
         set_omp_threads(cpu_threads())
     try:
         numels = gradient_numels(family, ns.models.split(","), ns.width)
-        out = worker(ns.worker, ns.devices, numels, ns.reps, ns.warmup)
+        out = worker(ns.worker, ns.worker_devices, numels, ns.reps, ns.warmup)
     except NotApplicable as exc:
         out = {"not_applicable": str(exc)}
     if out is not None:  # torch-ddp: rank 0 only

@@ -41,7 +41,7 @@ from common.schedule import scaled_lr
 PROG = "python -m benchmarks.compare"
 DEFAULT_TIMEOUT = 900.0
 DEFAULT_GPUS = "2"
-RUNNER_OWNED = ("gpus", "output", "tensorboard")  # set per run by the runner, not passed through
+RUNNER_OWNED = ("gpus", "devices", "output", "tensorboard")  # set per run by the runner
 PER_RUN = ("batch_size", "batch_per_device", "seed")  # derived per run from the scaling mode
 
 EPILOG = f"""\
@@ -94,7 +94,7 @@ def runner_parser() -> harness.Parser:
         add_help=False,
     )
     p.add_argument("-h", "--help", action=_Help)
-    harness.add_flags(p, frameworks=",".join(FRAMEWORKS))
+    harness.add_flags(p, frameworks=",".join(FRAMEWORKS), devices=True)
     p.add_argument(
         "--gpus",
         default=None,
@@ -165,6 +165,7 @@ class Plan:
     out: Path
     tensorboard: bool  # every run writes out/tensorboard/<run id>/
     gpus: list[str]  # GPU names from nvidia-smi (empty: simulated CPU devices)
+    devices: harness.Devices  # --devices as decided for every run
     command: list[str]
     runs: list[RunSpec] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -219,7 +220,7 @@ def make_plan(argv: list[str]) -> Plan:
     frameworks = harness.parse_frameworks(ns.frameworks)
     counts = harness.parse_gpus(ns.gpus or DEFAULT_GPUS)
     harness.check_positive(repeat=ns.repeat, timeout=ns.timeout)
-    gpus = harness.detect_gpus()
+    gpus = harness.machine_gpus(ns.devices)
     if gpus and ns.gpus is None:  # the default must run on a 1-GPU machine too
         counts = [n for n in counts if n <= len(gpus)]
     harness.check_counts(counts, gpus)
@@ -254,6 +255,11 @@ def make_plan(argv: list[str]) -> Plan:
     except DatasetError as exc:
         raise UsageError(str(exc)) from None
 
+    skipped = harness.unavailable(frameworks)
+    # Last of the checks (each framework's interpreter imports its framework): the devices.
+    chosen = harness.choose_devices(ns.devices, [f for f in frameworks if f not in skipped])
+    skipped.update(chosen.skipped)
+    base = base.replace(devices=chosen.choice)
     out = harness.output_dir(ns.out, "", "config.json")
 
     plan = Plan(
@@ -267,9 +273,10 @@ def make_plan(argv: list[str]) -> Plan:
         out=out,
         tensorboard=ns.tensorboard,
         gpus=gpus,
+        devices=chosen,
         command=[*PROG.split(), *argv],
     )
-    plan.skipped = harness.unavailable(frameworks)
+    plan.skipped = skipped
     for fw in frameworks:
         if fw in plan.skipped:
             continue
@@ -300,6 +307,7 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
         if key not in PER_RUN:
             args += harness.flag(key, value)
     args += ["--gpus", str(n), "--batch-size", str(global_batch), "--seed", str(seed)]
+    args += plan.devices.flags  # every run on the kind of device chosen for the whole sweep
     tensorboard = str(tensorboard_dir(plan.out) / run_id) if plan.tensorboard else ""
     if tensorboard:
         args += ["--tensorboard", tensorboard]
@@ -433,6 +441,7 @@ def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
         "timeout_sec": plan.timeout,
         "device_kind": plan.expected_kind,
         "gpus": plan.gpus,
+        "devices": {"choice": plan.devices.choice, "why": plan.devices.why},
         "host": sweep.host,
         "skipped": plan.skipped,
         "not_applicable": [

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import harness
+from common import devices
 from common.config import FRAMEWORKS, Config, ConfigError, image_side, preset
 from common.runtime import (
     cpu_threads,
@@ -533,11 +534,13 @@ def main(argv: list[str] | None = None) -> int:
             compile_mode=ns.compile_mode,
             seed=ns.seed,
             lr=ns.lr,
+            devices=ns.devices or devices.default() or "auto",
         )
-    except (ConfigError, harness.UsageError) as exc:
+    except (ConfigError, harness.UsageError, ValueError) as exc:
         print(f"compute_only: error: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    devices.pin(cfg.devices)  # before the framework's first device query
     try:
         result = measure(ns.framework, cfg, ns.batch_size, ns.steps, ns.warmup, ns.interleave)
     except ConfigError as exc:  # e.g. JAX with --precision fp16

@@ -44,6 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
+from common import devices
 from common.config import (
     COMPILE_MODES,
     MAX_EPOCHS,
@@ -53,6 +54,7 @@ from common.config import (
     PRECISIONS,
     Config,
 )
+from common.devices import CHOICES as DEVICE_CHOICES
 from common.runtime import (
     ENTRY_POINTS,
     PARENT_ENV,
@@ -256,6 +258,139 @@ def device_kind(gpus: list[str]) -> str:
     return f"cuda:{gpus[0]}" if gpus else "cpu-simulated"
 
 
+def gpu_compute_capabilities() -> list[float]:
+    """Each visible GPU's compute capability from nvidia-smi (9.0 = Hopper); [] where unknown."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        return [float(v) for v in out.stdout.split()] if out.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one framework's interpreter sees: its GPUs' names and a description of its build."""
+
+    gpus: tuple[str, ...]
+    detail: str
+
+
+def _probe(python: Path, family: str) -> Seen:
+    env = {**child_env(), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # a probe takes no memory
+    try:
+        out = subprocess.run(
+            [str(python), "-m", "benchmarks.device_probe", family],
+            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Seen((), f"its interpreter {python} did not answer the device probe: {exc}")
+    try:
+        answer = json.loads(out.stdout.strip().splitlines()[-1])
+        return Seen(tuple(answer["gpus"]), f"{answer['detail']}; interpreter {python}")
+    except (ValueError, IndexError, KeyError, TypeError):
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return Seen((), f"its interpreter {python} failed the device probe: {last}")
+
+
+def probe_devices(names: Sequence[str]) -> dict[str, Seen]:
+    """What each framework's interpreter sees (one probe per interpreter and framework family,
+    in parallel; each imports its framework, a few seconds)."""
+    keys = {name: (REGISTRY[name].python, REGISTRY[name].family) for name in names}
+    unique = list(dict.fromkeys(keys.values()))
+    with ThreadPoolExecutor(max_workers=max(1, len(unique))) as pool:
+        seen = dict(zip(unique, pool.map(lambda key: _probe(*key), unique)))
+    return {name: seen[key] for name, key in keys.items()}
+
+
+@dataclass
+class Devices:
+    """Where a tool's runs go, decided once before any starts (`choose_devices`): every child
+    gets `--devices <choice>`, so no trainer picks another kind of device on its own."""
+
+    choice: str  # "cpu" (simulated CPU devices) or "cuda"
+    gpus: list[str]  # the GPUs' names (nvidia-smi -L); [] with "cpu"
+    why: str  # why this choice, for the devices line
+    seen: dict[str, Seen] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # cannot use these GPUs: why
+
+    @property
+    def flags(self) -> list[str]:
+        return ["--devices", self.choice]
+
+    def line(self) -> str:
+        """One line for the start of a run: which device each framework will use."""
+        if self.choice == "cpu":
+            return f"devices: simulated CPU devices for every framework ({self.why})"
+        used = [f"{n} on cuda ({', '.join(dict.fromkeys(s.gpus))})" for n, s in self.seen.items()]
+        used += [f"{n} skipped ({why.split(':')[0]})" for n, why in self.skipped.items()]
+        return f"devices: {'; '.join(used)} ({self.why})"
+
+
+MXNET_NO_HOPPER = (
+    "MXNet 1.9.1's CUDA wheels stop at CUDA 11.x and have no code for compute capability 9.0 "
+    "and newer ({gpu}): MXNet runs on the CPU only here; compare it with --devices cpu"
+)
+
+
+def choose_devices(asked: str | None, names: Sequence[str]) -> Devices:
+    """`--devices` for a tool's runs of `names` (None: $DPBENCH_DEVICES, else auto). auto and
+    cuda on a machine with GPUs ask every framework's interpreter what it sees: a framework that
+    sees none stops the tool here (UsageError naming it, what it sees and its install command),
+    so that no table mixes GPU rows with CPU ones; MXNet on Hopper, which has no GPU build, is
+    skipped with the reason instead. Without GPUs auto is the simulated CPU devices."""
+    gpus = machine_gpus(asked)
+    if not gpus:
+        why = "--devices cpu" if _asked(asked) == "cpu" else "no GPU here: nvidia-smi -L lists none"
+        return Devices("cpu", [], why)
+    out = Devices("cuda", gpus, f"{len(gpus)} x {gpus[0]} listed by nvidia-smi -L")
+    caps = None
+    for name, seen in probe_devices(names).items():
+        if seen.gpus:
+            out.seen[name] = seen
+            continue
+        if REGISTRY[name].family == "mxnet":
+            caps = gpu_compute_capabilities() if caps is None else caps
+            if caps and max(caps) >= 9.0:
+                out.skipped[name] = MXNET_NO_HOPPER.format(gpu=gpus[0])
+                continue
+        raise UsageError(
+            f"this machine has {len(gpus)} GPU(s) ({gpus[0]}; nvidia-smi -L) but {name} sees "
+            f"none ({seen.detail}); install its GPU build with `{REGISTRY[name].install}` (it "
+            "picks the CUDA builds by the driver), or run every framework on simulated CPU "
+            "devices with --devices cpu"
+        )
+    return out
+
+
+def _asked(asked: str | None) -> str:
+    try:
+        return asked or devices.default() or "auto"
+    except ValueError as exc:  # a bad DPBENCH_DEVICES
+        raise UsageError(str(exc)) from None
+
+
+def machine_gpus(asked: str | None) -> list[str]:
+    """The GPUs `--devices` (None: $DPBENCH_DEVICES, else auto) gives a tool's runs, from
+    nvidia-smi alone (cheap: a tool checks its other input before `choose_devices` asks the
+    frameworks); [] = simulated CPU devices. `cuda` without a GPU is a UsageError."""
+    choice = _asked(asked)
+    gpus = [] if choice == "cpu" else detect_gpus()
+    if choice == "cuda" and not gpus:
+        raise UsageError(
+            f"--devices cuda but nvidia-smi -L lists no GPU on this machine{_visible_note()}; "
+            "use --devices cpu for simulated CPU devices"
+        )
+    return gpus
+
+
+def _visible_note() -> str:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+
+
 # -- command lines ------------------------------------------------------------------------------
 
 
@@ -282,6 +417,7 @@ def add_flags(
     timeout: float | None = None,
     python: bool = False,
     wait_load: bool = False,
+    devices: bool = False,
 ) -> None:
     """The flags the tools share, with one meaning and one help text each; a value given here is
     that tool's default (None: the tool has no such flag). `out` names the default directory."""
@@ -303,6 +439,8 @@ def add_flags(
             f"as 1,2,3 (or '2,' for 2 alone) runs exactly those (default {gpus}). Without GPUs "
             "the devices are simulated on the CPU",
         )
+    if devices:
+        add_devices_flag(p)
     if repeat is not None:
         p.add_argument(
             "--repeat",
@@ -346,8 +484,21 @@ def add_flags(
         )
 
 
+def add_devices_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--devices",
+        default=None,
+        choices=DEVICE_CHOICES,
+        help="where every framework runs: auto (default, or $DPBENCH_DEVICES) = the GPUs when "
+        "nvidia-smi lists some, and then every framework must see them (one that sees none "
+        "stops the tool before any run), else simulated CPU devices; cpu = simulated CPU "
+        "devices for every framework, also on a GPU machine; cuda = the GPUs or nothing",
+    )
+
+
 def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: str) -> None:
-    """The step the throughput tools time: model, images, batch and the fast paths."""
+    """The step the throughput tools time: model, images, batch, the fast paths and where."""
+    add_devices_flag(p)
     on_off = argparse.BooleanOptionalAction
     for name, kwargs in (
         ("--model", dict(default="resnet18", choices=("resnet18", "wideresnet"),
@@ -510,6 +661,9 @@ def run_tool(
             lock.close()
         print(f"{tool}: error: {exc}", file=sys.stderr)
         return 2
+    chosen = getattr(plan, "devices", None)
+    if isinstance(chosen, Devices):  # which device each framework will use, before any run
+        print(chosen.line(), flush=True)
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return execute(plan)

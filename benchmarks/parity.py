@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--jobs", type=int, default=2, help="runs at a time (default 2; a check, not a timing)"
     )
-    harness.add_flags(p, python=True, out="results/parity-", timeout=600.0)
+    harness.add_flags(p, python=True, out="results/parity-", timeout=600.0, devices=True)
     return p
 
 
@@ -141,6 +142,7 @@ class Plan:
     tolerance: float
     out: Path
     command: list[str]
+    devices: harness.Devices
 
 
 def parse_list(flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
@@ -168,7 +170,7 @@ def make_plan(argv: list[str]) -> Plan:
         harness.check_positive(tolerance=ns.tolerance)
     if ns.python is not None:
         harness.use_interpreter(ns.python)
-    gpus = harness.detect_gpus()
+    gpus = harness.machine_gpus(ns.devices)
     harness.check_counts(counts, gpus)
     for n in counts:
         for model in models:
@@ -182,12 +184,18 @@ def make_plan(argv: list[str]) -> Plan:
             f"{train_size(cfg)} synthetic training images (one epoch); use fewer steps"
         )
     tolerance = ns.tolerance or (TOLERANCE if ns.steps == 1 else TOLERANCE_MULTI_STEP)
-    out = harness.output_dir(ns.out, "parity-", "parity.json")
     skipped = harness.unavailable(list(dict.fromkeys([REFERENCE, *frameworks])))
     if REFERENCE in skipped:
         raise UsageError(f"the reference {REFERENCE} cannot run here: {skipped[REFERENCE]}")
+    wanted = [f for f in dict.fromkeys([REFERENCE, *frameworks]) if f not in skipped]
+    chosen = harness.choose_devices(ns.devices, wanted)
+    skipped.update(chosen.skipped)
+    ns.devices = chosen.choice  # what workload() gives every run
+    if ns.jobs > 1:  # JAX runs sharing a GPU: none takes 75% of its memory up front
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    out = harness.output_dir(ns.out, "parity-", "parity.json")
     return Plan(ns, frameworks, models, bns, counts, gpus, skipped, tolerance, out,
-                [*PROG.split(), *argv])  # fmt: skip
+                [*PROG.split(), *argv], chosen)  # fmt: skip
 
 
 def workload(ns: argparse.Namespace, model: str, bn: str, devices: int) -> dict[str, Any]:
@@ -212,6 +220,7 @@ def workload(ns: argparse.Namespace, model: str, bn: str, devices: int) -> dict[
         dropout=0.0,
         bn=bn,
         gpus=devices,
+        devices=ns.devices or "auto",
         seed=ns.seed,
         prefetch=1,
     )

@@ -116,6 +116,7 @@ class Plan:
     skipped: dict[str, str]
     out: Path
     command: list[str]
+    devices: harness.Devices
 
     @property
     def device_kind(self) -> str:
@@ -143,7 +144,7 @@ def make_plan(argv: list[str]) -> Plan:
     harness.check_positive(timeout=ns.timeout)
     if ns.python is not None:
         harness.use_interpreter(ns.python)
-    gpus = harness.detect_gpus()
+    gpus = harness.machine_gpus(ns.devices)
     harness.check_counts(counts, gpus)
     for n in counts:
         try:
@@ -167,9 +168,12 @@ def make_plan(argv: list[str]) -> Plan:
                 f"global batch larger than the {TRAIN_IMAGES} synthetic training "
                 "images; use a smaller --batch-size"
             )
-    out = harness.output_dir(ns.out, "throughput-", "throughput.json")
     skipped = harness.unavailable(frameworks)
-    return Plan(ns, frameworks, counts, gpus, skipped, out, [*PROG.split(), *argv])
+    chosen = harness.choose_devices(ns.devices, [f for f in frameworks if f not in skipped])
+    skipped.update(chosen.skipped)
+    ns.devices = chosen.choice  # what workload() gives every child
+    out = harness.output_dir(ns.out, "throughput-", "throughput.json")
+    return Plan(ns, frameworks, counts, gpus, skipped, out, [*PROG.split(), *argv], chosen)
 
 
 # -- running one measurement ----------------------------------------------------------------------
@@ -197,6 +201,7 @@ def workload(ns: Any, batch: int) -> list[str]:
         "--xla-cpu-ynn" if ns.xla_cpu_ynn else "--no-xla-cpu-ynn",
         "--compile" if ns.compile else "--no-compile",
         *(("--compile-mode", ns.compile_mode) if ns.compile else ()),
+        *(("--devices", ns.devices) if ns.devices else ()),
     ]
 
 

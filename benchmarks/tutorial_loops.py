@@ -83,6 +83,7 @@ DEFAULT_WORK = dict(preset="throughput", width=0.25, train_limit=4096, epochs=3)
 # --tensorboard: every timed run would write into the one directory.
 RUNNER_OWNED = (
     "gpus",
+    "devices",
     "output",
     "checkpoint_dir",
     "resume",
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from: {', '.join(TUTORIALS)} (default: all)",
     )
     harness.add_flags(p, gpus="2", repeat=2, timeout=900.0, wait_load=True, python=True,
-                      out="results/tutorials-")  # fmt: skip
+                      out="results/tutorials-", devices=True)  # fmt: skip
     return p
 
 
@@ -136,6 +137,7 @@ class Plan:
     wait_load: float
     out: Path
     argv: list[str]
+    devices: harness.Devices
 
 
 def plan_from(argv: list[str]) -> Plan:
@@ -156,9 +158,10 @@ def plan_from(argv: list[str]) -> Plan:
             "comparison needs --epochs 2 or more"
         )
     counts = harness.parse_gpus(ns.gpus)
-    gpus = harness.detect_gpus()
+    gpus = harness.machine_gpus(ns.devices)
     harness.check_counts(counts, gpus)
-    own = ("preset", "tutorials", "gpus", "repeat", "timeout", "wait_load", "python", "out")
+    own = ("preset", "tutorials", "gpus", "devices", "repeat", "timeout", "wait_load", "python",
+           "out")  # fmt: skip
     if ns.python:
         harness.use_interpreter(ns.python)
     given = {k: v for k, v in vars(ns).items() if k not in own}  # shared flags actually given
@@ -180,11 +183,16 @@ def plan_from(argv: list[str]) -> Plan:
         flags += harness.flag(key, value)
     tutorials = [TUTORIALS[t] for t in names]
     missing = harness.unavailable(sorted({t.framework for t in tutorials}))
+    chosen = harness.choose_devices(
+        ns.devices, sorted({t.framework for t in tutorials if t.framework not in missing})
+    )
+    missing.update(chosen.skipped)
     skipped = {t.name: missing[t.framework] for t in tutorials if t.framework in missing}
+    flags += chosen.flags  # both sides on the kind of device chosen for all
     out = harness.output_dir(ns.out, "tutorials-", "tutorial_loops.json")
     return Plan(
         tutorials, counts, gpus, skipped, flags, ns.repeat, ns.timeout, ns.wait_load, out,
-        [*PROG.split(), *argv],
+        [*PROG.split(), *argv], chosen,
     )  # fmt: skip
 
 

@@ -618,6 +618,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
         )
         compiled = cuda and cfg.compile  # see create_train_state
         recorder.execution = execution(cfg, cuda, compiled=compiled)
+        recorder.extra["process_group"] = dist.get_backend()  # nccl on GPUs, gloo on the CPU
         recorder.float32_precision = fp32
         recorder.pipeline = pipeline_record(loader.on_device)
         if not cuda and (cfg.precision != "fp32" or cfg.compile):

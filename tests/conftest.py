@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,57 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Two passes (scripts/test.sh runs both where nvidia-smi lists a GPU):
+# - the main pass: every test simulates its devices on the CPU, GPU machine or not. Pinned here,
+#   before any test module imports a framework, for this process and every process it starts:
+#   the project's own switch (--devices' default), and the GPUs hidden from torch, MXNet and
+#   JAX, so that a 1-GPU or an 8-GPU machine runs the suite exactly as CI's CPU does. Tests
+#   marked `gpu` are skipped in it.
+# - the GPU pass, DPBENCH_TEST_GPU=1 pytest -m gpu: nothing pinned, only the `gpu` tests, each
+#   skipped with a reason where no GPU is visible.
+GPU_PASS = os.environ.get("DPBENCH_TEST_GPU") == "1"
+if not GPU_PASS:
+    os.environ["DPBENCH_DEVICES"] = "cpu"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["JAX_PLATFORMS"] = "cpu"
+# JAX processes that share a GPU (pytest-xdist workers, the trainers they start) must not each
+# take 75% of its memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs nvidia-smi lists ([] where there is none, or in the main pass, which hides them)."""
+    if not GPU_PASS or shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The main pass skips the `gpu` tests; the GPU pass runs only them, and skips them where no
+    GPU is visible."""
+    if not GPU_PASS:
+        skip = pytest.mark.skip(
+            reason="a GPU test: run by the GPU pass, `DPBENCH_TEST_GPU=1 .venv/bin/python -m "
+            "pytest tests -m gpu` (scripts/test.sh runs it where nvidia-smi lists a GPU)"
+        )
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+        return
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    config.hook.pytest_deselected(items=[i for i in items if "gpu" not in i.keywords])
+    items[:] = gpu_items
+    if not visible_gpus():
+        skip = pytest.mark.skip(reason="no GPU visible (nvidia-smi -L lists none)")
+        for item in items:
+            item.add_marker(skip)
+
+
 MAIN_PYTHON = ROOT / ".venv" / "bin" / "python"
 MXNET_PYTHON = ROOT / ".venv-mxnet" / "bin" / "python"
 
@@ -51,14 +103,19 @@ def skip_without_interpreter(framework: str) -> None:
 def run_python(
     python: str | os.PathLike[str],
     *args: str,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
     """Run `python args...` from the project root; capture text output. XLA_FLAGS is not
-    inherited (a JAX trainer sets its own device count) unless `env` gives it."""
+    inherited (a JAX trainer sets its own device count) unless `env` gives it; a variable that
+    `env` gives as None is unset."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     full_env.pop("XLA_FLAGS", None)
-    full_env.update(env or {})
+    for name, value in (env or {}).items():
+        if value is None:
+            full_env.pop(name, None)
+        else:
+            full_env[name] = value
     return subprocess.run(
         [str(python), *args],
         cwd=ROOT,
@@ -73,7 +130,7 @@ def run_module(
     module: str,
     *args: str,
     python: str | os.PathLike[str] | None = None,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m module args...` (this interpreter unless `python` is given)."""
@@ -81,7 +138,7 @@ def run_module(
 
 
 def run_trainer(
-    framework: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+    framework: str, *args: str, env: dict[str, str | None] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """Run a trainer's command line with its own interpreter."""
     return run_module(
@@ -136,3 +193,50 @@ def relative_update_difference(
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+def fake_nvidia_smi(
+    bin_dir: Path,
+    gpus: int = 1,
+    name: str = "NVIDIA H100 80GB HBM3",
+    compute_cap: str = "9.0",
+    cuda: str = "13.0",
+    driver: str = "580.95.05",
+) -> dict[str, str | None]:
+    """A stand-in `nvidia-smi` in `bin_dir` listing `gpus` GPUs (-L, the --query-gpu forms the
+    project uses, and the plain table's CUDA version), and the environment that puts it first on
+    PATH with the GPUs neither hidden (CUDA_VISIBLE_DEVICES) nor the CPU pinned (--devices'
+    default), for `run_python(env=...)` (None: unset): what a GPU machine looks like to the
+    runners' device check."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    listing = "".join(f"echo 'GPU {i}: {name} (UUID: GPU-{i})'\n" for i in range(gpus))
+    rows = lambda fields: "".join(f"echo '{fields}'\n" for _ in range(gpus))  # noqa: E731
+    tool = bin_dir / "nvidia-smi"
+    tool.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        f"  -L) {listing or 'true'};;\n"
+        f"  *compute_cap*) {rows(compute_cap) or 'true'};;\n"
+        f"  *name,driver_version*) {rows(f'{name}, {driver}, 81559 MiB') or 'true'};;\n"
+        f"  *) echo '| NVIDIA-SMI {driver}  Driver Version: {driver}  CUDA Version: {cuda} |';;\n"
+        "esac\n"
+    )
+    tool.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    return {"PATH": path, "CUDA_VISIBLE_DEVICES": None, "DPBENCH_DEVICES": None}
+
+
+def stand_in_interpreter(path: Path, gpus: list[str], real: str | os.PathLike[str]) -> Path:
+    """A framework interpreter whose framework sees `gpus` (a CUDA build, stood in for on a CPU
+    machine): it answers the runners' device probe (`-m benchmarks.device_probe`) with them and
+    runs everything else with the `real` interpreter."""
+    answer = json.dumps({"gpus": gpus, "detail": f"stand-in seeing {len(gpus)} GPU(s)"})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = -m ] && [ "$2" = benchmarks.device_probe ]; then\n'
+        f"  echo '{answer}'\n  exit 0\nfi\n"
+        f'exec "{real}" "$@"\n'
+    )
+    path.chmod(0o755)
+    return path

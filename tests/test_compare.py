@@ -25,7 +25,7 @@ from benchmarks import compare, harness, report
 from benchmarks.progress import RichProgress, parse_epoch_line
 from common.config import preset
 from common.results import RunRecorder
-from tests.conftest import ROOT, read_json, run_module
+from tests.conftest import ROOT, fake_nvidia_smi, read_json, run_module
 from tests.test_tensorboard import assert_events_match_record
 
 # Two real frameworks of different families, each at 1 and 2 simulated devices.
@@ -290,14 +290,19 @@ def test_hung_run_is_killed_at_the_timeout_with_its_workers(tmp_path: Path) -> N
 
 
 def _fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    lines = "".join(f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})'\n" for i in range(gpus))
-    tool = bin_dir / "nvidia-smi"
-    tool.write_text(f"#!/bin/sh\n{lines}")
-    tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    """This process on a machine with `gpus` H100s, whose every framework sees them."""
+    for name, value in fake_nvidia_smi(tmp_path / "bin", gpus).items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    _frameworks_see(monkeypatch, ["NVIDIA H100 80GB HBM3"] * gpus)
+
+
+def _frameworks_see(monkeypatch: pytest.MonkeyPatch, gpus: list[str]) -> None:
+    monkeypatch.setattr(
+        harness, "probe_devices", lambda names: {n: harness.Seen(tuple(gpus), "") for n in names}
+    )
 
 
 BAD_INPUT = {
@@ -472,6 +477,8 @@ def test_a_per_device_preset_defaults_to_weak_scaling(
 def test_on_cuda_torch_dp_runs_every_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(harness, "unavailable", lambda names: {})
     monkeypatch.setattr(harness, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
+    monkeypatch.delenv("DPBENCH_DEVICES")  # the test session's pin to the CPU
+    _frameworks_see(monkeypatch, ["NVIDIA H100"] * 2)
     plan = compare.make_plan(["--frameworks", "torch-dp", "--out", str(tmp_path)])
     assert [s.devices for s in plan.runs] == [1, 2] and not plan.not_applicable
     assert plan.expected_kind == "cuda:NVIDIA H100"

@@ -19,7 +19,10 @@ if torch.cuda.is_available():
     from torch._inductor.cudagraph_trees import get_manager, reset_cudagraph_trees
 from tests.conftest import relative_update_difference
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 
 @pytest.fixture(autouse=True)
