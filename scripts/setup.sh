@@ -1,21 +1,59 @@
 #!/usr/bin/env bash
-# Create (or check) the two virtual environments at the project root. Idempotent: an environment
-# whose requirements file has not changed since it was built is left alone (a second call takes
-# about a second).
+# Create (or check) the two virtual environments at the project root, with the builds that fit the
+# machine: scripts/setup_plan.py reads nvidia-smi and picks each environment's requirements file
+# (without an NVIDIA driver the CPU builds, as always on CI). Idempotent: an environment whose
+# requirements (the chosen file and the files it includes) have not changed since it was built is
+# left alone (a second call takes about a second).
 #   .venv        torch, JAX/Flax/Optax, scikit-learn, matplotlib, rich, pytest, ruff
+#                requirements/main.txt (CPU), cuda13.txt or cuda12.txt (by the driver's CUDA)
 #   .venv-mxnet  mxnet 1.9.1 + numpy 1.23.5 (MXNet cannot share numpy>=2 with current JAX)
-# Usage: bash scripts/setup.sh [main|mxnet|all]   (default: all)
+#                requirements/mxnet.txt (CPU), or mxnet-cu117/112/110.txt on GPUs MXNet supports
+# Usage: bash scripts/setup.sh [--dry-run] [--device auto|cpu|cuda12|cuda13] [main|mxnet|all]
+#   --dry-run  print the plan (which file, into which environment, why) and install nothing
+#   --device   instead of what nvidia-smi says (also DPBENCH_SETUP_DEVICE): cpu on a GPU machine,
+#              or cuda12/cuda13 where no driver is visible (e.g. building an image)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+usage="usage: bash scripts/setup.sh [--dry-run] [--device auto|cpu|cuda12|cuda13] [main|mxnet|all]"
 
-build() {  # build NAME VENV REQUIREMENTS
-  local name="$1" venv="$2" req="$3" stamp="$2/.requirements.sha256"
-  local want
-  want="$(sha256sum "$req" | cut -d' ' -f1)"
-  if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+dry_run=0 what="" device=()
+while (($#)); do
+  case "$1" in
+    --dry-run) dry_run=1 ;;
+    --device) (($# > 1)) || { echo "setup.sh: --device needs a value; $usage" >&2; exit 2; }
+      device=(--device "$2"); shift ;;
+    --device=*) device=("$1") ;;
+    main | mxnet | all) [[ -z "$what" ]] || { echo "setup.sh: one of main, mxnet, all; $usage" >&2; exit 2; }
+      what="$1" ;;
+    *) echo "setup.sh: unknown argument '$1'; $usage" >&2; exit 2 ;;
+  esac
+  shift
+done
+what="${what:-all}"
+
+# machine, main_req, main_why, main_digest, mxnet_req, ... (shell-quoted); a bad --device is its
+# one line and exit 2
+plan="$("$PYTHON" scripts/setup_plan.py --shell ${device[@]+"${device[@]}"})" || exit $?
+eval "$plan"
+
+build() {  # build NAME VENV REQUIREMENTS DIGEST EARLIER_DIGEST WHY CPU_REQUIREMENTS
+  local name="$1" venv="$2" req="$3" want="$4" earlier="$5" why="$6" cpu_req="$7"
+  local stamp="$2/.requirements.sha256"
+  local have="" have_req="" clear=()
+  echo "[setup] $name environment $venv: $req -- $why"
+  [[ -f "$stamp" ]] && { read -r have have_req <"$stamp" || true; }
+  # a stamp from before the plan holds the digest alone: built from the CPU file, the only one then
+  have_req="${have_req:-$cpu_req}"
+  # earlier: the digest of $req before a comment-only edit (setup_plan.py's EARLIER)
+  if [[ -x "$venv/bin/python" && "$have_req" == "$req" &&
+        ("$have" == "$want" || (-n "$earlier" && "$have" == "$earlier")) ]]; then
+    if ((dry_run)); then
+      echo "[setup] dry run: $name environment $venv is up to date"
+      return 0
+    fi
     # console scripts that name another environment's python (the checkout moved): rewritten
     local fixed
     fixed="$("$venv/bin/python" scripts/fix_scripts.py "$venv")"
@@ -25,21 +63,38 @@ build() {  # build NAME VENV REQUIREMENTS
     echo "[setup] $name environment $venv is up to date"
     return 0
   fi
-  echo "[setup] building the $name environment in $venv from $req (a few minutes, once)"
-  "$PYTHON" -m venv "$venv"
+  local doing="building the $name environment in $venv from $req" would="would be built"
+  if [[ -x "$venv/bin/python" && -f "$stamp" && "$have_req" != "$req" ]]; then
+    # built from another file: started afresh, since pip keeps whatever satisfies a pin (PyPI's
+    # torch 2.14.1 satisfies cuda12.txt's torch==2.14.1, so the +cu128 build would not replace
+    # it) and never removes what the new file lacks (JAX's CUDA plugin after a switch to CPU)
+    clear=(--clear)
+    doing="rebuilding the $name environment in $venv from $req (it was built from $have_req)"
+    would="would be rebuilt afresh (it was built from $have_req)"
+  fi
+  if ((dry_run)); then
+    echo "[setup] dry run: $name environment $venv $would"
+    return 0
+  fi
+  echo "[setup] $doing (a few minutes, once)"
+  "$PYTHON" -m venv ${clear[@]+"${clear[@]}"} "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip 2> >(grep -v "is ignored" >&2)
   "$venv/bin/python" -m pip install -q -r "$req" 2> >(grep -v "is ignored" >&2)
-  echo "$want" >"$stamp"
+  echo "$want $req" >"$stamp"
   echo "[setup] $name environment ready"
+  if [[ "$name" == main && "$req" != "$cpu_req" && -f benchmarks/devices.py ]]; then
+    # whether torch and JAX found the GPU, said now rather than at the first run
+    .venv/bin/python -m benchmarks.devices ||
+      echo "[setup] .venv/bin/python -m benchmarks.devices exited $? (see above); the environment is installed"
+  fi
 }
 
-what="${1:-all}"
+((dry_run)) && echo "[setup] dry run, nothing is installed; machine: $machine"
 case "$what" in
-  main) build main .venv requirements/main.txt ;;
-  mxnet) build mxnet .venv-mxnet requirements/mxnet.txt ;;
+  main) build main .venv "$main_req" "$main_digest" "$main_earlier" "$main_why" requirements/main.txt ;;
+  mxnet) build mxnet .venv-mxnet "$mxnet_req" "$mxnet_digest" "$mxnet_earlier" "$mxnet_why" requirements/mxnet.txt ;;
   all)
-    build main .venv requirements/main.txt
-    build mxnet .venv-mxnet requirements/mxnet.txt
+    build main .venv "$main_req" "$main_digest" "$main_earlier" "$main_why" requirements/main.txt
+    build mxnet .venv-mxnet "$mxnet_req" "$mxnet_digest" "$mxnet_earlier" "$mxnet_why" requirements/mxnet.txt
     ;;
-  *) echo "usage: bash scripts/setup.sh [main|mxnet|all]" >&2; exit 2 ;;
 esac

@@ -20,7 +20,7 @@ CODE = "import sys\nprint('tool')\n"
 
 def make_project(where: Path) -> Path:
     (where / "scripts").mkdir(parents=True)
-    for name in ("setup.sh", "fix_scripts.py"):
+    for name in ("setup.sh", "setup_plan.py", "fix_scripts.py"):
         shutil.copy(ROOT / "scripts" / name, where / "scripts" / name)
     (where / "requirements").mkdir()
     req = where / "requirements" / "main.txt"
@@ -41,8 +41,9 @@ def script(project: Path, name: str, header: str) -> Path:
 
 
 def setup(project: Path) -> str:
+    env = os.environ | {"DPBENCH_SETUP_DEVICE": "cpu"}  # the CPU plan on a GPU machine too
     proc = subprocess.run(
-        ["bash", "scripts/setup.sh", "main"], cwd=project, capture_output=True, text=True
+        ["bash", "scripts/setup.sh", "main"], cwd=project, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout

@@ -1,0 +1,353 @@
+"""scripts/setup_plan.py and `setup.sh --dry-run` with a stand-in nvidia-smi first on PATH: which
+requirements file each environment gets, and why, for the drivers and GPUs a user may have.
+No network, no pip, no GPU: every case is a small script in tmp_path. An ldconfig stand-in is on
+PATH too, so the CUDA 11 libraries MXNet's CUDA wheels need are present only where a test says so
+(this machine's own loader cache stays out of it)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PLAN = ROOT / "scripts" / "setup_plan.py"
+# what MXNet's CUDA 11 wheels link, as an installed CUDA 11.7 runtime with cuDNN 8 and NCCL 2 has it
+CUDA11_LIBS = (
+    "libcudart.so.11.0 libcublas.so.11 libcufft.so.10 libcurand.so.10 libnvToolsExt.so.1 "
+    "libcudnn.so.8 libnccl.so.2 libcusolver.so.11 libcusparse.so.11 libnvrtc.so.11.2"
+).split()
+A100 = [("NVIDIA A100-SXM4-80GB", "8.0")]
+H100 = [("NVIDIA H100 80GB HBM3", "9.0")]
+# sha256 of requirements/main.txt before this plan existed: the stamp of the environments built then
+MAIN_TXT_BEFORE = "6dfa370078f1332d08ac0f5c826ccba91298ed1301e21338cbb4ef5bf1169ad1"
+FAILED = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+
+
+def machine(
+    tmp_path: Path,
+    cuda: str | None = None,
+    gpus: list[tuple[str, str]] | None = None,
+    driver: str = "580.159.04",
+    compute_cap: bool = True,
+    fail: bool = False,
+    libs: list[str] | None = None,
+) -> dict[str, str]:
+    """An environment whose PATH starts with a stand-in nvidia-smi (none when `cuda` is None and
+    not `fail`) and ldconfig (listing `libs`), with no real nvidia-smi behind them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    if fail:
+        smi = f'#!/bin/sh\necho "{FAILED}"\nexit 9\n'
+    elif cuda is not None:
+        header = f"| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}     |\n"
+        rows = "".join(f"{name}, {cc}, {driver}\n" for name, cc in gpus or [])
+        old_rows = "".join(f"{name}, {driver}\n" for name, _ in gpus or [])
+        # a driver before R510 refuses the compute_cap field, as nvidia-smi 470 does
+        cc_answer = (
+            f"cat <<'EOF'\n{rows}EOF"
+            if compute_cap
+            else ("echo 'Field \"compute_cap\" is not a valid field to query.'; exit 2")
+        )
+        smi = (
+            '#!/bin/sh\ncase "$*" in\n'
+            f"  *compute_cap*) {cc_answer} ;;\n"
+            f"  *--query-gpu*) cat <<'EOF'\n{old_rows}EOF\n  ;;\n"
+            f"  *) cat <<'EOF'\n{header}EOF\n  ;;\nesac\n"
+        )
+    else:
+        smi = None
+    if smi is not None:
+        (bin_dir / "nvidia-smi").write_text(smi)
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    cache = "".join(
+        f"\t{lib} (libc6,x86-64) => /usr/local/cuda-11.7/lib64/{lib}\n" for lib in libs or []
+    )
+    head = f"{len(libs or [])} libs found in cache `/etc/ld.so.cache'"
+    (bin_dir / "ldconfig").write_text(f"#!/bin/sh\ncat <<'EOF'\n{head}\n{cache}EOF\n")
+    (bin_dir / "ldconfig").chmod(0o755)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DPBENCH_SETUP_DEVICE", "LD_LIBRARY_PATH")
+    }
+    env["PATH"] = os.pathsep.join([str(bin_dir), *without_nvidia_smi(tmp_path)])
+    return env
+
+
+def without_nvidia_smi(tmp_path: Path) -> list[str]:
+    """PATH's folders, one that holds a real nvidia-smi (/usr/bin on a GPU machine) replaced by a
+    copy of links to everything else in it: sh, cat and python stay, the GPU goes."""
+    out = []
+    for i, folder in enumerate(os.environ["PATH"].split(os.pathsep)):
+        if not Path(folder, "nvidia-smi").exists():
+            out.append(folder)
+            continue
+        shadow = tmp_path / f"path-{i}"
+        if not shadow.exists():
+            shadow.mkdir()
+            for entry in os.scandir(folder):
+                if entry.name != "nvidia-smi":
+                    (shadow / entry.name).symlink_to(entry.path)
+        out.append(str(shadow))
+    return out
+
+
+def plan(env: dict[str, str], *args: str, script: Path = PLAN) -> dict[str, str]:
+    proc = subprocess.run(
+        [sys.executable, str(script), "--shell", *args], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return dict(shlex.split(line)[0].split("=", 1) for line in proc.stdout.splitlines())
+
+
+def test_cuda12_driver_with_an_a100_gets_cuda12_and_mxnet_cu117(tmp_path: Path) -> None:
+    p = plan(machine(tmp_path, "12.2", A100, driver="535.104.05", libs=CUDA11_LIBS))
+    assert p["main_req"] == "requirements/cuda12.txt", p["main_why"]
+    assert "runs CUDA 12.2" in p["main_why"] and "PyTorch index" in p["main_why"]
+    assert p["mxnet_req"] == "requirements/mxnet-cu117.txt", p["mxnet_why"]
+    assert "NVIDIA A100-SXM4-80GB (compute capability 8.0)" in p["machine"]
+
+
+def test_an_a100_without_the_cuda11_libraries_keeps_mxnet_on_the_cpu(tmp_path: Path) -> None:
+    """mxnet-cu117 links the CUDA 11 runtime, cuDNN 8 and NCCL 2 without bundling them: installed
+    on a CUDA 12 machine that lacks them, `import mxnet` would fail."""
+    p = plan(
+        machine(tmp_path, "12.2", A100, libs=[lib for lib in CUDA11_LIBS if "cudnn" not in lib])
+    )
+    assert p["main_req"] == "requirements/cuda12.txt"
+    assert p["mxnet_req"] == "requirements/mxnet.txt"
+    assert "libcudnn.so.8 not found" in p["mxnet_why"], p["mxnet_why"]
+    # the same libraries found through LD_LIBRARY_PATH instead of the loader's cache
+    lib_dir = tmp_path / "cuda-11.7"
+    lib_dir.mkdir()
+    for lib in CUDA11_LIBS:
+        (lib_dir / lib).touch()
+    env = machine(tmp_path, "12.2", A100) | {"LD_LIBRARY_PATH": f"/nowhere:{lib_dir}"}
+    assert plan(env)["mxnet_req"] == "requirements/mxnet-cu117.txt"
+
+
+def test_cuda13_driver_with_an_h100_gets_cuda13_and_mxnet_on_the_cpu(tmp_path: Path) -> None:
+    p = plan(machine(tmp_path, "13.0", H100, libs=CUDA11_LIBS))
+    assert p["main_req"] == "requirements/cuda13.txt", p["main_why"]
+    assert "driver 580.159.04 runs CUDA 13.0" in p["main_why"]
+    assert p["mxnet_req"] == "requirements/mxnet.txt"
+    assert p["mxnet_why"] == (
+        "MXNet 1.9.1's CUDA wheels stop at CUDA 11.x and have no code for compute capability 9.0 "
+        "(NVIDIA H100 80GB HBM3): MXNet runs on the CPU here"
+    )
+    # one Hopper among Ampere GPUs is enough: MXNet would run on all of them
+    mixed = plan(machine(tmp_path, "13.0", A100 + H100, libs=CUDA11_LIBS))
+    assert mixed["mxnet_req"] == "requirements/mxnet.txt"
+
+
+def test_a_volta_gpu_on_a_cuda13_driver_gets_the_cuda12_builds(tmp_path: Path) -> None:
+    """CUDA 13 dropped compute capability below 7.5 (Maxwell, Pascal, Volta)."""
+    p = plan(machine(tmp_path, "13.0", [("Tesla V100-SXM2-32GB", "7.0")], libs=CUDA11_LIBS))
+    assert p["main_req"] == "requirements/cuda12.txt", p["main_why"]
+    assert "Tesla V100-SXM2-32GB (compute capability 7.0 < 7.5)" in p["main_why"]
+    assert p["mxnet_req"] == "requirements/mxnet-cu117.txt"
+
+
+def test_no_nvidia_smi_gets_todays_files(tmp_path: Path) -> None:
+    p = plan(machine(tmp_path))
+    assert (p["main_req"], p["mxnet_req"]) == ("requirements/main.txt", "requirements/mxnet.txt")
+    assert "nvidia-smi not found" in p["main_why"]
+    # a file that includes none is stamped with its plain sha256, as before the plan existed
+    for name in ("main", "mxnet"):
+        req = ROOT / p[f"{name}_req"]
+        assert p[f"{name}_digest"] == hashlib.sha256(req.read_bytes()).hexdigest()
+    assert p["main_earlier"] == MAIN_TXT_BEFORE  # main.txt's comment changed, its pins did not
+
+
+def test_a_failing_nvidia_smi_is_a_machine_without_gpu(tmp_path: Path) -> None:
+    p = plan(machine(tmp_path, fail=True))
+    assert (p["main_req"], p["mxnet_req"]) == ("requirements/main.txt", "requirements/mxnet.txt")
+    assert f"exit 9: {FAILED}" in p["main_why"]
+    # one that answers but lists no GPU
+    assert plan(machine(tmp_path / "none", "13.0", []))["main_req"] == "requirements/main.txt"
+
+
+@pytest.mark.parametrize("compute_cap", [True, False], ids=["cc", "no-cc-field"])
+def test_a_cuda_11_4_driver_gets_cpu_builds_and_mxnet_cu112(tmp_path: Path, compute_cap) -> None:
+    gpus = [("Tesla T4", "7.5")]
+    env = machine(
+        tmp_path, "11.4", gpus, driver="470.82.01", compute_cap=compute_cap, libs=CUDA11_LIBS
+    )
+    p = plan(env)
+    assert p["main_req"] == "requirements/main.txt"
+    assert "runs CUDA 11.4" in p["main_why"] and "NVIDIA driver is updated" in p["main_why"]
+    assert p["mxnet_req"] == "requirements/mxnet-cu112.txt", p["mxnet_why"]  # 11.4 >= 11.2 < 11.7
+
+
+def test_cpu_asked_for_on_a_gpu_machine(tmp_path: Path) -> None:
+    env = machine(tmp_path, "12.2", A100, libs=CUDA11_LIBS)
+    for p, said in (
+        (plan(env, "--device", "cpu"), "--device cpu"),
+        (plan(env | {"DPBENCH_SETUP_DEVICE": "cpu"}), "DPBENCH_SETUP_DEVICE=cpu"),
+    ):
+        assert (p["main_req"], p["mxnet_req"]) == (
+            "requirements/main.txt",
+            "requirements/mxnet.txt",
+        )
+        assert p["main_why"].startswith(said), p["main_why"]
+    # the flag wins over the environment variable
+    p = plan(env | {"DPBENCH_SETUP_DEVICE": "cpu"}, "--device=auto")
+    assert p["main_req"] == "requirements/cuda12.txt"
+
+
+def test_cuda13_asked_for_without_a_driver(tmp_path: Path) -> None:
+    """E.g. an image built on a machine without GPUs: the CUDA builds, and MXNet on the CPU, since
+    there is no GPU to tell whether its CUDA wheels could run."""
+    p = plan(machine(tmp_path), "--device", "cuda13")
+    assert p["main_req"] == "requirements/cuda13.txt"
+    assert p["main_why"].startswith("--device cuda13: ") and "not checked" in p["main_why"]
+    assert p["mxnet_req"] == "requirements/mxnet.txt"
+    # and asked for over a driver too old for it: done, and said
+    old = plan(machine(tmp_path / "old", "12.2", A100), "--device", "cuda13")
+    assert old["main_req"] == "requirements/cuda13.txt"
+    assert "runs CUDA 12.2, these need a driver >= 580" in old["main_why"]
+
+
+def test_a_bad_device_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    env = machine(tmp_path)
+    for cmd, extra in (
+        ([sys.executable, str(PLAN), "--device", "gpu"], {}),
+        ([sys.executable, str(PLAN)], {"DPBENCH_SETUP_DEVICE": "cuda11"}),
+        (["bash", str(ROOT / "scripts" / "setup.sh"), "--dry-run", "--device", "gpu"], {}),
+        (["bash", str(ROOT / "scripts" / "setup.sh"), "--device"], {}),
+        (["bash", str(ROOT / "scripts" / "setup.sh"), "everything"], {}),
+    ):
+        proc = subprocess.run(cmd, env=env | extra, capture_output=True, text=True)
+        assert proc.returncode == 2, (cmd, proc.stderr)
+        assert len(proc.stderr.splitlines()) == 1 and not proc.stdout, (cmd, proc.stderr)
+
+
+def project(where: Path) -> Path:
+    """A copy of the scripts and requirements, so no test touches the real environments."""
+    (where / "scripts").mkdir(parents=True)
+    for name in ("setup.sh", "setup_plan.py", "fix_scripts.py"):
+        shutil.copy(ROOT / "scripts" / name, where / "scripts" / name)
+    shutil.copytree(ROOT / "requirements", where / "requirements")
+    return where
+
+
+def snapshot(where: Path) -> dict[str, tuple[int, bytes]]:
+    return {
+        str(p.relative_to(where)): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else b"")
+        for p in sorted(where.rglob("*"))
+    }
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(tmp_path: Path) -> None:
+    root = project(tmp_path / "p")
+    env = machine(tmp_path, "12.2", A100, libs=CUDA11_LIBS) | {"PYTHON": sys.executable}
+    before = snapshot(root)
+    proc = subprocess.run(
+        ["bash", "scripts/setup.sh", "--dry-run"], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "[setup] dry run, nothing is installed; machine: NVIDIA driver 580.159.04" in out
+    assert "[setup] main environment .venv: requirements/cuda12.txt -- driver" in out
+    assert "[setup] mxnet environment .venv-mxnet: requirements/mxnet-cu117.txt -- every GPU" in out
+    assert "dry run: main environment .venv would be built" in out
+    assert snapshot(root) == before  # no .venv, no stamp, nothing rewritten
+
+
+def test_the_stamp_covers_the_chosen_file_and_what_it_includes(tmp_path: Path) -> None:
+    """An environment built before the plan (its stamp: the sha256 of main.txt as it was then, with
+    the same pins) is up to date for the CPU plan; the CUDA plan rebuilds it afresh; a change in
+    main.txt makes cuda13.txt's stamp stale, and a change of pins the old stamp too."""
+    root = project(tmp_path / "p")
+    venv = root / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    stamp = venv / ".requirements.sha256"
+    stamp.write_text(f"{MAIN_TXT_BEFORE}\n")  # as CI's and the developers' environments have it
+    env = machine(tmp_path, "13.0", H100) | {"PYTHON": sys.executable}
+
+    def dry_run(*args: str) -> str:
+        cmd = ["bash", "scripts/setup.sh", "--dry-run", *args, "main"]
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "main environment .venv is up to date" in dry_run("--device", "cpu")
+    assert "would be rebuilt afresh (it was built from requirements/main.txt)" in dry_run()
+    script = root / "scripts" / "setup_plan.py"
+    cuda13 = plan(env, script=script)["main_digest"]
+    stamp.write_text(f"{cuda13} requirements/cuda13.txt\n")
+    assert "main environment .venv is up to date" in dry_run()
+    main = root / "requirements" / "main.txt"
+    main.write_text(main.read_text() + "six==1.17.0\n")
+    assert plan(env, script=script)["main_digest"] != cuda13
+    assert "main environment .venv would be built" in dry_run()
+    stamp.write_text(f"{MAIN_TXT_BEFORE}\n")
+    assert "main environment .venv would be built" in dry_run("--device", "cpu")
+
+
+@pytest.mark.parametrize("cu", ["cu117", "cu112", "cu110"])
+def test_mxnet_cuda_files_are_mxnet_txt_with_the_package_swapped(cu: str) -> None:
+    def pins(name: str) -> list[str]:
+        lines = (ROOT / "requirements" / name).read_text().splitlines()
+        return [ln for ln in lines if ln.strip() and not ln.startswith("#")]
+
+    want = [f"mxnet-{cu}==1.9.1" if p == "mxnet==1.9.1" else p for p in pins("mxnet.txt")]
+    assert pins(f"mxnet-{cu}.txt") == want
+    assert "numpy==1.23.5" in want
+
+
+def test_a_switch_of_file_rebuilds_afresh_and_says_what_the_gpu_shows(tmp_path: Path) -> None:
+    """setup.sh for real, with a stand-in python that runs scripts but only logs `-m venv`, `-m pip`
+    and `-m benchmarks.devices` (which fails, as a devices check may: the set-up still succeeds)."""
+    root = project(tmp_path / "p")
+    (root / "benchmarks").mkdir()
+    (root / "benchmarks" / "devices.py").touch()
+    log = tmp_path / "log"
+    fake = tmp_path / "fakepy"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2" in\n'
+        f'  "-m venv") echo "venv $3 $4" >>{log}; shift 2; [ "$1" = --clear ] && shift\n'
+        '    mkdir -p "$1/bin"; cp "$0" "$1/bin/python" ;;\n'
+        f'  "-m pip") echo "pip $*" >>{log} ;;\n'
+        f'  "-m benchmarks.devices") echo devices >>{log}; exit 3 ;;\n'
+        f'  *) exec {sys.executable} "$@" ;;\n'
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    venv = root / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    shutil.copy(fake, venv / "bin" / "python")
+    (venv / ".requirements.sha256").write_text(f"{MAIN_TXT_BEFORE}\n")
+    env = machine(tmp_path, "13.0", H100) | {"PYTHON": str(fake)}
+
+    def setup(*args: str) -> str:
+        cmd = ["bash", "scripts/setup.sh", *args, "main"]
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    out = setup()
+    assert "rebuilding the main environment in .venv from requirements/cuda13.txt" in out
+    assert "benchmarks.devices exited 3 (see above); the environment is installed" in out
+    assert log.read_text().splitlines() == [
+        "venv --clear .venv",
+        "pip -m pip install -q --upgrade pip",
+        "pip -m pip install -q -r requirements/cuda13.txt",
+        "devices",
+    ]
+    digest = plan(env, script=root / "scripts" / "setup_plan.py")["main_digest"]
+    assert (venv / ".requirements.sha256").read_text() == f"{digest} requirements/cuda13.txt\n"
+    log.unlink()
+    assert "main environment .venv is up to date" in setup() and not log.exists()
+    out = setup("--device", "cpu")  # and back: afresh again, no devices check on the CPU plan
+    assert "(it was built from requirements/cuda13.txt)" in out
+    assert log.read_text().splitlines()[0] == "venv --clear .venv"
+    assert log.read_text().splitlines()[-1] == "pip -m pip install -q -r requirements/main.txt"
