@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# GPU results (issue 14), on one lent GPU with a plain python3 (torch + CUDA JAX, flax, optax;
-# no venvs, no MXNet, no internet). Ends within BUDGET_SEC (default 560 s: a budget guards every
-# step; a step that no longer fits is listed as skipped). Steps 1-6 take about 15 minutes on
-# one H100, step 7 about 4 more (estimated, not yet run); where one command may run 10 minutes,
-# run them in three calls:
+# GPU results (issues 14, 27) on a machine with NVIDIA GPUs: throughput, compare, the tutorial
+# loops, the JAX step cache, and the GPU tests as the last step. Ends within BUDGET_SEC (default
+# 560 s: a budget guards every step; a step that no longer fits is listed as skipped). Steps 1-6
+# take about 15 minutes on one H100; where one command may run 10 minutes, run them in three
+# calls:
 #
-#   bash benchmarks/gpu_suite.sh [OUT_DIR [BUDGET_SEC]]
+#   bash benchmarks/gpu_suite.sh [--python PATH] [OUT_DIR [BUDGET_SEC]]
 #   STEPS=1,2,3,4 bash benchmarks/gpu_suite.sh OUT_DIR       # about 8 minutes on one H100
 #   STEPS=5,6 bash benchmarks/gpu_suite.sh OUT_DIR-2         # about 6 minutes
-#   STEPS=7 bash benchmarks/gpu_suite.sh OUT_DIR-3           # the JAX step cache, GPU tests
+#   STEPS=7,8 bash benchmarks/gpu_suite.sh OUT_DIR-3         # the JAX step cache, GPU tests
 #
+# The interpreter: the project's own .venv when it holds the CUDA builds (what `bash
+# scripts/setup.sh` installs on a machine with an NVIDIA driver), else python3 (e.g. a lent
+# machine's own python with CUDA torch and JAX); --python PATH names another. MXNet is not run
+# here (its CUDA wheels have no Hopper code; the compare runner skips it with the reason).
 # OUT_DIR defaults to docs/results/gpu-<UTC date>/ (committed results live under docs/results/;
 # the H100 runs of 2026-11-23 are in docs/results/h100-20261123/). Writes, under OUT_DIR:
 # machine.txt, commands.txt (every command and its seconds), throughput-bf16/,
 # throughput-bf16-host-pipeline/, throughput-bf16-compile/, throughput-bf16-reduce-overhead/,
 # throughput-fp32/ (each
 # throughput.json, throughput.md, runs/, logs/), compare-digits/ (the compare runner's tables
-# and records) and tutorial-loops/ (ours against the seed tutorials' loops).
+# and records), tutorial-loops/ (ours against the seed tutorials' loops), step-cache-jax-pmap/
+# and gpu-tests.xml (the GPU tests' results; their output goes to the suite's own).
 # Throughput: ResNet-18, 32x32 synthetic data, global batch 512 on 1 GPU; the real loop runs
 # 4 epochs of 16 steps (all 8192 synthetic images per epoch), the last 3 timed.
 # TensorBoard curves (compare) need tensorboardX; where it is missing the suite passes
@@ -24,20 +29,37 @@
 #   pip download --no-deps --only-binary=:all: -d .whl tensorboardX==2.6.5   (here), then
 #   pip install --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site (there)
 # Step 7 wants flatbuffers (jax.export's serialisation: without it the step cache is off and
-# the records say so) and pytest with pluggy, iniconfig and packaging, carried the same way.
+# the records say so); step 8 wants pytest, carried the same way where the python lacks them.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=""
+if [[ "${1:-}" == "--python" ]]; then
+  PY=${2:?--python needs the path of an interpreter}
+  shift 2
+fi
 OUT=${1:-$ROOT/docs/results/gpu-$(date -u +%Y%m%d)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$ROOT"
-PY=$(command -v python3)
+cuda_builds() {  # does this interpreter's torch and JAX both see a GPU?
+  XLA_PYTHON_CLIENT_PREALLOCATE=false "$1" -c 'import torch, jax
+assert torch.cuda.is_available() and jax.default_backend() == "gpu"' >/dev/null 2>&1
+}
+if [[ -z "$PY" ]]; then
+  if [[ -x .venv/bin/python ]] && cuda_builds .venv/bin/python; then
+    PY=$ROOT/.venv/bin/python  # not resolved: a venv's python is a link that must stay one
+  else
+    PY=$(command -v python3)
+  fi
+fi
 : >"$OUT/commands.txt"
 
 {
   date -u +"%Y-%m-%d %H:%M:%S UTC"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  echo "interpreter $PY"
   "$PY" -c 'import sys, torch, jax; print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version()); print("jax", jax.__version__, jax.devices())'
+  "$PY" -m benchmarks.devices --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard
   # The commit, "-dirty" when the working tree differs from it (a copied tree may carry an
   # older .git: then the tree, not the commit, is what ran).
   echo "git $(git describe --always --dirty --abbrev=40 2>/dev/null)"
@@ -66,7 +88,7 @@ run() {
 COMMON=(--python "$PY" --gpus 1 --model resnet18 --image-size 32 --batch-size 512
         --steps 16 --epochs 4 --timeout 240)
 # STEPS (default: all) picks steps by number, e.g. STEPS=1,2 bash benchmarks/gpu_suite.sh ...
-want() { [[ ",${STEPS:-1,2,3,4,5,6,7}," == *",$1,"* ]]; }
+want() { [[ ",${STEPS:-1,2,3,4,5,6,7,8}," == *",$1,"* ]]; }
 
 # 1. Mixed precision, every torch and JAX module: torch autocast bf16 + channels_last +
 #    cudnn.benchmark; JAX bf16 activations. The input pipeline is --pipeline auto: on a GPU the
@@ -108,7 +130,6 @@ want 6 && run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
 # 7. The JAX step cache on a GPU (issue 13): a warm run's first epoch with the train step traced
 #    again (A, --no-step-cache) and loaded (B), and the timed images/s (what the exported call
 #    costs per step); one warm-up run per side first, so both find their XLA programs cached.
-#    Then the GPU-only tests (CUDA graphs, torch.compile's record) where pytest is installed.
 JAXWORK=(--preset throughput --width 1 --image-size 32 --batch-size 512 --precision bf16
          --epochs 4 --max-steps-per-epoch 16 --gpus 1)
 if want 7; then
@@ -118,8 +139,18 @@ if want 7; then
   run env DPBENCH_PYTHON_JAX_PMAP="$PY" "$PY" -m benchmarks.ab --framework jax-pmap \
       --a=--no-step-cache --b=--step-cache --repeat 3 --timeout 180 \
       --out "$OUT/step-cache-jax-pmap" -- "${JAXWORK[@]}"
+fi
+# 8. The GPU tests (tests marked `gpu`: every trainer on cuda, NCCL, DataParallel's device ids,
+#    pmap and shardings, parity, CUDA graphs, the step cache, --devices cpu on a GPU machine),
+#    the GPU pass of scripts/test.sh. The rest of the suite runs with the CPU pinned, as in CI:
+#    `.venv/bin/python -m pytest tests --ignore=tests/mxnet` on this machine too.
+if want 8; then
   if "$PY" -c 'import pytest' 2>/dev/null; then
-    run "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_compile.py tests/test_jax_step_cache.py
+    run env DPBENCH_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+        DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
+        DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
+        "$PY" -m pytest -q -rs -p no:cacheprovider tests -m gpu --ignore=tests/mxnet \
+        --junitxml="$OUT/gpu-tests.xml"
   else
     echo "- skipped (no pytest; carry its wheels as tensorboardX's above): the GPU tests" \
       | tee -a "$OUT/commands.txt"

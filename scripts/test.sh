@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite: the main environment (common/, PyTorch, JAX, the benchmark runner),
-# then the MXNet environment (tests/mxnet). Creates the environments first if missing.
+# then the MXNet environment (tests/mxnet), then, where a GPU is visible, the GPU tests.
+# Creates the environments first if missing.
 # Extra arguments go to both pytest calls (e.g. -x, -k NAME).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,4 +16,10 @@ echo "[test] main environment: .venv/bin/python -m pytest tests --ignore=tests/m
 .venv/bin/python -m pytest tests --ignore=tests/mxnet "$@" || status=1
 echo "[test] mxnet environment: .venv-mxnet/bin/python -m pytest tests/mxnet"
 .venv-mxnet/bin/python -m pytest tests/mxnet "$@" || status=1
+# The runs above pin every test to the CPU (tests/conftest.py): a GPU machine runs them as CI
+# does. Where nvidia-smi lists a GPU, the GPU pass follows: only the tests marked `gpu`.
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  echo "[test] GPU pass: DPBENCH_TEST_GPU=1 .venv/bin/python -m pytest tests -m gpu"
+  DPBENCH_TEST_GPU=1 .venv/bin/python -m pytest tests -m gpu --ignore=tests/mxnet "$@" || status=1
+fi
 exit $status

@@ -219,3 +219,16 @@ def test_need_gpus_names_the_framework_its_build_and_the_fix() -> None:
     why = devices.need_gpus("cuda", 0, "jax-pmap", "jax 0.10.2, no CUDA plugin")
     assert why is not None and "jax-pmap sees no GPU (jax 0.10.2, no CUDA plugin" in why
     assert "bash scripts/setup.sh" in why and "--devices cpu" in why
+
+
+def test_the_devices_command_shows_what_each_framework_sees(tmp_path: Path) -> None:
+    """What setup.sh prints after a CUDA install: one line per framework, then the runners'
+    decision; exit 1 where they would refuse, 0 where they would start."""
+    env = gpu_machine(tmp_path, {"torch-ddp": True, "jax-pmap": False})
+    proc = run_module("benchmarks.devices", "--frameworks", "torch-ddp,jax-pmap", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert f"torch-ddp    sees 1 GPU(s) ({H100})" in proc.stdout
+    assert "jax-pmap     sees no GPU: jax 0" in proc.stdout
+    assert "the runners would stop: " in proc.stdout and "jax-pmap sees none" in proc.stdout
+    proc = run_module("benchmarks.devices", "--frameworks", "torch-ddp", env=env)
+    assert proc.returncode == 0 and "devices: torch-ddp on cuda (" in proc.stdout, proc.stdout
