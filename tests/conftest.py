@@ -40,6 +40,19 @@ if not GPU_PASS:
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
+def _tensorboard_missing() -> str:
+    """Why --tensorboard cannot write and be read back here ("" where it can): tensorboardX (the
+    writer) and tensorboard (the reader) are installed by `bash scripts/setup.sh`; a GPU
+    machine's own python, used as .venv/bin/python, may lack them."""
+    import importlib.util
+
+    missing = [p for p in ("tensorboardX", "tensorboard") if importlib.util.find_spec(p) is None]
+    return f"{' and '.join(missing)} not installed (bash scripts/setup.sh does)" if missing else ""
+
+
+TENSORBOARD_MISSING = _tensorboard_missing()
+
+
 def visible_gpus() -> list[str]:
     """The GPUs nvidia-smi lists ([] where there is none, or in the main pass, which hides them)."""
     if not GPU_PASS or shutil.which("nvidia-smi") is None:

@@ -25,7 +25,7 @@ from benchmarks import compare, harness, report
 from benchmarks.progress import RichProgress, parse_epoch_line
 from common.config import preset
 from common.results import RunRecorder
-from tests.conftest import ROOT, fake_nvidia_smi, read_json, run_module
+from tests.conftest import ROOT, TENSORBOARD_MISSING, fake_nvidia_smi, read_json, run_module
 from tests.test_tensorboard import assert_events_match_record
 
 # Two real frameworks of different families, each at 1 and 2 simulated devices.
@@ -45,6 +45,7 @@ def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
     out = tmp_path / "out"
     frameworks = ",".join([*PAIR, "mxnet-gluon"])
     args = ["--frameworks", frameworks, "--gpus", "2", "--preset", "smoke", "--out", str(out)]
+    args += ["--no-tensorboard"] if TENSORBOARD_MISSING else []  # its checks below left out
     proc = run_module("benchmarks.compare", *args, *RUN_TIMEOUT, env=MISSING_PYTHON, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -106,6 +107,9 @@ def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
     # TensorBoard (on by default): one event file per run under tensorboard/<run id>/, with the
     # record's values; the viewer's own loader lists every run; the summary prints the command
     tb = out / "tensorboard"
+    if TENSORBOARD_MISSING:  # a python without the writer (a GPU machine's own): said by -rs
+        assert_report_rebuilds_the_same_files(out)
+        pytest.skip(f"the TensorBoard part of this test: {TENSORBOARD_MISSING}")
     for name in runs:
         assert_events_match_record(tb / name.removesuffix(".json"), read_json(out / "runs" / name))
     from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer

@@ -25,7 +25,9 @@ from common.config import ConfigError, config_from_dict, preset
 from common.results import RunRecorder
 from common.schedule import lr_table_for
 from common.trainer import run_main
-from tests.conftest import MAIN_PYTHON, read_json, run_python
+from tests.conftest import MAIN_PYTHON, TENSORBOARD_MISSING, read_json, run_python
+
+pytestmark = pytest.mark.skipif(bool(TENSORBOARD_MISSING), reason=TENSORBOARD_MISSING)
 
 # The record's epoch-row field behind each scalar tag ("lr" comes from the LR table).
 ROW_FIELD = {

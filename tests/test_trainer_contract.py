@@ -31,6 +31,7 @@ from tests.conftest import (
     FRAMEWORKS,
     MXNET_PYTHON,
     SMOKE,
+    TENSORBOARD_MISSING,
     module_of,
     ok,
     one_line_error,
@@ -366,11 +367,13 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
     the run went: the shared start, the threads, the execution mode, the BN mode it used; and
     its TensorBoard curves (--tensorboard; MXNet's written in its own environment), read back
     with TensorBoard's reader, hold the record's values (tests/test_tensorboard.py)."""
+    skip_without_interpreter(framework)
     bn = "sync" if framework == "jax-shard" else "local"  # jax-shard's global-batch BN
     out = tmp_path / "digits.json"
     args = ("--preset", "digits", "--width", "0.125", "--gpus", "2", "--epochs", "4")
     tb = tmp_path / "tb"
-    proc = run_trainer(framework, *args, "--bn", bn, "--output", str(out), "--tensorboard", str(tb))
+    args += () if TENSORBOARD_MISSING else ("--tensorboard", str(tb))
+    proc = run_trainer(framework, *args, "--bn", bn, "--output", str(out))
     ok(proc)
     rec = read_json(out)
     assert rec["status"] == "ok" and rec["bn_mode"] == bn
@@ -386,6 +389,8 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
     if framework.startswith("jax"):  # the default XLA:CPU path at 16x16 on 2 devices
         assert rec["execution"].endswith("XLA:CPU (its own code)")  # tests/test_xla_cpu.py
     assert [e["timed"] for e in rec["epochs"]] == [False, True, True, True]
+    if TENSORBOARD_MISSING:  # a python without the writer (a GPU machine's own): said by -rs
+        pytest.skip(f"the TensorBoard part of this test: {TENSORBOARD_MISSING}")
     assert_events_match_record(tb, rec)  # one event file: process 0 alone writes
 
 
