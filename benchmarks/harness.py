@@ -348,14 +348,14 @@ def choose_devices(asked: str | None, names: Sequence[str]) -> Devices:
     out = Devices("cuda", gpus, f"{len(gpus)} x {gpus[0]} listed by nvidia-smi -L")
     caps = None
     for name, seen in probe_devices(names).items():
-        if seen.gpus:
-            out.seen[name] = seen
-            continue
-        if REGISTRY[name].family == "mxnet":
+        if REGISTRY[name].family == "mxnet":  # even a CUDA build has no kernels for Hopper
             caps = gpu_compute_capabilities() if caps is None else caps
             if caps and max(caps) >= 9.0:
                 out.skipped[name] = MXNET_NO_HOPPER.format(gpu=gpus[0])
                 continue
+        if seen.gpus:
+            out.seen[name] = seen
+            continue
         raise UsageError(
             f"this machine has {len(gpus)} GPU(s) ({gpus[0]}; nvidia-smi -L) but {name} sees "
             f"none ({seen.detail}); install its GPU build with `{REGISTRY[name].install}` (it "

@@ -61,7 +61,9 @@ def visible_gpus() -> list[str]:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return []
-    return [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+    gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # as benchmarks.harness.detect_gpus
+    return gpus if visible is None else gpus[: len([v for v in visible.split(",") if v.strip()])]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -123,13 +123,18 @@ def test_every_runner_refuses_a_framework_that_sees_no_gpu(
 
 def test_mxnet_on_hopper_is_skipped_with_the_reason_not_refused(tmp_path: Path) -> None:
     """MXNet 1.9.1 has no GPU build for compute capability 9.0: on an H100 it is a skipped row
-    saying why; on an A100 (8.0), where `setup.sh mxnet` installs mxnet-cu117, a refusal."""
+    saying why, also where a CUDA build of it counts the GPU (it has no kernels for it); on an
+    A100 (8.0), where `setup.sh mxnet` installs mxnet-cu117, a refusal."""
     if not MXNET_PYTHON.exists():
         pytest.skip(".venv-mxnet not built (bash scripts/setup.sh mxnet)")
-    sees = {"torch-ddp": True, "mxnet-gluon": False}
     names = ["torch-ddp", "mxnet-gluon"]
-    for cap, expect in (("9.0", "skipped"), ("8.0", "refused")):
-        env = gpu_machine(tmp_path / cap, sees, compute_cap=cap)
+    for cap, mxnet_counts_it, expect in (
+        ("9.0", False, "skipped"),
+        ("9.0", True, "skipped"),
+        ("8.0", False, "refused"),
+    ):
+        sees = {"torch-ddp": True, "mxnet-gluon": mxnet_counts_it}
+        env = gpu_machine(tmp_path / f"{cap}-{mxnet_counts_it}", sees, compute_cap=cap)
         code = (
             "import json, os; from benchmarks import harness\n"
             "try:\n"
