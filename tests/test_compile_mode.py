@@ -39,9 +39,10 @@ def test_the_record_names_the_mode():
 def test_the_throughput_tool_gives_both_loops_the_mode():
     ns = SimpleNamespace(model="resnet18", width=1.0, image_size=32, lr=0.01, precision="bf16",
                          channels_last=True, xla_cpu_ynn=True, compile=True,
-                         compile_mode="reduce-overhead")  # fmt: skip
+                         compile_mode="reduce-overhead", devices="cuda")  # fmt: skip
     flags = workload(ns, 512)
     assert flags[flags.index("--compile-mode") + 1] == "reduce-overhead"
+    assert flags[flags.index("--devices") + 1] == "cuda"  # both loops on the devices chosen
     assert "--compile-mode" not in workload(SimpleNamespace(**{**vars(ns), "compile": False}), 512)
 
 
