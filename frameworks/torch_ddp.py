@@ -28,55 +28,39 @@ the test loss uses the training loss (label smoothing included).
 
 from __future__ import annotations
 
-import datetime
-import os
-import re
-import signal
-import socket
 import sys
-import time
 from contextlib import nullcontext
-from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
-from pathlib import Path
+from multiprocessing.connection import Connection
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.config import CUDA_GRAPH_MODES, Config, ConfigError, resolve
+from common.config import CUDA_GRAPH_MODES, Config, resolve
 from common.datasets import check_available, load_for
 from common.init import init_record
 from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
-from common.results import RunRecorder, write_json_atomic
+from common.results import RunRecorder
 from common.runtime import (
     cpu_threads,
-    die_with_parent,
-    free_port,
     injected_failure,
     printer,
-    process_state,
-    stale_launch_env,
     threads_record,
 )
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer, Timer
 from common.trainer import (
-    BAD_INPUT,
-    Interrupted,
-    RunFailed,
     check_resume,
-    describe,
     keep_measured_epochs,
     run_main,
     save_final_state,
-    shield_interrupts,
     should_log,
 )
+from frameworks.torch_launch import Launch, launch_env, process_group, single_process, spawn
 from frameworks.torch_models import (
     CompileMeter,
+    CpuSyncBatchNorm,
     TrainState,
     autocast,
     canonical_state,
@@ -104,50 +88,6 @@ PACKAGES = ("torch",)
 
 
 # ---- model ---------------------------------------------------------------------------------
-
-
-class AllReduceSum(torch.autograd.Function):
-    """Differentiable all-reduce (sum): the gradient of a global sum with respect to each rank's
-    part is the global sum of the gradients (what the deprecated torch.distributed.nn does)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        x = x.clone()
-        dist.all_reduce(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
-
-
-class CpuSyncBatchNorm(nn.BatchNorm2d):
-    """BatchNorm over the global batch for CPU tensors (torch's SyncBatchNorm is CUDA-only).
-
-    One differentiable all-reduce of (sum, sum of squares, count) per layer: its backward
-    all-reduces the gradient of the statistics, so every rank's input gets its share of the
-    global-batch gradient, as in SyncBatchNorm. Plain BatchNorm2d in eval mode or alone.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, C, H, W), this rank's shard
-        if not (self.training and dist.is_initialized() and dist.get_world_size() > 1):
-            return super().forward(x)
-        c = x.shape[1]
-        local = torch.cat(
-            [x.sum((0, 2, 3)), (x * x).sum((0, 2, 3)), x.new_full((1,), x.numel() / c)]
-        )
-        stats = AllReduceSum.apply(local)  # (2C + 1,) summed over ranks; a sync point
-        n = stats[-1]
-        mean = stats[:c] / n
-        var = (stats[c : 2 * c] / n - mean * mean).clamp_min(0)  # biased: normalises the batch
-        with torch.no_grad():  # running = (1 - momentum) * running + momentum * batch (unbiased)
-            self.running_mean.lerp_(mean, self.momentum)
-            self.running_var.lerp_(var * n / (n - 1), self.momentum)
-            self.num_batches_tracked.add_(1)
-        scale = self.weight * torch.rsqrt(var + self.eps)
-        return x * scale[None, :, None, None] + (self.bias - mean * scale)[None, :, None, None]
 
 
 def build_model(cfg: Config, in_channels: int, num_classes: int) -> nn.Module:
@@ -297,241 +237,16 @@ def sync_batch_stats(state: TrainState) -> None:
 # ---- devices: processes, replicas and shards -----------------------------------------------
 
 
-@dataclass(frozen=True)
-class Launch:
-    """This process's place in the job, from the launcher's environment."""
-
-    rank: int
-    world: int
-    local_rank: int
-    local_world: int
-
-
-def launch_env() -> Launch | None:
-    """torchrun (or our own spawn) sets RANK/WORLD_SIZE/LOCAL_RANK; srun sets SLURM_PROCID/
-    SLURM_NTASKS/SLURM_LOCALID (a 1-task SLURM job is not a launch: --gpus spawns as usual)."""
-    env = os.environ
-    stale = stale_launch_env()
-    if stale:
-        raise ConfigError(stale)
-    if "RANK" in env and "WORLD_SIZE" in env:
-        world = int(env["WORLD_SIZE"])
-        return Launch(
-            int(env["RANK"]),
-            world,
-            int(env.get("LOCAL_RANK", 0)),
-            int(env.get("LOCAL_WORLD_SIZE", world)),
-        )
-    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-        if not ("MASTER_ADDR" in env and "MASTER_PORT" in env):
-            raise ConfigError(
-                "under srun, export MASTER_ADDR (the first node's host name) and "
-                "MASTER_PORT (a free port) in the batch script"
-            )
-        check_master_addr(env["MASTER_ADDR"], env["SLURM_PROCID"] == "0")
-        world = int(env["SLURM_NTASKS"])
-        per_node = re.match(r"\d+", env.get("SLURM_NTASKS_PER_NODE", ""))  # "8" or "8(x2)"
-        tasks_per_node = int(per_node.group()) if per_node else world
-        os.environ.update(
-            RANK=env["SLURM_PROCID"],
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=env.get("SLURM_LOCALID", "0"),
-        )
-        return Launch(
-            int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)), tasks_per_node
-        )
-    return None
-
-
-def check_master_addr(host: str, rank0: bool) -> None:
-    """Under srun the batch script exports MASTER_ADDR: it must resolve, and rank 0 (which
-    serves the rendezvous there) must run on it. A stale value (another job's first node)
-    would otherwise hold every rank until the rendezvous times out."""
-    try:
-        ip = socket.gethostbyname(host)
-    except OSError:
-        raise ConfigError(
-            f"MASTER_ADDR={host} does not resolve; export the first node's host name "
-            '(e.g. MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1))'
-        ) from None
-    if rank0:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((ip, 0))
-            except OSError:
-                raise ConfigError(
-                    f"MASTER_ADDR={host} is not this host ({socket.gethostname()}), where rank 0 "
-                    "serves the rendezvous: a stale value? export the first node's host name"
-                ) from None
-
-
-def spawn(cfg: Config) -> dict:
-    """Start `cfg.gpus` processes on this node, each running train(cfg) as one rank with the
-    environment torchrun would give it (rendezvous on a free loopback port), and wait for them.
-
-    The workers die with this process (common.runtime.die_with_parent: a parent-death signal
-    and a pipe only this process holds), so a cancelled run (kill -9, the OOM killer) leaves
-    no orphan. Rank 0 sends its record after every epoch through a pipe, and only this process
-    writes `--output`: a run whose rank fails keeps the epochs measured so far ("failed"), one
-    stopped by SIGTERM / SIGINT stops its workers first ("interrupted"). No temporary file."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    workers: list = []
-    lifelines: list[Connection] = []
-    reports: dict[int, Connection] = {}  # rank -> its report pipe, until it closes
-    record: dict = {}
-    errors: dict[int, tuple[str, str]] = {}  # rank -> (kind, one line), in order of arrival
-
-    def read(conns: dict[int, Connection]) -> None:
-        nonlocal record
-        for rank, conn in list(conns.items()):
-            while rank in conns and conn.poll():
-                try:
-                    kind, payload = conn.recv()
-                except (EOFError, OSError):
-                    del conns[rank]  # the worker has exited: nothing more will come
-                    continue
-                if kind == "record":
-                    record = payload
-                else:
-                    errors.setdefault(rank, (kind, payload))
-
-    try:
-        for rank in range(cfg.gpus):
-            life_r, life_w = ctx.Pipe(duplex=False)  # this process holds life_w until the end
-            report_r, report_w = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_spawned,
-                args=(rank, cfg, port, os.getpid(), life_r, report_w, sys.argv),
-                name=f"torch-ddp rank {rank}",
-            )
-            proc.start()
-            life_r.close()
-            report_w.close()
-            workers.append(proc)
-            lifelines.append(life_w)
-            reports[rank] = report_r
-        while any(p.exitcode is None for p in workers):
-            live = [p.sentinel for p in workers if p.exitcode is None]
-            wait([*reports.values(), *live], timeout=1.0)
-            read(reports)
-            if errors or any(p.exitcode not in (None, 0) for p in workers):
-                break
-        read(reports)  # what a worker sent just before it exited
-        signalled = [
-            -p.exitcode for p in workers if p.exitcode in (-signal.SIGTERM, -signal.SIGINT)
-        ]
-        if signalled and not errors:  # a scheduler signalled the whole job, workers first
-            raise Interrupted(signalled[0])
-        if errors or any(p.exitcode not in (None, 0) for p in workers):
-            error, bad_input = _failure(cfg, workers, errors)
-            _stop(workers, cfg)
-            if bad_input:
-                raise ConfigError(error)
-            if record:
-                record.update(status="failed", error=error)
-                if cfg.output:
-                    write_json_atomic(cfg.output, record)
-                raise RunFailed(error)
-            raise RuntimeError(error)
-    except Interrupted as exc:
-        shield_interrupts()  # this process's own SIGTERM may come after its workers'
-        _stop(workers, cfg)
-        read(reports)  # the last epoch rank 0 reported before it was stopped
-        if record:
-            record.update(status="interrupted", error=str(exc))
-            if cfg.output:
-                write_json_atomic(cfg.output, record)
-            exc.recorded = True
-        raise
-    finally:
-        _stop(workers, cfg)
-        for conn in [*lifelines, *reports.values()]:
-            conn.close()
-    if cfg.output:
-        write_json_atomic(cfg.output, record)
-    return record
-
-
-def _failure(cfg: Config, workers: list, errors: dict[int, tuple[str, str]]) -> tuple[str, bool]:
-    """The one line that says why a spawned run failed, and whether it is bad input. A rank
-    that timed out in a collective names the ranks that never answered (stopped, or alive and
-    silent); a rank that died without a word is named with its exit status."""
-    if errors:
-        rank, (kind, message) = next(iter(errors.items()))
-        message = re.sub(r"\[[^\]]*:\d+\] ", "", message)  # gloo's source location
-        if "timed out" in message.lower() or "timeout" in message.lower():
-            silent = [
-                f"rank {r} (pid {p.pid}{', stopped' if process_state(p.pid) == 'T' else ''})"
-                for r, p in enumerate(workers)
-                if r not in errors and p.exitcode is None
-            ]
-            if silent:
-                return (
-                    f"rank {rank} waited {cfg.collective_timeout:g} s (--collective-timeout) "
-                    f"for {', '.join(silent)}, which did not answer: {message}",
-                    False,
-                )
-        return (message if rank == 0 else f"rank {rank}: {message}"), kind == "bad-input"
-    for rank, proc in enumerate(workers):
-        if proc.exitcode not in (None, 0):
-            code = proc.exitcode
-            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited ({code})"
-            return f"rank {rank} (pid {proc.pid}) {how} without an error message", False
-    return "a worker failed", False
-
-
-def _stop(workers: list, cfg: Config, grace: float = 3.0) -> None:
-    """SIGTERM every worker still running, SIGKILL what is left after `grace` seconds, reap
-    them, and remove the checkpoint temp file a killed rank 0 may have been writing."""
-    alive = [p for p in workers if p.exitcode is None]
-    for proc in alive:
-        proc.terminate()
-        if process_state(proc.pid) == "T":  # a stopped process acts on SIGTERM only once resumed
-            os.kill(proc.pid, signal.SIGCONT)
-    deadline = time.monotonic() + grace
-    for proc in alive:
-        proc.join(max(0.0, deadline - time.monotonic()))
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
-    if cfg.checkpoint_dir:
-        for proc in workers:  # common.runtime.atomic_write_with: <file>.<random>.tmp<pid>
-            for tmp in Path(cfg.checkpoint_dir).glob(f"*.tmp{proc.pid}"):
-                tmp.unlink(missing_ok=True)
-
-
-def _spawned(
-    local_rank: int,
-    cfg: Config,
-    port: int,
-    parent: int,
-    lifeline: Connection,
-    report: Connection,
-    argv: list[str],
-) -> None:
-    """One rank of a spawned run: dies with the parent; reports to it; never writes --output."""
-    die_with_parent(parent, lifeline)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops the workers
-    sys.argv = argv  # the record's "command"
-    os.environ.update(
-        RANK=str(local_rank),
-        WORLD_SIZE=str(cfg.gpus),
-        LOCAL_RANK=str(local_rank),
-        LOCAL_WORLD_SIZE=str(cfg.gpus),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    try:
-        record = train(cfg, report=report)
-    except BAD_INPUT as exc:
-        report.send(("bad-input", str(exc)))
-        sys.exit(1)
-    except Exception as exc:
-        report.send(("error", str(exc) if isinstance(exc, RunFailed) else describe(exc)))
-        sys.exit(1)
-    if local_rank == 0:
-        report.send(("record", record))
+def select_device(launch: Launch) -> torch.device:
+    """This rank's device: GPU `local_rank` (modulo: srun --gpus-per-task leaves each task one
+    visible GPU), else the CPU, whose cores this node's processes share."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest conv algorithms
+        return device
+    torch.set_num_threads(cpu_threads(launch.local_world))
+    return torch.device("cpu")
 
 
 # ---- train: where time is measured ---------------------------------------------------------
@@ -541,43 +256,19 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     launch = launch_env()
     if launch is None and cfg.gpus > 1:
-        return spawn(cfg)  # N processes, each running this function as one rank
-    if launch is None:  # a single process: a world of one, on a free port
-        launch = Launch(0, 1, 0, 1)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        return spawn(cfg, train)  # N processes, each running this function as one rank
+    launch = launch or single_process()  # a world of one, on a free port
     rank, world = launch.rank, launch.world
     if cfg.gpus != world:  # the launcher decides the device count
         cfg = resolve(cfg.replace(gpus=world))
     injected_failure(FRAMEWORK)
     compiles = CompileMeter()  # torch.compile's time and cache hits, for the record
-    cuda = torch.cuda.is_available()
-    if cuda:
-        # local rank k -> GPU k; modulo: srun --gpus-per-task leaves each task one visible GPU
-        device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest conv algorithms
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(cpu_threads(launch.local_world))  # N processes share the cores
+    device = select_device(launch)
+    cuda = device.type == "cuda"
     fp32 = set_float32_precision(cfg, cuda)
-    # --collective-timeout bounds the rendezvous and every collective: a rank that stops
-    # answering (stopped, hung, its node gone) fails the run instead of holding it for long.
-    try:
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            init_method="env://",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=cfg.collective_timeout),
-        )
-    except Exception as exc:
-        raise RuntimeError(
-            f"rendezvous of {world} ranks at {os.environ.get('MASTER_ADDR')}:"
-            f"{os.environ.get('MASTER_PORT')} failed after at most {cfg.collective_timeout:g} s "
-            f"(--collective-timeout; {describe(exc)}): every rank must start, with the same "
-            "MASTER_ADDR, MASTER_PORT and WORLD_SIZE; stale variables in the environment?"
-        ) from None
-    try:
+    # One process group per run: NCCL between GPUs, gloo between CPU processes. Its timeout
+    # (--collective-timeout) bounds the rendezvous and every collective.
+    with process_group("nccl" if cuda else "gloo", launch, cfg.collective_timeout):
         is_main = rank == 0
         log = printer(is_main)
         ds = load_for(cfg)
@@ -701,8 +392,6 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
             save_final_state(cfg, canonical_state(state))  # --save-state
         dist.barrier()  # no rank tears gloo/NCCL down while another is still in a collective
         return recorder.finish()
-    finally:
-        dist.destroy_process_group()
 
 
 # ---- main ----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -180,6 +181,50 @@ class WideResNet(nn.Module):
         x = self.layer6(self.layer5(x))
         x = torch.flatten(x.mean(dim=(2, 3)), 1)  # every pixel: (N, 640w)
         return self.fc(x)
+
+
+class AllReduceSum(torch.autograd.Function):
+    """Differentiable all-reduce (sum): the gradient of a global sum with respect to each rank's
+    part is the global sum of the gradients (what the deprecated torch.distributed.nn does)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class CpuSyncBatchNorm(nn.BatchNorm2d):
+    """BatchNorm over the global batch for CPU tensors (torch's SyncBatchNorm is CUDA-only).
+
+    One differentiable all-reduce of (sum, sum of squares, count) per layer: its backward
+    all-reduces the gradient of the statistics, so every rank's input gets its share of the
+    global-batch gradient, as in SyncBatchNorm. Plain BatchNorm2d in eval mode or alone.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, C, H, W), this rank's shard
+        if not (self.training and dist.is_initialized() and dist.get_world_size() > 1):
+            return super().forward(x)
+        c = x.shape[1]
+        local = torch.cat(
+            [x.sum((0, 2, 3)), (x * x).sum((0, 2, 3)), x.new_full((1,), x.numel() / c)]
+        )
+        stats = AllReduceSum.apply(local)  # (2C + 1,) summed over ranks; a sync point
+        n = stats[-1]
+        mean = stats[:c] / n
+        var = (stats[c : 2 * c] / n - mean * mean).clamp_min(0)  # biased: normalises the batch
+        with torch.no_grad():  # running = (1 - momentum) * running + momentum * batch (unbiased)
+            self.running_mean.lerp_(mean, self.momentum)
+            self.running_var.lerp_(var * n / (n - 1), self.momentum)
+            self.num_batches_tracked.add_(1)
+        scale = self.weight * torch.rsqrt(var + self.eps)
+        return x * scale[None, :, None, None] + (self.bias - mean * scale)[None, :, None, None]
 
 
 def init_weights(model: nn.Module) -> None:

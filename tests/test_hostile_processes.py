@@ -455,7 +455,7 @@ def test_a_resumed_record_is_true(tmp_path, capsys):
 
 def test_stale_slurm_and_master_variables_are_one_line(monkeypatch):
     from common.runtime import stale_launch_env
-    from frameworks.torch_ddp import check_master_addr
+    from frameworks.torch_launch import check_master_addr
 
     for var in [v for v in os.environ if v.startswith("SLURM_")]:
         monkeypatch.delenv(var)

@@ -196,7 +196,7 @@ def test_nesterov_without_momentum_is_the_parsers_one_line():
 
 def test_launcher_environments(monkeypatch):
     from common.config import ConfigError
-    from frameworks.torch_ddp import Launch, launch_env
+    from frameworks.torch_launch import Launch, launch_env
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
