@@ -53,6 +53,10 @@ class PhaseTimer:
     def __init__(self, sync: Callable[[], None], enabled: bool):
         self.sync = sync
         self.enabled = enabled
+        self.reset()
+
+    def reset(self) -> None:
+        """Start counting again (after the warm-up epoch)."""
         self.totals: dict[str, float] = {p: 0.0 for p in PHASES}
         self.steps = 0
 

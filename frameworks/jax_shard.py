@@ -44,16 +44,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from common.config import Config, per_device
-from common.datasets import load_for
-from common.init import init_record
-from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
-from common.results import RunRecorder
-from common.runtime import injected_failure, printer
-from common.timing import PhaseTimer, Timer
+from common.run import Run
 from common.trainer import (
-    keep_measured_epochs,
     run_main,
-    save_final_state,
     should_log,
 )
 from frameworks.jax_models import (
@@ -278,77 +271,48 @@ def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...
 
 def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
-    injected_failure(FRAMEWORK)
     compiles = CompileMeter.get()  # compile time and cache hits, for the record
     devices, kind = select_devices(cfg.gpus)  # cfg.gpus per process, all processes' devices
     per_device(cfg.batch_size, len(devices))  # all processes' devices (ConfigError names a fix)
     mesh = Mesh(np.array(devices), (AXIS,))
-    rank, world = jax.process_index(), jax.process_count()
-    is_main = rank == 0
-    ds = load_for(cfg)
-    model = build_model(cfg, ds.channels, ds.num_classes, compute_dtype(cfg, devices[0].platform))
-    log = printer(is_main)
+    gpu = devices[0].platform == "gpu"
     fp32 = set_float32_precision(cfg, devices[0].platform)
-    if devices[0].platform != "gpu" and cfg.precision != "fp32":
-        log("note: --precision applies on GPUs only; this run is fp32")
-    loader = TrainLoader(
-        ds,
-        cfg.batch_size,
-        cfg.seed,
-        rank,
-        world,
-        augment=cfg.augment,
-        layout="NHWC",
-        max_steps=cfg.max_steps_per_epoch,
-        prefetch=cfg.prefetch,
-        on_device=crops_on_device(cfg.pipeline, devices[0].platform == "gpu", ds.train_x.nbytes),
-    )
-    # Static shapes: every test batch is padded to a multiple of this process's device count.
-    eval_batch = max(1, cfg.eval_batch_size // world)
-    evals = EvalLoader(ds, eval_batch, rank, world, layout="NHWC", pad_to=cfg.gpus)
-    eval_steps = max(len(EvalLoader(ds, eval_batch, r, world)) for r in range(world))
-    state = create_train_state(cfg, model, ds.image_shape, mesh, len(loader))
-    recorder = RunRecorder(
-        cfg,
-        devices=len(devices),
-        device_kind=kind,
-        params=count_params(unreplicate(state.params)),
-        is_main=is_main,
-        packages=PACKAGES,
-        bn_mode=cfg.bn,
-        n_test=len(ds.test_x),
-        init=init_record(cfg, ds.channels, ds.num_classes),
-    )
-    recorder.threads = jax_threads(devices)
-    recorder.execution = execution("jit (XLA SPMD over the mesh)", devices)
-    recorder.float32_precision = fp32
-    recorder.pipeline = pipeline_record(loader.on_device)
-    j_train_step, j_eval_step = parallelize(cfg, mesh)
-    # --compile-cache: the step traced once per configuration, then loaded (jax_models.py)
-    j_train_step = cached_step(cfg, j_train_step, len(loader), donate_state(devices))
-    j_allreduce = cross_device_sum(mesh)
-    put = lambda batch: to_device(batch, mesh)  # this run's mesh
-    # --pipeline device: the training set goes to the devices here, the crops are made there.
-    put_train = train_put(
-        loader, put, lambda a: replicate(a, mesh), lambda f: parallel_batches(f, mesh)
-    )
-    start = 0
-    if cfg.resume and checkpoint_path(cfg).exists():
-        host_state, start = load_checkpoint(cfg, unreplicate(state), recorder)
-        state = replicate(host_state, mesh)
-        log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
-    elif cfg.resume:
-        log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
 
     def sync() -> None:  # waits for the newest state (late binding: the loop's current value)
         jax.block_until_ready(state)
 
-    timer = Timer(sync)
-    phases = PhaseTimer(sync, cfg.phase_timing)
-    with keep_measured_epochs(recorder, reraise=world > 1):
+    # This process's rows of every global batch; static shapes: every test batch is padded to
+    # a multiple of this process's device count.
+    run = Run(cfg, FRAMEWORK, PACKAGES, rank=jax.process_index(), world=jax.process_count(),
+              layout="NHWC", gpu=gpu, sync=sync, pad_to=cfg.gpus)  # fmt: skip
+    model = build_model(cfg, run.ds.channels, run.ds.num_classes, compute_dtype(cfg, gpu))
+    state = create_train_state(cfg, model, run.ds.image_shape, mesh, len(run.loader))
+    run.record(
+        devices=len(devices),
+        kind=kind,
+        params=count_params(unreplicate(state.params)),
+        threads=jax_threads(devices),
+        execution=execution("jit (XLA SPMD over the mesh)", devices),
+        precision=fp32,
+    )
+    if not gpu and cfg.precision != "fp32":
+        run.log("note: --precision applies on GPUs only; this run is fp32")
+    j_train_step, j_eval_step = parallelize(cfg, mesh)
+    # --compile-cache: the step traced once per configuration, then loaded (jax_models.py)
+    j_train_step = cached_step(cfg, j_train_step, len(run.loader), donate_state(devices))
+    j_allreduce = cross_device_sum(mesh)
+    put = lambda batch: to_device(batch, mesh)  # this run's mesh
+    # --pipeline device: the training set goes to the devices here, the crops are made there.
+    put_train = train_put(
+        run.loader, put, lambda a: replicate(a, mesh), lambda f: parallel_batches(f, mesh)
+    )
+    state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint,
+                              unreplicate, lambda s: replicate(s, mesh))  # fmt: skip
+    phases = run.phases
+    with run.measured():
         for epoch in range(start, cfg.epochs):
-            timer.start()
-            batches = loader.epoch(epoch)
+            run.timer.start()
+            batches = run.loader.epoch(epoch)
             totals: dict[str, jax.Array] = {}
             for i, batch in enumerate(prefetch_to_devices(batches, put_train, phases)):
                 # One fused XLA program: forward, backward, all-reduce and update cannot be
@@ -362,43 +326,36 @@ def train(cfg: Config) -> dict:
                         jax.block_until_ready(j_allreduce(state.params))
                 phases.steps += 1
                 totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
-                step = epoch * len(loader) + i + 1  # the global step, as in every trainer
+                step = epoch * len(run.loader) + i + 1  # the global step, as in every trainer
                 if should_log(cfg, step):  # host sync: log point
                     t = unreplicate(totals)
-                    log(f"step {step} train_loss={t['loss_sum'] / t['count']:.4f}")
+                    run.log(f"step {step} train_loss={t['loss_sum'] / t['count']:.4f}")
             # BN statistics: already replicated (global by construction, or pmean'd per step).
-            sec = timer.stop()
-            phases.add("data_wait", batches.wait_sec)
+            sec = run.timer.stop()
             train_sums = unreplicate(totals)  # host sync, once per epoch
-            test = evaluate(j_eval_step, state, evals, eval_steps, put, unreplicate)
-            stop = recorder.end_epoch(
+            test = evaluate(j_eval_step, state, run.evals, run.eval_steps, put, unreplicate)
+            if run.end_epoch(
                 epoch,
+                state,
                 sec,
-                len(loader) * cfg.batch_size,
+                batches.wait_sec,
                 train_sums["loss_sum"] / train_sums["count"],
                 test["correct"],
                 test["count"],
                 test["loss_sum"],
-            )
-            if cfg.checkpoint_dir and is_main:
-                save_checkpoint(cfg, unreplicate(state), recorder, epoch)
-            injected_failure(FRAMEWORK, epoch + 1)
-            if stop:
-                break
-            if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
-                phases = PhaseTimer(sync, cfg.phase_timing)
-    if cfg.phase_timing:
-        recorder.phases = phases.per_step_ms()
-        recorder.extra["phase_note"] = (
-            "forward_backward = the whole compiled step (forward, backward, gradient "
-            "all-reduce, update: one XLA program); allreduce = a separate all-reduce of a "
-            "gradient-sized tree, also contained in forward_backward; optimizer is not "
-            "separable (0)"
-        )
-    recorder.extra.update(compiles.record())  # compile_sec, compile_cache
-    if is_main:
-        save_final_state(cfg, canonical_state(unreplicate(state)))  # --save-state
-    return recorder.finish()
+            ):
+                break  # the target held, or diverged
+    note = (
+        "forward_backward = the whole compiled step (forward, backward, gradient "
+        "all-reduce, update: one XLA program); allreduce = a separate all-reduce of a "
+        "gradient-sized tree, also contained in forward_backward; optimizer is not "
+        "separable (0)"
+    )
+    return run.finish(
+        lambda: canonical_state(unreplicate(state)),  # --save-state
+        **({"phase_note": note} if cfg.phase_timing else {}),
+        **compiles.record(),  # compile_sec, compile_cache
+    )
 
 
 # ---- main ----------------------------------------------------------------------------------

@@ -71,24 +71,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.config import Config, ConfigError
-from common.datasets import check_available, load_for
-from common.init import init_record
-from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
-from common.results import RunRecorder, host_info
+from common.datasets import check_available
+from common.pipeline import EvalLoader, TrainLoader
+from common.results import host_info
+from common.run import Run
 from common.runtime import (
     cpu_threads,
-    injected_failure,
-    printer,
     set_omp_threads,
     threads_record,
 )
 from common.schedule import lr_table_for
-from common.timing import PhaseTimer, Timer
+from common.timing import PhaseTimer
 from common.trainer import (
     check_resume,
-    keep_measured_epochs,
     run_main,
-    save_final_state,
     should_log,
 )
 
@@ -384,65 +380,37 @@ def train(cfg: Config) -> dict:
         sync,
     )
 
-    injected_failure(FRAMEWORK)
     ctx, kind = select_devices(cfg.gpus)
-    log = printer(True)  # one process drives every device
-    ds = load_for(cfg)
-    model = build_model(cfg, ds.channels, ds.num_classes)
+    gpu = ctx[0].device_type == "gpu"
     # rank 0 of 1: this process reads every global batch and splits it over the contexts.
-    loader = TrainLoader(
-        ds,
-        cfg.batch_size,
-        cfg.seed,
-        0,
-        1,
-        augment=cfg.augment,
-        layout="NCHW",
-        max_steps=cfg.max_steps_per_epoch,
-        prefetch=cfg.prefetch,
-        on_device=crops_on_device(
-            cfg.pipeline, ctx[0].device_type == "gpu", ds.train_x.nbytes, MAX_ELEMENTS
-        ),
-    )
-    evals = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW", pad_to=len(ctx))
-    state = create_train_state(cfg, model, ctx, len(loader))
-    recorder = RunRecorder(
-        cfg,
-        devices=len(ctx),
-        device_kind=kind,
-        params=count_params(model),
-        is_main=True,
-        packages=PACKAGES,
-        bn_mode=cfg.bn,
-        n_test=len(ds.test_x),
-        init=init_record(cfg, ds.channels, ds.num_classes),
-    )
+    run = Run(cfg, FRAMEWORK, PACKAGES, layout="NCHW", gpu=gpu, sync=sync, pad_to=len(ctx),
+              device_bytes=MAX_ELEMENTS)  # fmt: skip
+    model = build_model(cfg, run.ds.channels, run.ds.num_classes)
+    state = create_train_state(cfg, model, ctx, len(run.loader))
     omp = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
-    recorder.threads = threads_record(
+    threads = threads_record(
         omp * len(ctx), omp, "OMP_NUM_THREADS per context (each engine worker's OpenMP team)"
     )
-    recorder.threads["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
-    recorder.execution = "hybridized (static_alloc, static_shape)"
-    gpu = ctx[0].device_type == "gpu"
+    threads["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
     tf32 = "tf32" if cfg.tf32 else "fp32 (TF32 off)"
-    recorder.float32_precision = tf32 if gpu else "fp32 (CPU)"
-    recorder.pipeline = pipeline_record(loader.on_device)
-    if ctx[0].device_type == "cpu" and (cfg.precision != "fp32" or cfg.compile):
-        log("note: --precision and --compile apply on CUDA only; this run is fp32")
-    start = 0
-    if cfg.resume and checkpoint_path(cfg).exists():
-        state, start = load_checkpoint(cfg, state, recorder)
-        log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
-    elif cfg.resume:
-        log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
-    put = train_put(loader, state)  # --pipeline device: the training set goes over here
-    timer = Timer(sync)
-    state.phases = PhaseTimer(sync, cfg.phase_timing)
-    with keep_measured_epochs(recorder):
+    run.record(
+        devices=len(ctx),
+        kind=kind,
+        params=count_params(model),
+        threads=threads,
+        execution="hybridized (static_alloc, static_shape)",
+        precision=tf32 if gpu else "fp32 (CPU)",
+    )
+    if not gpu and (cfg.precision != "fp32" or cfg.compile):
+        run.log("note: --precision and --compile apply on CUDA only; this run is fp32")
+    state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
+    put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
+    state.phases = run.phases
+    with run.measured():
         for epoch in range(start, cfg.epochs):
             mx.random.seed(seed_for(cfg.seed, epoch), ctx="all")  # dropout masks
-            timer.start()
-            batches = loader.epoch(epoch)
+            run.timer.start()
+            batches = run.loader.epoch(epoch)
             totals: dict[str, Any] = {}
             for host_batch in batches:
                 with state.phases.phase("h2d"):
@@ -452,33 +420,24 @@ def train(cfg: Config) -> dict:
                 totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
                 if should_log(cfg, state.step):  # host sync: log point
                     loss = totals["loss_sum"].asscalar() / totals["count"].asscalar()  # host sync
-                    log(f"step {state.step} train_loss={loss:.4f}")
+                    run.log(f"step {state.step} train_loss={loss:.4f}")
             if cfg.bn == "local":  # replicas' running statistics -> their mean (see docstring)
                 sync_batch_stats(state)
-            sec = timer.stop()
-            state.phases.add("data_wait", batches.wait_sec)
+            sec = run.timer.stop()
             train_sums = {k: float(v.asscalar()) for k, v in totals.items()}  # host sync, once
-            test = evaluate(state, evals)
-            stop = recorder.end_epoch(
+            test = evaluate(state, run.evals)
+            if run.end_epoch(
                 epoch,
+                state,
                 sec,
-                len(loader) * cfg.batch_size,
+                batches.wait_sec,
                 train_sums["loss_sum"] / train_sums["count"],
                 test["correct"],
                 test["count"],
                 test["loss_sum"],
-            )
-            if cfg.checkpoint_dir:
-                save_checkpoint(cfg, state, recorder, epoch)
-            injected_failure(FRAMEWORK, epoch + 1)
-            if stop:
-                break
-            if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
-                state.phases = PhaseTimer(sync, cfg.phase_timing)
-    if cfg.phase_timing:
-        recorder.phases = state.phases.per_step_ms()
-    save_final_state(cfg, canonical_state(state))  # --save-state
-    return recorder.finish()
+            ):
+                break  # the target held, or diverged
+    return run.finish(lambda: canonical_state(state))  # --save-state
 
 
 # ---- main ----------------------------------------------------------------------------------

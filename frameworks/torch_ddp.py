@@ -38,23 +38,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.config import CUDA_GRAPH_MODES, Config, resolve
-from common.datasets import check_available, load_for
-from common.init import init_record
-from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
-from common.results import RunRecorder
+from common.datasets import check_available
+from common.run import Run
 from common.runtime import (
     cpu_threads,
-    injected_failure,
-    printer,
     threads_record,
 )
 from common.schedule import lr_table_for
-from common.timing import PhaseTimer, Timer
+from common.timing import PhaseTimer
 from common.trainer import (
     check_resume,
-    keep_measured_epochs,
     run_main,
-    save_final_state,
     should_log,
 )
 from frameworks.torch_launch import Launch, launch_env, process_group, single_process, spawn
@@ -261,7 +255,6 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
     rank, world = launch.rank, launch.world
     if cfg.gpus != world:  # the launcher decides the device count
         cfg = resolve(cfg.replace(gpus=world))
-    injected_failure(FRAMEWORK)
     compiles = CompileMeter()  # torch.compile's time and cache hits, for the record
     device = select_device(launch)
     cuda = device.type == "cuda"
@@ -269,71 +262,40 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
     # One process group per run: NCCL between GPUs, gloo between CPU processes. Its timeout
     # (--collective-timeout) bounds the rendezvous and every collective.
     with process_group("nccl" if cuda else "gloo", launch, cfg.collective_timeout):
-        is_main = rank == 0
-        log = printer(is_main)
-        ds = load_for(cfg)
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        model = build_model(cfg, ds.channels, ds.num_classes)
         # The data is sharded here: this rank reads only its contiguous part of every global
         # batch (the sharding DistributedSampler + set_epoch gives, minus padding).
-        loader = TrainLoader(
-            ds,
-            cfg.batch_size,
-            cfg.seed,
-            rank,
-            world,
-            augment=cfg.augment,
-            layout="NCHW",
-            max_steps=cfg.max_steps_per_epoch,
-            prefetch=cfg.prefetch,
-            on_device=crops_on_device(cfg.pipeline, cuda, ds.train_x.nbytes),
-        )
-        evals = EvalLoader(ds, max(1, cfg.eval_batch_size // world), rank, world, layout="NCHW")
-        state = create_train_state(cfg, model, device, len(loader))
-        kind = f"cuda:{torch.cuda.get_device_name(device)}" if cuda else "cpu-simulated"
-        recorder = RunRecorder(
-            cfg,
-            devices=world,
-            device_kind=kind,
-            params=count_params(model),
-            is_main=is_main,
-            packages=PACKAGES,
-            bn_mode=cfg.bn,
-            n_test=len(ds.test_x),
-            init=init_record(cfg, ds.channels, ds.num_classes),
-        )
-        recorder.threads = threads_record(
-            torch.get_num_threads() * launch.local_world,
-            torch.get_num_threads(),
-            "torch.set_num_threads in each process (one process per device)",
-        )
+        run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
+                  sync=sync, report=report, barrier=dist.barrier)  # fmt: skip
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        model = build_model(cfg, run.ds.channels, run.ds.num_classes)
+        state = create_train_state(cfg, model, device, len(run.loader))
         compiled = cuda and cfg.compile  # see create_train_state
-        recorder.execution = execution(cfg, cuda, compiled=compiled)
-        recorder.extra["process_group"] = dist.get_backend()  # nccl on GPUs, gloo on the CPU
-        recorder.float32_precision = fp32
-        recorder.pipeline = pipeline_record(loader.on_device)
+        run.record(
+            devices=world,
+            kind=f"cuda:{torch.cuda.get_device_name(device)}" if cuda else "cpu-simulated",
+            params=count_params(model),
+            threads=threads_record(
+                torch.get_num_threads() * launch.local_world,
+                torch.get_num_threads(),
+                "torch.set_num_threads in each process (one process per device)",
+            ),
+            execution=execution(cfg, cuda, compiled=compiled),
+            precision=fp32,
+        ).extra["process_group"] = dist.get_backend()  # nccl on GPUs, gloo on the CPU
         if not cuda and (cfg.precision != "fp32" or cfg.compile):
-            log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
+            run.log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
         if cuda and cfg.compile and world > 1 and cfg.compile_mode in CUDA_GRAPH_MODES:
-            log(f"note: --compile-mode {cfg.compile_mode} (CUDA graphs) with DDP over {world} "
-                "GPUs is unmeasured in this project (measured on one GPU)")  # fmt: skip
-        start = 0
-        if report is not None:  # a spawned rank: the parent writes --output
-            recorder.output = ""
-        if cfg.resume and checkpoint_path(cfg).exists():
-            state, start = load_checkpoint(cfg, state, recorder)
-            log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
-        elif cfg.resume:
-            log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
-        put = train_put(loader, state)  # --pipeline device: the training set goes over here
-        timer = Timer(sync)
-        state.phases = PhaseTimer(sync, cfg.phase_timing)
-        with keep_measured_epochs(recorder, reraise=world > 1):
+            run.log(f"note: --compile-mode {cfg.compile_mode} (CUDA graphs) with DDP over "
+                    f"{world} GPUs is unmeasured here (measured on one GPU)")  # fmt: skip
+        state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
+        put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
+        state.phases = run.phases
+        with run.measured():
             for epoch in range(start, cfg.epochs):
                 torch.manual_seed(seed_for(cfg.seed, epoch, rank))  # dropout masks
                 state.model.train()
-                timer.start()
-                batches = loader.epoch(epoch)
+                run.timer.start()
+                batches = run.loader.epoch(epoch)
                 totals: dict[str, torch.Tensor] = {}
                 for host_batch in batches:
                     with state.phases.phase("h2d"):
@@ -343,12 +305,11 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
                     totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
                     if should_log(cfg, state.step):  # host sync: log point
                         running = float(totals["loss_sum"] / totals["count"])
-                        log(f"step {state.step} train_loss={running:.4f} (rank 0's shard)")
+                        run.log(f"step {state.step} train_loss={running:.4f} (rank 0's shard)")
                 if cfg.bn == "local":  # ranks' running statistics -> their mean (see docstring)
                     sync_batch_stats(state)
-                sec = timer.stop()
-                state.phases.add("data_wait", batches.wait_sec)
-                test = evaluate(eval_step, state, evals)
+                sec = run.timer.stop()
+                test = evaluate(eval_step, state, run.evals)
                 # The epoch's only reductions (sync points): sums over ranks, and the slowest
                 # rank's time (the epoch is over when the last rank is done).
                 sums = torch.stack(
@@ -364,34 +325,22 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
                 dist.all_reduce(sums)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                 loss_sum, count, correct, n_test, test_loss = sums.tolist()  # host sync, 1/epoch
-                stop = recorder.end_epoch(
+                if run.end_epoch(
                     epoch,
+                    state,
                     slowest.item(),  # host sync, once per epoch (after the timed region)
-                    len(loader) * cfg.batch_size,
+                    batches.wait_sec,
                     loss_sum / count,
                     correct,
                     n_test,
                     test_loss,
-                )
-                if is_main and report is not None:  # to the parent: the epochs so far
-                    report.send(("record", recorder.result()))
-                if cfg.checkpoint_dir:
-                    if is_main:
-                        save_checkpoint(cfg, state, recorder, epoch)
-                    dist.barrier()  # the checkpoint is on disk before any rank may be killed
-                injected_failure(FRAMEWORK, epoch + 1)
-                if stop:
-                    break
-                if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
-                    state.phases = PhaseTimer(sync, cfg.phase_timing)
-        if cfg.phase_timing:
-            recorder.phases = state.phases.per_step_ms()
-        if compiled:
-            recorder.extra.update(compiles.record())  # compile_sec, compile_cache
-        if is_main:
-            save_final_state(cfg, canonical_state(state))  # --save-state
+                ):
+                    break  # the target held, or diverged
         dist.barrier()  # no rank tears gloo/NCCL down while another is still in a collective
-        return recorder.finish()
+        return run.finish(
+            lambda: canonical_state(state),  # --save-state
+            **(compiles.record() if compiled else {}),  # compile_sec, compile_cache
+        )
 
 
 # ---- main ----------------------------------------------------------------------------------

@@ -25,18 +25,14 @@ import torch
 from torch import nn
 
 from common.config import Config, ConfigError
-from common.datasets import check_available, load_for
-from common.init import init_record
-from common.pipeline import EvalLoader, TrainLoader, crops_on_device, pipeline_record
-from common.results import RunRecorder
-from common.runtime import cpu_threads, injected_failure, printer, threads_record
+from common.datasets import check_available
+from common.run import Run
+from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
-from common.timing import PhaseTimer, Timer
+from common.timing import PhaseTimer
 from common.trainer import (
     check_resume,
-    keep_measured_epochs,
     run_main,
-    save_final_state,
     should_log,
 )
 from frameworks.torch_models import (
@@ -179,9 +175,7 @@ def select_devices(n: int) -> tuple[list[int], str]:
 
 def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
-    injected_failure(FRAMEWORK)
     compiles = CompileMeter()  # torch.compile's time and cache hits, for the record
-    log = printer(True)
     cuda = torch.cuda.is_available()
     device_ids, kind = select_devices(cfg.gpus)  # check_config: that many are visible
     if cuda:
@@ -189,61 +183,35 @@ def train(cfg: Config) -> dict:
     else:
         torch.set_num_threads(cpu_threads(1))
     fp32 = set_float32_precision(cfg, cuda)
-    ds = load_for(cfg)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg, ds.channels, ds.num_classes)
     # One process reads every global batch; DataParallel shards it in the step (scatter).
-    loader = TrainLoader(
-        ds,
-        cfg.batch_size,
-        cfg.seed,
-        0,
-        1,
-        augment=cfg.augment,
-        layout="NCHW",
-        max_steps=cfg.max_steps_per_epoch,
-        prefetch=cfg.prefetch,
-        on_device=crops_on_device(cfg.pipeline, cuda, ds.train_x.nbytes),
-    )
-    evals = EvalLoader(ds, cfg.eval_batch_size, 0, 1, layout="NCHW")
-    state = create_train_state(cfg, model, device_ids, len(loader))
-    recorder = RunRecorder(
-        cfg,
-        devices=state.world,
-        device_kind=kind,
-        params=count_params(model),
-        is_main=True,
-        packages=PACKAGES,
-        bn_mode=cfg.bn,
-        n_test=len(ds.test_x),
-        init=init_record(cfg, ds.channels, ds.num_classes),
-    )
-    recorder.threads = threads_record(
-        torch.get_num_threads(), None, "torch.set_num_threads in the one process"
-    )
+    run = Run(cfg, FRAMEWORK, PACKAGES, layout="NCHW", gpu=cuda, sync=sync)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, run.ds.channels, run.ds.num_classes)
+    state = create_train_state(cfg, model, device_ids, len(run.loader))
     compiled = cuda and cfg.compile and len(device_ids) == 1  # see create_train_state
-    recorder.execution = execution(cfg, cuda, compiled=compiled)
-    recorder.float32_precision = fp32
-    recorder.pipeline = pipeline_record(loader.on_device)
+    run.record(
+        devices=state.world,
+        kind=kind,
+        params=count_params(model),
+        threads=threads_record(
+            torch.get_num_threads(), None, "torch.set_num_threads in the one process"
+        ),
+        execution=execution(cfg, cuda, compiled=compiled),
+        precision=fp32,
+    )
     if not cuda and (cfg.precision != "fp32" or cfg.compile):
-        log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
+        run.log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
     if cuda and cfg.compile and len(device_ids) > 1:
-        log("note: --compile is not applied: torch.compile cannot trace nn.DataParallel")
-    start = 0
-    if cfg.resume and checkpoint_path(cfg).exists():
-        state, start = load_checkpoint(cfg, state, recorder)
-        log(f"resumed from {checkpoint_path(cfg)} after epoch {start}")
-    elif cfg.resume:
-        log(f"no checkpoint at {checkpoint_path(cfg)}: starting from scratch")
-    put = train_put(loader, state)  # --pipeline device: the training set goes over here
-    timer = Timer(sync)
-    state.phases = PhaseTimer(sync, cfg.phase_timing)
-    with keep_measured_epochs(recorder):
+        run.log("note: --compile is not applied: torch.compile cannot trace nn.DataParallel")
+    state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
+    put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
+    state.phases = run.phases
+    with run.measured():
         for epoch in range(start, cfg.epochs):
             torch.manual_seed(seed_for(cfg.seed, epoch, 0))  # dropout masks
             state.model.train()
-            timer.start()
-            batches = loader.epoch(epoch)
+            run.timer.start()
+            batches = run.loader.epoch(epoch)
             totals: dict[str, torch.Tensor] = {}
             for host_batch in batches:
                 with state.phases.phase("h2d"):
@@ -253,11 +221,10 @@ def train(cfg: Config) -> dict:
                 totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
                 if should_log(cfg, state.step):  # host sync: log point
                     running = float(totals["loss_sum"] / totals["count"])
-                    log(f"step {state.step} train_loss={running:.4f}")
+                    run.log(f"step {state.step} train_loss={running:.4f}")
             # BN statistics: GPU 0's module holds the only copy (replicas are rebuilt every step).
-            sec = timer.stop()
-            state.phases.add("data_wait", batches.wait_sec)
-            test = evaluate(eval_step, state, evals)
+            sec = run.timer.stop()
+            test = evaluate(eval_step, state, run.evals)
             sums = torch.stack(
                 [
                     totals["loss_sum"],
@@ -268,28 +235,14 @@ def train(cfg: Config) -> dict:
                 ]
             )
             loss_sum, count, correct, n_test, test_loss = sums.double().tolist()  # the sync point
-            stop = recorder.end_epoch(
-                epoch,
-                sec,
-                len(loader) * cfg.batch_size,
-                loss_sum / count,
-                correct,
-                n_test,
-                test_loss,
-            )
-            if cfg.checkpoint_dir:
-                save_checkpoint(cfg, state, recorder, epoch)
-            injected_failure(FRAMEWORK, epoch + 1)
-            if stop:
-                break
-            if epoch == start and epoch + 1 < cfg.epochs:  # phase times exclude the warm-up
-                state.phases = PhaseTimer(sync, cfg.phase_timing)
-    if cfg.phase_timing:
-        recorder.phases = state.phases.per_step_ms()
-    if compiled:
-        recorder.extra.update(compiles.record())  # compile_sec, compile_cache
-    save_final_state(cfg, canonical_state(state))  # --save-state
-    return recorder.finish()
+            if run.end_epoch(
+                epoch, state, sec, batches.wait_sec, loss_sum / count, correct, n_test, test_loss
+            ):
+                break  # the target held, or diverged
+    return run.finish(
+        lambda: canonical_state(state),  # --save-state
+        **(compiles.record() if compiled else {}),  # compile_sec, compile_cache
+    )
 
 
 # ---- main ----------------------------------------------------------------------------------

@@ -94,7 +94,9 @@ def injected_failure(framework, epoch=None):
         raise RuntimeError("crash inside the training loop (test)")
 
 
-trainer.injected_failure = injected_failure
+import common.run  # noqa: E402  (the trainers' Run calls the failure hook)
+
+common.run.injected_failure = injected_failure
 sys.exit(trainer.main(sys.argv[2:]))
 """
 

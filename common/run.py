@@ -1,0 +1,221 @@
+"""One run's bookkeeping, the same in every trainer: `Run`.
+
+A trainer keeps what the reader came to compare: its model, its step, its data-parallel
+transform and the epoch loop with its sync points. `Run` holds the rest, written once:
+
+    run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
+              sync=sync)                     # the data: run.ds, run.loader, run.evals
+    state = create_train_state(cfg, model, ..., len(run.loader))
+    run.record(devices=..., kind=..., params=..., threads=..., execution=..., precision=...)
+    state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
+    with run.measured():                     # a crash keeps the epochs measured so far
+        for epoch in range(start, cfg.epochs):
+            run.timer.start()
+            batches = run.loader.epoch(epoch)
+            ...                              # the framework's steps and end-of-epoch sums
+            sec = run.timer.stop()
+            ...
+            if run.end_epoch(epoch, state, sec, batches.wait_sec, loss, correct, total, test_loss):
+                break                        # the target held, or diverged
+    return run.finish(lambda: canonical_state(state), **extra)
+
+Framework-neutral (numpy and the standard library): the framework's own calls come in as
+functions (`sync`, `load` and `save` of checkpoints, `barrier`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, TypeVar
+
+from common.config import Config
+from common.datasets import load_for
+from common.init import init_record
+from common.pipeline import (
+    DEVICE_DATA_LIMIT,
+    EvalLoader,
+    TrainLoader,
+    crops_on_device,
+    pipeline_record,
+)
+from common.results import RunRecorder
+from common.runtime import injected_failure, printer
+from common.timing import PhaseTimer, Timer
+from common.trainer import keep_measured_epochs, save_final_state
+
+S = TypeVar("S")  # a framework's train state
+
+
+class Run:
+    """Everything around a trainer's epoch loop (see the module docstring).
+
+    `rank` / `world`: this process and the number of processes; each reads only its contiguous
+    part of every global batch (the sharding DistributedSampler + set_epoch gives, minus
+    padding), and its share of the test set. `layout`: the batches' NCHW or NHWC. `gpu`: the
+    devices are GPUs (--pipeline auto then keeps the training set on them). `sync`: waits for
+    the framework's queued device work (the timers' boundaries). `pad_to`: test batches padded
+    to a multiple of it (static shapes). `device_bytes`: the most training-set bytes the
+    framework's device arrays hold. torch-ddp's spawned ranks give the parent's `report` pipe
+    (rank 0 sends its record after every epoch, and the parent writes --output) and a `barrier`
+    (every rank waits until rank 0's checkpoint is on disk)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        framework: str,
+        packages: tuple[str, ...],
+        *,
+        layout: str,
+        gpu: bool,
+        sync: Callable[[], None],
+        rank: int = 0,
+        world: int = 1,
+        pad_to: int = 0,
+        device_bytes: int = DEVICE_DATA_LIMIT,
+        report: Connection | None = None,
+        barrier: Callable[[], None] | None = None,
+    ):
+        injected_failure(framework)  # DPBENCH_FAIL=<framework>: a start-up failure (tests)
+        self.cfg, self.framework, self.packages = cfg, framework, packages
+        self.rank, self.world, self.is_main = rank, world, rank == 0
+        self.report, self.barrier = report, barrier
+        self.log = printer(self.is_main)  # only process 0 prints
+        self.ds = load_for(cfg)
+        self.loader = TrainLoader(
+            self.ds,
+            cfg.batch_size,
+            cfg.seed,
+            rank,
+            world,
+            augment=cfg.augment,
+            layout=layout,
+            max_steps=cfg.max_steps_per_epoch,
+            prefetch=cfg.prefetch,
+            on_device=crops_on_device(cfg.pipeline, gpu, self.ds.train_x.nbytes, device_bytes),
+        )
+        self.eval_batch = max(1, cfg.eval_batch_size // world)
+        self.evals = EvalLoader(self.ds, self.eval_batch, rank, world, layout=layout, pad_to=pad_to)
+        self.timer = Timer(sync)  # the epoch's time (common/timing.py, TIMING_RULE)
+        self.phases = PhaseTimer(sync, cfg.phase_timing)  # --phase-timing
+        self.recorder: RunRecorder | None = None
+        self.start = 0  # the first epoch this process trains (after --resume: the next one)
+        self._save: Callable[[Any, int], None] = lambda state, epoch: None  # see resume()
+
+    @property
+    def eval_steps(self) -> int:
+        """Test batches of the process with the most (each process must run as many)."""
+        return max(
+            len(EvalLoader(self.ds, self.eval_batch, r, self.world)) for r in range(self.world)
+        )
+
+    def record(
+        self,
+        *,
+        devices: int,
+        kind: str,
+        params: int,
+        threads: dict[str, Any],
+        execution: str,
+        precision: str,
+    ) -> RunRecorder:
+        """Start the run record: how the run executes (device kind, threads, execution mode,
+        float32 precision), and what every record holds alike (the shared start, the BN mode,
+        the test set, where the batches are made)."""
+        cfg = self.cfg
+        rec = RunRecorder(
+            cfg,
+            devices=devices,
+            device_kind=kind,
+            params=params,
+            is_main=self.is_main,
+            packages=self.packages,
+            bn_mode=cfg.bn,
+            n_test=len(self.ds.test_x),
+            init=init_record(cfg, self.ds.channels, self.ds.num_classes),
+        )
+        rec.threads, rec.execution, rec.float32_precision = threads, execution, precision
+        rec.pipeline = pipeline_record(self.loader.on_device)
+        if self.report is not None:  # a spawned rank: the parent writes --output
+            rec.output = ""
+        self.recorder = rec
+        return rec
+
+    def resume(
+        self,
+        state: S,
+        path: Path,
+        load: Callable[[Config, Any, RunRecorder], tuple[Any, int]],
+        save: Callable[[Config, Any, RunRecorder, int], None],
+        to_host: Callable[[S], Any] = lambda s: s,
+        to_device: Callable[[Any], S] = lambda s: s,
+    ) -> tuple[S, int]:
+        """The framework's checkpoints at `path`: `save(cfg, state, recorder, epoch)` writes one
+        after every epoch (end_epoch); --resume reads one where it exists (`load(cfg, state,
+        recorder)`, which gives the recorder the checkpoint's epochs). Both see the host state
+        `to_host` gives; `to_device` puts a loaded one back. Returns the state to train and the
+        epochs done (the state given and 0 without a checkpoint)."""
+        assert self.recorder is not None, "record() first: the checkpoint holds its epochs"
+        self._save = lambda state, epoch: save(self.cfg, to_host(state), self.recorder, epoch)
+        if self.cfg.resume and path.exists():
+            host_state, self.start = load(self.cfg, to_host(state), self.recorder)
+            self.log(f"resumed from {path} after epoch {self.start}")
+            return to_device(host_state), self.start
+        if self.cfg.resume:
+            self.log(f"no checkpoint at {path}: starting from scratch")
+        return state, 0
+
+    @contextmanager
+    def measured(self) -> Iterator[None]:
+        """Around the epoch loop: a crash keeps the epochs measured so far in a "failed"
+        record; a rank of a multi-process run then exits, so that the others are stopped."""
+        assert self.recorder is not None
+        with keep_measured_epochs(self.recorder, reraise=self.world > 1):
+            yield
+
+    def end_epoch(
+        self,
+        epoch: int,
+        state: Any,
+        sec: float,
+        wait_sec: float,
+        train_loss: float,
+        test_correct: float,
+        test_total: float,
+        test_loss_sum: float,
+    ) -> bool:
+        """After epoch `epoch` (0-based), outside its timed region: its row in the record (every
+        step's global batch counted), the input wait in the phase times, `state`'s checkpoint
+        (on process 0 where --checkpoint-dir is set; see `resume`), the failure hook. True when
+        training should stop (the target held, or diverged). The phase times restart after the
+        first epoch of the process (warm-up)."""
+        cfg, rec = self.cfg, self.recorder
+        assert rec is not None
+        self.phases.add("data_wait", wait_sec)
+        images = len(self.loader) * cfg.batch_size
+        stop = rec.end_epoch(epoch, sec, images, train_loss, test_correct, test_total,
+                             test_loss_sum)  # fmt: skip
+        if self.is_main and self.report is not None:  # to the parent: the epochs so far
+            self.report.send(("record", rec.result()))
+        if cfg.checkpoint_dir:
+            if self.is_main:
+                self._save(state, epoch)
+            if self.barrier is not None:  # the checkpoint on disk before any rank may be killed
+                self.barrier()
+        injected_failure(self.framework, epoch + 1)  # DPBENCH_FAIL=<framework>@<epoch> (tests)
+        if not stop and epoch == self.start and epoch + 1 < cfg.epochs:
+            self.phases.reset()  # phase times exclude the warm-up epoch
+        return stop
+
+    def finish(self, final_state: Callable[[], dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        """The record (written by process 0 to --output) with the phase times and `extra`;
+        `final_state()` (numpy, torch's names) to --save-state."""
+        assert self.recorder is not None
+        if self.cfg.phase_timing:
+            self.recorder.phases = self.phases.per_step_ms()
+        self.recorder.extra.update(extra)
+        if self.is_main and self.cfg.save_state:
+            save_final_state(self.cfg, final_state())  # --save-state
+        return self.recorder.finish()
