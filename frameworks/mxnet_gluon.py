@@ -8,55 +8,12 @@ replica, rescaled by 1/global_batch. Contexts are the visible GPUs where an MXNe
 installed, otherwise `[mx.cpu(0), ..., mx.cpu(N-1)]`: N CPU contexts, each with its own engine
 worker thread, sharing the host's cores ("cpu-simulated").
 
-MXNet is a retired project: 1.9.1 (May 2022) is its final release, and Apache moved MXNet to
-the Attic in 2023 (no fixes, no support for new CUDA versions or GPUs). It runs here only with
-numpy 1.23.5 (it uses numpy aliases removed in 1.24), in its own environment (.venv-mxnet,
-requirements/mxnet.txt); it cannot share a process with torch or JAX.
-
-GPUs: the CUDA wheels stop at CUDA 11.x. Use `mxnet-cu117==1.9.1` (the newest; cu112, cu110, cu102
-and cu101 builds also exist) on a CUDA 11.7 system. The wheel does NOT bundle the CUDA libraries:
-libmxnet.so links libcudart.so.11.0, libcublas.so.11, libcudnn.so.8, libnccl.so.2, libnvrtc.so.11.2
-and friends, so a CUDA 11 runtime with cuDNN 8 and NCCL 2 must be installed (e.g. an
-nvidia/cuda:11.7 cudnn8 runtime image); any newer driver runs CUDA 11 code. Its kernels are built
-for sm_50, 60, 70, 80 and 86 only (config/distribution/linux_cu112.cmake and linux_cu117.cmake in
-the MXNet repository; the cu112 wheel, inspected here, embeds SASS for exactly those and no PTX).
-So it runs on Volta, Turing, Ampere and Ada (sm_89 runs sm_86 code), but on Hopper (H100/H200,
-sm_90) and newer there is no kernel image the GPU can load and no PTX for the driver to compile at
-load time: MXNet's own operators fail with "no kernel image is available for execution on the
-device". Running there would need an unofficial source build with CUDA >= 11.8 and MXNET_CUDA_ARCH
-including 9.0, and would still have no Hopper-specific paths (FP8, TMA, wgmma). With the CPU wheel
-(`mxnet==1.9.1`, what requirements/mxnet.txt installs and the tests use) this module runs on CPU
-contexts on any machine and records device_kind "cpu-simulated", never a GPU it did not use. The
-GPU path (mx.gpu contexts, pinned staging, SyncBatchNorm) follows the Gluon documentation but has
-not been run: no GPU that MXNet 1.9.1 supports was available to this project.
-
-Where MXNet differs from the torch module (all stated, none hidden):
-- OpenMP is set explicitly before mxnet is imported (unset, MXNet used one core here): cores /
-  contexts threads per context, since every CPU context runs its own OpenMP team, and a passive
-  wait policy (spinning teams were up to 6x slower whenever another process held a core).
-- SGD is `TorchSGD` (torch's update rule, see frameworks/mxnet_models.py), not MXNet's built-in
-  "sgd", which multiplies the LR into the momentum buffer and so differs whenever the LR changes
-  (warm-up, cosine). NovoGrad, which MXNet 1.9.1 does not have, is implemented there too.
-- Per-context BatchNorm (`--bn local`) updates each replica's running statistics from its own
-  slice; at the end of every epoch they are averaged over the replicas (what Gluon's own
-  `save_parameters` would store), so evaluation and checkpoints do not depend on the device
-  count's assignment of images to contexts. torch-ddp instead broadcasts rank 0's buffers.
-  MXNet updates running_var with the biased batch variance (torch: unbiased), and updates the
-  running statistics in the backward pass.
-- `--bn sync` is Gluon's contrib SyncBatchNorm, GPU only. On CPU contexts it gave global-batch
-  statistics at 2 contexts, but hybridized over 3 it deadlocked (killed after 30 s) in 1.9.1,
-  so it is rejected up front on CPU.
-- Mixed precision is not offered (MXNet's AMP is a separate contrib path); `--precision` must be
-  fp32 on GPUs. `--channels-last`, `--compile` and `--compile-mode` are torch options and are
-  ignored.
-
-Multi-node is out of scope. MXNet's only multi-node path is the parameter-server kvstore
-("dist_sync"): a scheduler, server and worker processes started by
-`python -m mxnet.tools.launch -n NODES -H hostfile --launcher ssh python -m <module> ...`
-(the DMLC_* environment), with each worker reading its own data shard by `kv.rank`, updates on
-the servers, and evaluation counts gathered by hand. Building and testing that topology for a
-retired framework, whose launcher and ps-lite transport no longer receive fixes, is not worth it
-here: the torch and JAX modules cover multi-node (torchrun, jax.distributed).
+Where MXNet differs from the torch trainers, each stated and none hidden: torch's SGD rule
+(`TorchSGD`: MXNet's own multiplies the LR into the momentum buffer), per-context BN statistics
+averaged over the contexts at the end of every epoch (biased running variance, updated in the
+backward pass), `--bn sync` on GPUs only, fp32 only, OpenMP threads set before MXNet loads.
+MXNet 1.9.1 is retired: its own environment (.venv-mxnet, numpy 1.23.5), CUDA wheels up to
+cu117 with no code for Hopper GPUs, and no multi-node path here. All of it: docs/mxnet.md.
 
 Run: `.venv-mxnet/bin/python -m frameworks.mxnet_gluon --preset digits --gpus 2`.
 """
@@ -294,63 +251,16 @@ def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[list[An
     )
 
 
-# MXNet 1.9.1's wheels are built without large-tensor support (INT64_TENSOR_SIZE off): an
-# NDArray holds at most 2^31 - 1 elements, so a resident uint8 training set at most this many bytes.
-MAX_ELEMENTS = 2**31 - 1
-
-
-def make_batch(images: Any, idx: Any, rows: Any, cols: Any, scale: Any, shift: Any) -> Any:
-    """--pipeline device: common.pipeline.gather_crops in mx.nd ops on one context, then the
-    host Normalizer's (x * scale + shift): the resident uint8 images (N, H, W, C) -> float32
-    (B, C, H, W)."""
-    import mxnet as mx
-
-    (b, h), w = rows.shape, images.shape[2]
-    inside = mx.nd.broadcast_mul(
-        ((rows >= 0) * (rows < h)).reshape((b, h, 1)), ((cols >= 0) * (cols < w)).reshape((b, 1, w))
-    )
-    where = [
-        idx.reshape((b, 1, 1)).broadcast_to((b, h, w)),
-        mx.nd.clip(rows, 0, h - 1).reshape((b, h, 1)).broadcast_to((b, h, w)),
-        mx.nd.clip(cols, 0, w - 1).reshape((b, 1, w)).broadcast_to((b, h, w)),
-    ]
-    crops = mx.nd.gather_nd(images, mx.nd.stack(*where)).astype("float32")  # (B, H, W, C)
-    crops = mx.nd.broadcast_mul(crops, inside.astype("float32").expand_dims(3))  # zero padding
-    x = mx.nd.broadcast_add(mx.nd.broadcast_mul(crops, scale), shift)
-    return x.transpose((0, 3, 1, 2))
-
-
 def train_put(loader: TrainLoader, state: TrainState) -> Callable[..., tuple[list[Any], ...]]:
     """The step's batch on the contexts, from what `loader` yields. Host pipeline: `to_device`
-    (split_and_load). Device pipeline: the uint8 training set is copied to every context once,
-    here, and each step copies only each context's slice of the indices and gathers its crops
-    there (`make_batch`): what split_and_load would have given it."""
+    (split_and_load). Device pipeline: the uint8 training set on every context, and each
+    context's crops gathered there from its slice of the indices: what split_and_load would
+    have given it (mxnet_models.resident_put)."""
     if not loader.on_device:
         return lambda batch: to_device(batch, state)
-    import mxnet as mx
+    from frameworks.mxnet_models import resident_put
 
-    def on(c: Any) -> tuple[Any, ...]:
-        norm = loader.norm
-        return (
-            mx.nd.array(loader.ds.train_x, ctx=c, dtype="uint8"),
-            mx.nd.array(norm.scale.reshape(1, 1, 1, -1), ctx=c, dtype="float32"),
-            mx.nd.array(norm.shift.reshape(1, 1, 1, -1), ctx=c, dtype="float32"),
-        )
-
-    resident = [on(c) for c in state.ctx]
-
-    def put(batch: tuple[np.ndarray, ...]) -> tuple[list[Any], ...]:
-        idx, rows, cols, y = batch
-        b = len(idx) // len(state.ctx)  # even split, as split_and_load(even_split=True)
-        xs, ys = [], []
-        for i, (c, (images, scale, shift)) in enumerate(zip(state.ctx, resident)):
-            part = slice(i * b, (i + 1) * b)
-            args = [mx.nd.array(a[part], ctx=c, dtype="int32") for a in (idx, rows, cols)]
-            xs.append(make_batch(images, *args, scale, shift))
-            ys.append(mx.nd.array(y[part], ctx=c, dtype="float32"))
-        return xs, ys
-
-    return put
+    return resident_put(loader, state)
 
 
 def evaluate(state: TrainState, loader: EvalLoader) -> dict[str, float]:
@@ -371,6 +281,7 @@ def train(cfg: Config) -> dict:
     import mxnet as mx
 
     from frameworks.mxnet_models import (
+        MAX_ELEMENTS,
         canonical_state,
         checkpoint_path,
         count_params,

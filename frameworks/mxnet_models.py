@@ -54,6 +54,7 @@ from mxnet.gluon import nn
 from common.config import Config, ConfigError
 from common.devices import need_gpus
 from common.init import initial_state
+from common.pipeline import TrainLoader
 from common.results import RunRecorder, write_json_atomic
 from common.runtime import atomic_write_with
 from common.timing import PhaseTimer
@@ -443,6 +444,62 @@ __all__ = [
     "structural_params",
     "torch_key",
 ]
+
+
+# ---- the device pipeline ------------------------------------------------------------------
+
+
+# MXNet 1.9.1's wheels are built without large-tensor support (INT64_TENSOR_SIZE off): an
+# NDArray holds at most 2^31 - 1 elements, so a resident uint8 training set at most this many bytes.
+MAX_ELEMENTS = 2**31 - 1
+
+
+def make_batch(images: Any, idx: Any, rows: Any, cols: Any, scale: Any, shift: Any) -> Any:
+    """--pipeline device: common.pipeline.gather_crops in mx.nd ops on one context, then the
+    host Normalizer's (x * scale + shift): the resident uint8 images (N, H, W, C) -> float32
+    (B, C, H, W)."""
+    (b, h), w = rows.shape, images.shape[2]
+    inside = mx.nd.broadcast_mul(
+        ((rows >= 0) * (rows < h)).reshape((b, h, 1)), ((cols >= 0) * (cols < w)).reshape((b, 1, w))
+    )
+    where = [
+        idx.reshape((b, 1, 1)).broadcast_to((b, h, w)),
+        mx.nd.clip(rows, 0, h - 1).reshape((b, h, 1)).broadcast_to((b, h, w)),
+        mx.nd.clip(cols, 0, w - 1).reshape((b, 1, w)).broadcast_to((b, h, w)),
+    ]
+    crops = mx.nd.gather_nd(images, mx.nd.stack(*where)).astype("float32")  # (B, H, W, C)
+    crops = mx.nd.broadcast_mul(crops, inside.astype("float32").expand_dims(3))  # zero padding
+    x = mx.nd.broadcast_add(mx.nd.broadcast_mul(crops, scale), shift)
+    return x.transpose((0, 3, 1, 2))
+
+
+def resident_put(loader: TrainLoader, state: TrainState) -> Callable[..., tuple[list[Any], ...]]:
+    """--pipeline device: the uint8 training set is copied to every context once, here, and
+    each step copies only each context's slice of the indices and gathers its crops there
+    (`make_batch`): what split_and_load would have given it."""
+
+    def on(c: Any) -> tuple[Any, ...]:
+        norm = loader.norm
+        return (
+            mx.nd.array(loader.ds.train_x, ctx=c, dtype="uint8"),
+            mx.nd.array(norm.scale.reshape(1, 1, 1, -1), ctx=c, dtype="float32"),
+            mx.nd.array(norm.shift.reshape(1, 1, 1, -1), ctx=c, dtype="float32"),
+        )
+
+    resident = [on(c) for c in state.ctx]
+
+    def put(batch: tuple[np.ndarray, ...]) -> tuple[list[Any], ...]:
+        idx, rows, cols, y = batch
+        b = len(idx) // len(state.ctx)  # even split, as split_and_load(even_split=True)
+        xs, ys = [], []
+        for i, (c, (images, scale, shift)) in enumerate(zip(state.ctx, resident)):
+            part = slice(i * b, (i + 1) * b)
+            args = [mx.nd.array(a[part], ctx=c, dtype="int32") for a in (idx, rows, cols)]
+            xs.append(make_batch(images, *args, scale, shift))
+            ys.append(mx.nd.array(y[part], ctx=c, dtype="float32"))
+        return xs, ys
+
+    return put
 
 
 # ---- the train state, checkpoints ---------------------------------------------------------
