@@ -1,22 +1,14 @@
 """torch-ddp: PyTorch DistributedDataParallel, one process per device.
 
     python -m frameworks.torch_ddp --preset digits --gpus 2        # starts 2 processes itself
-    torchrun --nproc-per-node=4 -m frameworks.torch_ddp --preset cifar10-resnet18
-    torchrun --nnodes=2 --nproc-per-node=8 --node-rank=R --rdzv-endpoint=HOST:PORT \
-        -m frameworks.torch_ddp ...                                  # R = 0 on HOST, 1 elsewhere
-    srun --ntasks=16 --ntasks-per-node=8 python -m frameworks.torch_ddp ...
-        # SLURM: MASTER_ADDR (first node) and MASTER_PORT exported by the batch script
+    torchrun --nproc-per-node=4 -m frameworks.torch_ddp ...        # or srun: torch_launch.py
 
 Every process is one rank: it reads its shard of every global batch (common.pipeline, the
 sharding DistributedSampler + set_epoch gives, minus padding), DDP averages the gradients during
 backward(), and every rank applies the same update. NCCL on CUDA, gloo on CPU (N CPU processes
-then stand in for N devices). Under a launcher (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, or SLURM's
-SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID with MASTER_ADDR/MASTER_PORT) the launcher's world size
-replaces --gpus. Only rank 0 prints, checkpoints and writes the record; resuming a multi-node run
-needs --checkpoint-dir on a filesystem every node sees.
+then stand in for N devices). Only rank 0 prints, checkpoints and writes the record.
 
-`--bn sync`: torch's SyncBatchNorm on CUDA; it refuses CPU tensors, so on CPU `CpuSyncBatchNorm`
-all-reduces (sum, sum of squares, count) per layer with a differentiable all-reduce instead.
+`--bn sync`: torch's SyncBatchNorm on CUDA, `CpuSyncBatchNorm` on CPU (torch_models.py).
 `--bn local`: each rank normalises with its shard's statistics and keeps its own running
 statistics (DDP's buffer broadcast is off); they are averaged over the ranks at the end of every
 epoch (`sync_batch_stats`), as jax-pmap and mxnet-gluon do, so every rank evaluates (and rank 0
@@ -40,10 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.config import CUDA_GRAPH_MODES, Config, resolve
 from common.datasets import check_available
 from common.run import Run
-from common.runtime import (
-    cpu_threads,
-    threads_record,
-)
+from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from common.trainer import (

@@ -1,6 +1,16 @@
-"""torch-ddp's processes: where this process stands in the job (`launch_env`: torchrun's
-RANK/WORLD_SIZE/LOCAL_RANK or SLURM's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), and, without a
+"""torch-ddp's processes: where this process stands in the job (`launch_env`), and, without a
 launcher, `spawn`: one process per device on this node, started, supervised and stopped here.
+
+    python -m frameworks.torch_ddp --preset digits --gpus 2        # spawn: 2 processes
+    torchrun --nproc-per-node=4 -m frameworks.torch_ddp --preset cifar10-resnet18
+    torchrun --nnodes=2 --nproc-per-node=8 --node-rank=R --rdzv-endpoint=HOST:PORT \
+        -m frameworks.torch_ddp ...                                  # R = 0 on HOST, 1 elsewhere
+    srun --ntasks=16 --ntasks-per-node=8 python -m frameworks.torch_ddp ...
+        # SLURM: MASTER_ADDR (first node) and MASTER_PORT exported by the batch script
+
+Under a launcher (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, or SLURM's SLURM_PROCID/SLURM_NTASKS/
+SLURM_LOCALID with MASTER_ADDR/MASTER_PORT) the launcher's world size replaces --gpus; resuming
+a multi-node run needs --checkpoint-dir on a filesystem every node sees.
 
 Nothing in this module is data parallelism: it is the plumbing that lets frameworks/torch_ddp.py
 read as frameworks/torch_dp.py plus the lines that make it distributed.
