@@ -24,9 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         present = [n for n in names if n not in missing]
         gpus = harness.detect_gpus()
         print(f"nvidia-smi -L: {len(gpus)} GPU(s)" + (f" ({gpus[0]})" if gpus else ""))
-        for name, seen in harness.probe_devices(present).items():
-            where = f"{len(seen.gpus)} GPU(s) ({seen.gpus[0]})" if seen.gpus else "no GPU"
-            print(f"  {name:12s} sees {where}: {seen.detail}")
+        seen = harness.probe_devices(present)
+        for name, what in seen.items():
+            where = f"{len(what.gpus)} GPU(s) ({what.gpus[0]})" if what.gpus else "no GPU"
+            print(f"  {name:12s} sees {where}: {what.detail}")
         for name, why in missing.items():
             print(f"  {name:12s} not installed: {why}")
         if not present:
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"devices: error: {exc}", file=sys.stderr)
         return 2
     try:
-        print(harness.choose_devices(ns.devices, present).line())
+        print(harness.choose_devices(ns.devices, present, seen).line())
     except UsageError as exc:
         print(f"the runners would stop: {exc}")
         return 1

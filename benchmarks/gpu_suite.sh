@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_suite.sh [--python PATH] [OUT_DIR [BUDGET_SEC]]
 #   STEPS=1,2,3,4 bash benchmarks/gpu_suite.sh OUT_DIR       # about 8 minutes on one H100
 #   STEPS=5,6 bash benchmarks/gpu_suite.sh OUT_DIR-2         # about 6 minutes
-#   STEPS=7,8 bash benchmarks/gpu_suite.sh OUT_DIR-3         # the JAX step cache, GPU tests
+#   STEPS=7 bash benchmarks/gpu_suite.sh OUT_DIR-3           # the JAX step cache
+#   STEPS=8 bash benchmarks/gpu_suite.sh OUT_DIR-4           # the GPU tests (3-4 min, estimated)
 #
 # The interpreter: the project's own .venv when it holds the CUDA builds (what `bash
 # scripts/setup.sh` installs on a machine with an NVIDIA driver), else python3 (e.g. a lent
@@ -119,7 +120,7 @@ TB=()
 want 5 && run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
     DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
     "$PY" -m benchmarks.compare --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard --gpus 1 \
-    --preset digits --timeout 180 "${TB[@]}" --out "$OUT/compare-digits"
+    --preset digits --timeout 180 ${TB[@]+"${TB[@]}"} --out "$OUT/compare-digits"
 # 6. Our loops against the seed tutorials' loops (d2l's PyTorch and JAX loops, the NVIDIA course,
 #    the Flax example) on the same work: full-width ResNet-18 on 8192 CIFAR-shaped synthetic
 #    images, batch 256, 1 GPU.
@@ -146,7 +147,7 @@ fi
 #    `.venv/bin/python -m pytest tests --ignore=tests/mxnet` on this machine too.
 if want 8; then
   if "$PY" -c 'import pytest' 2>/dev/null; then
-    run env DPBENCH_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    run env DPBENCH_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false DPBENCH_TEST_PYTHON="$PY" \
         DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
         DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
         "$PY" -m pytest -q -rs -p no:cacheprovider tests -m gpu --ignore=tests/mxnet \

@@ -238,10 +238,23 @@ def detect_gpus() -> list[str]:
         m = re.match(r"GPU \d+: (.+?)(?: \(UUID: [^)]*\))?$", line.strip())
         if m:
             names.append(m.group(1))
+    return names[: visible_count(len(names))]
+
+
+def visible_count(listed: int) -> int:
+    """How many of the `listed` GPUs CUDA_VISIBLE_DEVICES leaves visible. CUDA reads its entries
+    in order and stops at the first invalid one: "-1", "" or "0,-1,1" hide all, or all after
+    the entry before it. (Which GPUs those are does not matter here: all are alike.)"""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        names = names[: len([v for v in visible.split(",") if v.strip()])]
-    return names
+    if visible is None:
+        return listed
+    count = 0
+    for entry in (e.strip() for e in visible.split(",")):
+        valid = entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < listed)
+        if not valid:
+            break
+        count += 1
+    return min(count, listed)
 
 
 def check_counts(counts: list[int], gpus: list[str]) -> None:
@@ -335,7 +348,9 @@ MXNET_NO_HOPPER = (
 )
 
 
-def choose_devices(asked: str | None, names: Sequence[str]) -> Devices:
+def choose_devices(
+    asked: str | None, names: Sequence[str], seen: dict[str, Seen] | None = None
+) -> Devices:
     """`--devices` for a tool's runs of `names` (None: $DPBENCH_DEVICES, else auto). auto and
     cuda on a machine with GPUs ask every framework's interpreter what it sees: a framework that
     sees none stops the tool here (UsageError naming it, what it sees and its install command),
@@ -347,20 +362,21 @@ def choose_devices(asked: str | None, names: Sequence[str]) -> Devices:
         return Devices("cpu", [], why)
     out = Devices("cuda", gpus, f"{len(gpus)} x {gpus[0]} listed by nvidia-smi -L")
     caps = None
-    for name, seen in probe_devices(names).items():
+    seen = seen if seen is not None else probe_devices(names)  # `seen`: probed already
+    for name in names:
         if REGISTRY[name].family == "mxnet":  # even a CUDA build has no kernels for Hopper
             caps = gpu_compute_capabilities() if caps is None else caps
             if caps and max(caps) >= 9.0:
                 out.skipped[name] = MXNET_NO_HOPPER.format(gpu=gpus[0])
                 continue
-        if seen.gpus:
-            out.seen[name] = seen
+        if seen[name].gpus:
+            out.seen[name] = seen[name]
             continue
         raise UsageError(
             f"this machine has {len(gpus)} GPU(s) ({gpus[0]}; nvidia-smi -L) but {name} sees "
-            f"none ({seen.detail}); install its GPU build with `{REGISTRY[name].install}` (it "
-            "picks the CUDA builds by the driver), or run every framework on simulated CPU "
-            "devices with --devices cpu"
+            f"none ({seen[name].detail}); install its GPU build with "
+            f"`{REGISTRY[name].install}` (it picks the CUDA builds by the driver), or run every "
+            "framework on simulated CPU devices with --devices cpu"
         )
     return out
 

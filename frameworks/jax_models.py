@@ -40,6 +40,7 @@ import importlib.metadata
 import importlib.util
 import itertools
 import json
+import logging
 import os
 import sys
 import time
@@ -786,7 +787,8 @@ def step_key(cfg: Config, lr_table: np.ndarray, args: Any) -> str:
         "args": [str(treedef)]
         + [f"{x.shape} {x.dtype} {getattr(x, 'sharding', None)}" for x in leaves],
         "devices": [d.device_kind for d in jax.devices()],
-        "jax_config": sorted(jax.config.values.items()),
+        # every JAX setting but the platform choice (--devices): the devices are in the key
+        "jax_config": sorted(i for i in jax.config.values.items() if i[0] != "jax_platforms"),
         "versions": [
             importlib.metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax", "numpy")
         ],
@@ -900,6 +902,11 @@ def check_devices(cfg: Config) -> None:
     """Start JAX's backends (the first device query) and check `--devices` against them: one
     ConfigError for `--devices cuda` without a GPU and for a platform JAX cannot start (e.g.
     JAX_PLATFORMS=cuda on a machine without one), not a traceback from inside JAX."""
+    # A CUDA plugin that cannot start (no driver, no GPU) logs a traceback here: one line says it
+    # instead (below, or the ConfigError for --devices cuda).
+    plugin_log, errors = logging.getLogger("jax._src.xla_bridge"), _Kept()
+    plugin_log.addHandler(errors)
+    plugin_log.propagate = False
     try:
         gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
     except (RuntimeError, AssertionError) as exc:  # no such backend / no plugin for it at all
@@ -911,9 +918,32 @@ def check_devices(cfg: Config) -> None:
                 "unset JAX_PLATFORMS or use --devices cpu"
             ) from None
         gpus = []
+    finally:
+        plugin_log.removeHandler(errors)
+        plugin_log.propagate = True
     why = need_gpus(cfg.devices, len(gpus), cfg.framework, f"jax {jax.__version__}, {jax_build()}")
     if why:
         raise ConfigError(why)
+    if errors.records and not gpus and jax.process_index() == 0:
+        last = errors.records[-1]
+        cause = str(last.exc_info[1]) if last.exc_info else last.getMessage()
+        print(
+            f"note: JAX's CUDA plugin did not start ({cause.splitlines()[0][:160]}); this run "
+            "is on the CPU (--devices cpu says so up front)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+class _Kept(logging.Handler):
+    """Keeps the log records it is given (check_devices: the CUDA plugin's errors)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def jax_build() -> str:

@@ -44,6 +44,12 @@ build() {  # build NAME VENV REQUIREMENTS DIGEST EARLIER_DIGEST WHY CPU_REQUIREM
   local stamp="$2/.requirements.sha256"
   local have="" have_req="" clear=()
   echo "[setup] $name environment $venv: $req -- $why"
+  if [[ -x "$venv/bin/python" && ! -f "$venv/pyvenv.cfg" ]]; then
+    # not a virtual environment but the user's own interpreter put there (a GPU machine's
+    # python with its CUDA builds, behind a script that execs it): used as it is, never rebuilt
+    echo "[setup] $name environment $venv: $venv/bin/python is not a virtual environment (no pyvenv.cfg); used as it is"
+    return 0
+  fi
   [[ -f "$stamp" ]] && { read -r have have_req <"$stamp" || true; }
   # a stamp from before the plan holds the digest alone: built from the CPU file, the only one then
   have_req="${have_req:-$cpu_req}"

@@ -35,6 +35,8 @@ if not GPU_PASS:
     os.environ["DPBENCH_DEVICES"] = "cpu"
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ["JAX_PLATFORMS"] = "cpu"
+else:  # the GPU tests ask for their devices themselves; a shell's default must not decide
+    os.environ.pop("DPBENCH_DEVICES", None)
 # JAX processes that share a GPU (pytest-xdist workers, the trainers they start) must not each
 # take 75% of its memory up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -62,8 +64,14 @@ def visible_gpus() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # as benchmarks.harness.detect_gpus
-    return gpus if visible is None else gpus[: len([v for v in visible.split(",") if v.strip()])]
+    return gpus[: cuda_visible_count(len(gpus))]
+
+
+def cuda_visible_count(listed: int) -> int:
+    """How many of `listed` GPUs CUDA_VISIBLE_DEVICES leaves (as benchmarks.harness does)."""
+    from benchmarks.harness import visible_count
+
+    return visible_count(listed)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -87,7 +95,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-MAIN_PYTHON = ROOT / ".venv" / "bin" / "python"
+# The interpreters the tests start: the project's environments, or DPBENCH_TEST_PYTHON (a GPU
+# machine's own python holding torch and JAX; benchmarks/gpu_suite.sh --python).
+MAIN_PYTHON = Path(os.environ.get("DPBENCH_TEST_PYTHON") or ROOT / ".venv" / "bin" / "python")
 MXNET_PYTHON = ROOT / ".venv-mxnet" / "bin" / "python"
 
 FRAMEWORKS = ("torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "mxnet-gluon")

@@ -48,11 +48,13 @@ def gpu_machine(
     tmp_path: Path, sees: dict[str, bool], compute_cap: str = "9.0"
 ) -> dict[str, str | None]:
     """The environment of a 1-GPU machine on which framework F's interpreter sees the GPU when
-    sees[F] (a stand-in) and otherwise is the real one (which, on this CPU machine, sees none)."""
+    sees[F] and none otherwise: stand-ins for both (a real interpreter would answer for the
+    machine the tests run on, which may have GPUs of its own); everything but the device probe
+    runs in the real interpreter."""
     env = fake_nvidia_smi(tmp_path / "bin", 1, compute_cap=compute_cap)
     for fw, yes in sees.items():
         real = MXNET_PYTHON if fw == "mxnet-gluon" else MAIN_PYTHON
-        python = stand_in_interpreter(tmp_path / "py" / fw, [H100], real) if yes else real
+        python = stand_in_interpreter(tmp_path / "py" / fw, [H100] if yes else [], real)
         env[PYTHON_VARS[fw]] = str(python)
     return env
 
@@ -66,8 +68,19 @@ def test_a_gpu_that_no_framework_sees_stops_compare_before_any_run(tmp_path: Pat
     args = ["--frameworks", "torch-ddp,jax-pmap", "--gpus", "1", "--preset", "smoke"]
     proc = run_module("benchmarks.compare", *args, "--out", str(out), env=env)
     line = one_line_error(proc, "compare: error: ", H100, "torch-ddp sees none", "--devices cpu")
-    assert "bash scripts/setup.sh main" in line and "CUDA 13.0 build" in line  # what it sees
+    assert "bash scripts/setup.sh main" in line and "stand-in seeing 0 GPU(s)" in line  # its view
     assert not out.exists()  # nothing started
+
+
+def test_the_probe_asks_the_framework_itself() -> None:
+    """What the stand-ins above replace: each framework's interpreter, asked with its framework
+    imported (here with the GPUs hidden, as in the whole main pass)."""
+    for family, python in (("torch", MAIN_PYTHON), ("jax", MAIN_PYTHON), ("mxnet", MXNET_PYTHON)):
+        if not python.exists():
+            continue
+        seen = harness._probe(python, family)
+        assert seen.gpus == () and seen.detail.startswith(f"{family} "), seen
+        assert f"interpreter {python}" in seen.detail
 
 
 def test_one_framework_seeing_the_gpus_and_another_not_is_refused(tmp_path: Path) -> None:
@@ -76,7 +89,7 @@ def test_one_framework_seeing_the_gpus_and_another_not_is_refused(tmp_path: Path
     proc = run_module(
         "benchmarks.compare", *args, "--out", str(tmp_path / "o"), env=gpu_machine(tmp_path, sees)
     )
-    line = one_line_error(proc, "jax-pmap sees none", "no CUDA plugin", "bash scripts/setup.sh")
+    line = one_line_error(proc, "jax-pmap sees none", "bash scripts/setup.sh", "--devices cpu")
     assert "torch-ddp" not in line  # the framework that sees the GPU is not the one named
 
 
@@ -208,14 +221,14 @@ def test_devices_cpu_hides_the_gpus_from_the_process_and_its_children(
 
 def test_the_record_says_what_was_asked_and_the_users_variables(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    env = {"CUDA_VISIBLE_DEVICES": "0,1", "DPBENCH_DEVICES": "auto", "JAX_PLATFORMS": ""}
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "DPBENCH_DEVICES": "auto", "JAX_PLATFORMS": "cpu"}
     ok(run_trainer("jax-pmap", *SMOKE, "--epochs", "1", "--output", str(out), env=env))
     record = read_json(out)
     assert record["device_choice"] == {
         "asked": "auto",
-        "env": {"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": ""},
+        "env": {"CUDA_VISIBLE_DEVICES": "0,1", "JAX_PLATFORMS": "cpu"},
     }
-    assert record["device_kind"] == "cpu-simulated"  # auto on a machine without a GPU
+    assert record["device_kind"] == "cpu-simulated"  # auto, and the user's JAX_PLATFORMS=cpu
 
 
 def test_need_gpus_names_the_framework_its_build_and_the_fix() -> None:
@@ -233,7 +246,44 @@ def test_the_devices_command_shows_what_each_framework_sees(tmp_path: Path) -> N
     proc = run_module("benchmarks.devices", "--frameworks", "torch-ddp,jax-pmap", env=env)
     assert proc.returncode == 1, proc.stderr
     assert f"torch-ddp    sees 1 GPU(s) ({H100})" in proc.stdout
-    assert "jax-pmap     sees no GPU: jax 0" in proc.stdout
+    assert "jax-pmap     sees no GPU: stand-in" in proc.stdout
     assert "the runners would stop: " in proc.stdout and "jax-pmap sees none" in proc.stdout
     proc = run_module("benchmarks.devices", "--frameworks", "torch-ddp", env=env)
     assert proc.returncode == 0 and "devices: torch-ddp on cuda (" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize(
+    "visible,count",
+    [(None, 4), ("", 0), ("-1", 0), ("0,1", 2), ("1,-1,0", 1), ("7", 0), ("GPU-ab12,0", 2)],
+)
+def test_cuda_visible_devices_hides_gpus_as_cuda_does(
+    monkeypatch: pytest.MonkeyPatch, visible: str | None, count: int
+) -> None:
+    """CUDA stops at the first invalid entry ("-1", an index it does not have)."""
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert harness.visible_count(4) == count
+
+
+def test_a_cuda_plugin_that_cannot_start_is_one_line(tmp_path: Path) -> None:
+    """JAX's CUDA plugin on a machine where CUDA does not start (no driver) logs a traceback at
+    the first device query: the trainer says it in one line, and runs on the CPU under auto or
+    refuses --devices cuda in one line. A stand-in plugin (jax_plugins/ on PYTHONPATH) raises as
+    the real one does there."""
+    plugin = tmp_path / "site" / "jax_plugins" / "xla_standin"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text(
+        "def initialize():\n    raise RuntimeError('operation cuInit(0) failed (stand-in)')\n"
+    )
+    site = f"{tmp_path / 'site'}{os.pathsep}{Path(__file__).resolve().parent.parent}"
+    env = {"PYTHONPATH": site, "JAX_PLATFORMS": None, "DPBENCH_DEVICES": None}
+    proc = run_trainer("jax-pmap", *SMOKE, "--epochs", "1", env=env)
+    ok(proc)
+    assert proc.stderr.strip().splitlines() == [
+        "note: JAX's CUDA plugin did not start (operation cuInit(0) failed (stand-in)); this run "
+        "is on the CPU (--devices cpu says so up front)"
+    ], proc.stderr
+    proc = run_trainer("jax-pmap", *SMOKE, "--epochs", "1", "--devices", "cuda", env=env)
+    one_line_error(proc, "--devices cuda but jax-pmap sees no GPU")

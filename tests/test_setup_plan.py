@@ -268,6 +268,7 @@ def test_the_stamp_covers_the_chosen_file_and_what_it_includes(tmp_path: Path) -
     venv = root / ".venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "pyvenv.cfg").touch()
     stamp = venv / ".requirements.sha256"
     stamp.write_text(f"{MAIN_TXT_BEFORE}\n")  # as CI's and the developers' environments have it
     env = machine(tmp_path, "13.0", H100) | {"PYTHON": sys.executable}
@@ -315,7 +316,7 @@ def test_a_switch_of_file_rebuilds_afresh_and_says_what_the_gpu_shows(tmp_path: 
         "#!/bin/sh\n"
         'case "$1 $2" in\n'
         f'  "-m venv") echo "venv $3 $4" >>{log}; shift 2; [ "$1" = --clear ] && shift\n'
-        '    mkdir -p "$1/bin"; cp "$0" "$1/bin/python" ;;\n'
+        '    mkdir -p "$1/bin"; cp "$0" "$1/bin/python"; touch "$1/pyvenv.cfg" ;;\n'
         f'  "-m pip") echo "pip $*" >>{log} ;;\n'
         f'  "-m benchmarks.devices") echo devices >>{log}; exit 3 ;;\n'
         f'  *) exec {sys.executable} "$@" ;;\n'
@@ -325,6 +326,7 @@ def test_a_switch_of_file_rebuilds_afresh_and_says_what_the_gpu_shows(tmp_path: 
     venv = root / ".venv"
     (venv / "bin").mkdir(parents=True)
     shutil.copy(fake, venv / "bin" / "python")
+    (venv / "pyvenv.cfg").touch()
     (venv / ".requirements.sha256").write_text(f"{MAIN_TXT_BEFORE}\n")
     env = machine(tmp_path, "13.0", H100) | {"PYTHON": str(fake)}
 
@@ -351,3 +353,30 @@ def test_a_switch_of_file_rebuilds_afresh_and_says_what_the_gpu_shows(tmp_path: 
     assert "(it was built from requirements/cuda13.txt)" in out
     assert log.read_text().splitlines()[0] == "venv --clear .venv"
     assert log.read_text().splitlines()[-1] == "pip -m pip install -q -r requirements/main.txt"
+
+
+def test_a_venv_that_is_the_users_own_python_is_used_as_it_is(tmp_path: Path) -> None:
+    """.venv/bin/python a script that execs a GPU machine's own python (no pyvenv.cfg, no stamp):
+    setup.sh (and so test.sh and run.sh) use it and neither rebuild it nor call pip, which would
+    overwrite it and need the network. With pyvenv.cfg and no stamp it is built as before."""
+    root = project(tmp_path / "p")
+    log = tmp_path / "log"
+    fake = tmp_path / "fakepy"
+    fake.write_text(f'#!/bin/sh\necho "$*" >>{log}\nexec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    (root / ".venv" / "bin").mkdir(parents=True)
+    wrapper = root / ".venv" / "bin" / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    env = machine(tmp_path, "13.0", H100) | {"PYTHON": str(fake)}
+    cmd = ["bash", "scripts/setup.sh", "main"]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "is not a virtual environment (no pyvenv.cfg); used as it is" in proc.stdout
+    calls = log.read_text() if log.exists() else ""  # the plan runs, nothing installs
+    assert "-m venv" not in calls and "-m pip" not in calls, calls
+    assert wrapper.read_text().startswith("#!/bin/sh\nexec ")
+    (root / ".venv" / "pyvenv.cfg").touch()  # a real (if unstamped) environment: built
+    proc = subprocess.run([*cmd[:2], "--dry-run", "main"], cwd=root, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert "dry run: main environment .venv would be built" in proc.stdout, proc.stdout
