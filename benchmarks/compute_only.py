@@ -172,7 +172,7 @@ def torch_loop(framework: str, cfg: Config, batch: int, n_steps: int) -> Callabl
     import torch.distributed as dist
 
     from frameworks import torch_ddp, torch_dp
-    from frameworks.torch_models import to_device
+    from frameworks.torch_support import to_device
 
     cuda = torch.cuda.is_available()
     loader = trainer_loader(cfg, batch, "NCHW")
@@ -208,13 +208,8 @@ def run_torch(
     import torch
 
     from frameworks.torch_dp import build_model, create_train_state
-    from frameworks.torch_models import (
-        autocast,
-        count_params,
-        execution,
-        loss_fn,
-        set_float32_precision,
-    )
+    from frameworks.torch_models import count_params
+    from frameworks.torch_support import autocast, execution, loss_fn, set_float32_precision
 
     cuda = torch.cuda.is_available()
     fp32 = set_float32_precision(cfg, cuda)  # as the trainers: TF32 only with --tf32
@@ -280,21 +275,20 @@ def run_jax(
     cfg: Config, batch: int, steps: int, warmup: int, framework: str = "", rounds: int = 0
 ) -> dict[str, Any]:
     simulate_host_devices(1)  # before JAX's CPU backend starts: one device
-    # the trainers' XLA:CPU path at one device (jax_models.setup_xla)
+    # the trainers' XLA:CPU path at one device (jax_support.setup_xla)
     use_xla_cpu_ynn(xla_cpu_ynn_wanted(cfg.xla_cpu_ynn, image_side(cfg), 1))
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh
 
-    from frameworks.jax_models import (
+    from frameworks.jax_models import compute_dtype, count_params
+    from frameworks.jax_pmap import build_model, create_train_state
+    from frameworks.jax_support import (
         TrainState,
-        compute_dtype,
-        count_params,
         cross_entropy,
         donate_state,
         set_float32_precision,
     )
-    from frameworks.jax_pmap import build_model, create_train_state
 
     device = jax.local_devices()[0]
     fp32 = set_float32_precision(cfg, device.platform)  # as the trainers: TF32 only with --tf32
@@ -368,7 +362,7 @@ def jax_loop(framework: str, cfg: Config, batch: int, device: Any, dtype: Any) -
 
     from common.timing import PhaseTimer
     from frameworks import jax_pmap, jax_shard
-    from frameworks.jax_models import prefetch_to_devices
+    from frameworks.jax_support import prefetch_to_devices
 
     mesh = Mesh(np.array([device]), ("batch",))
     loader = trainer_loader(cfg, batch, "NHWC")

@@ -45,21 +45,18 @@ from common.trainer import (
     run_main,
     should_log,
 )
-from frameworks.jax_models import (
+from frameworks.jax_models import compute_dtype, count_params, create_model, initial_variables
+from frameworks.jax_support import (
     CompileMeter,
     TrainState,
     cached_step,
     canonical_state,
     check_config,
     checkpoint_path,
-    compute_dtype,
-    count_params,
-    create_model,
     cross_entropy,
     donate_state,
     evaluate,
     execution,
-    initial_variables,
     jax_threads,
     load_checkpoint,
     make_optimizer,
@@ -198,7 +195,7 @@ def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[.
 
 
 def parallel_batches(make_batch: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
-    """--pipeline device: `make_batch` (jax_models.batch_maker) under this trainer's transform:
+    """--pipeline device: `make_batch` (jax_support.batch_maker) under this trainer's transform:
     one program per device, on its replica of the training set and its shard of the indices."""
     return jax.pmap(make_batch, axis_name=AXIS, devices=list(mesh.devices.flat))
 
@@ -273,7 +270,7 @@ def train(cfg: Config) -> dict:
     if not gpu and cfg.precision != "fp32":
         run.log("note: --precision applies on GPUs only; this run is fp32")
     p_train_step, p_eval_step = parallelize(cfg, mesh)
-    # --compile-cache: the step traced once per configuration, then loaded (jax_models.py)
+    # --compile-cache: the step traced once per configuration, then loaded (jax_support.py)
     p_train_step = cached_step(cfg, p_train_step, len(run.loader), donate_state(devices))
     p_mean = cross_replica_mean(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh
@@ -338,7 +335,7 @@ def train(cfg: Config) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
-    # setup_process: simulated devices and jax.distributed, before JAX starts (jax_models.py)
+    # setup_process: simulated devices and jax.distributed, before JAX starts (jax_support.py)
     return run_main(
         argv, FRAMEWORK, setup=setup_process, check=check_config, train=train, packages=PACKAGES
     )

@@ -49,21 +49,18 @@ from common.trainer import (
     run_main,
     should_log,
 )
-from frameworks.jax_models import (
+from frameworks.jax_models import compute_dtype, count_params, create_model, initial_variables
+from frameworks.jax_support import (
     CompileMeter,
     TrainState,
     cached_step,
     canonical_state,
     check_config,
     checkpoint_path,
-    compute_dtype,
-    count_params,
-    create_model,
     cross_entropy,
     donate_state,
     evaluate,
     execution,
-    initial_variables,
     jax_threads,
     load_checkpoint,
     make_optimizer,
@@ -240,7 +237,7 @@ def cross_device_sum(mesh: Mesh) -> Callable[[Any], Any]:
 
 
 def parallel_batches(make_batch: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
-    """--pipeline device: `make_batch` (jax_models.batch_maker) under jit, the training set
+    """--pipeline device: `make_batch` (jax_support.batch_maker) under jit, the training set
     replicated and the indices split over the mesh: each device gathers its own rows."""
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
     return jax.jit(make_batch, in_shardings=(replicated, *[split] * 4), out_shardings=split)
@@ -298,7 +295,7 @@ def train(cfg: Config) -> dict:
     if not gpu and cfg.precision != "fp32":
         run.log("note: --precision applies on GPUs only; this run is fp32")
     j_train_step, j_eval_step = parallelize(cfg, mesh)
-    # --compile-cache: the step traced once per configuration, then loaded (jax_models.py)
+    # --compile-cache: the step traced once per configuration, then loaded (jax_support.py)
     j_train_step = cached_step(cfg, j_train_step, len(run.loader), donate_state(devices))
     j_allreduce = cross_device_sum(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh
@@ -363,7 +360,7 @@ def train(cfg: Config) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m frameworks.<module> --help`. Exit 0 ok, 1 failed/diverged, 2 bad input."""  # noqa: E501
-    # setup_process: simulated devices and jax.distributed, before JAX starts (jax_models.py)
+    # setup_process: simulated devices and jax.distributed, before JAX starts (jax_support.py)
     return run_main(
         argv, FRAMEWORK, setup=setup_process, check=check_config, train=train, packages=PACKAGES
     )

@@ -46,10 +46,10 @@ from common.trainer import (
 )
 
 if TYPE_CHECKING:
-    from frameworks.mxnet_models import TrainState
+    from frameworks.mxnet_support import TrainState
 
-# mxnet (and frameworks.mxnet_models, which imports it) is imported inside the functions: MXNet
-# reads OMP_NUM_THREADS once, when it is loaded, and setup() sets it first.
+# mxnet (and frameworks.mxnet_models and mxnet_support, which import it) is imported inside the
+# functions: MXNet reads OMP_NUM_THREADS once, when it is loaded, and setup() sets it first.
 
 FRAMEWORK = "mxnet-gluon"
 PACKAGES = ("mxnet",)
@@ -83,14 +83,8 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
     import mxnet as mx
     from mxnet import gluon
 
-    from frameworks.mxnet_models import (
-        NovoGrad,
-        SoftmaxCrossEntropy,
-        TorchSGD,
-        TrainState,
-        initialize,
-        sync,
-    )
+    from frameworks.mxnet_models import initialize
+    from frameworks.mxnet_support import NovoGrad, SoftmaxCrossEntropy, TorchSGD, TrainState, sync
 
     # Initialised once on the CPU from mx.random's seeded generator, then copied to every
     # context: identical replicas, and the same weights at any device count.
@@ -200,7 +194,7 @@ def sync_batch_stats(state: TrainState) -> None:
     replicas already agree, and for one context."""
     import mxnet as mx
 
-    from frameworks.mxnet_models import sync
+    from frameworks.mxnet_support import sync
 
     if len(state.ctx) == 1:
         return
@@ -255,10 +249,10 @@ def train_put(loader: TrainLoader, state: TrainState) -> Callable[..., tuple[lis
     """The step's batch on the contexts, from what `loader` yields. Host pipeline: `to_device`
     (split_and_load). Device pipeline: the uint8 training set on every context, and each
     context's crops gathered there from its slice of the indices: what split_and_load would
-    have given it (mxnet_models.resident_put)."""
+    have given it (mxnet_support.resident_put)."""
     if not loader.on_device:
         return lambda batch: to_device(batch, state)
-    from frameworks.mxnet_models import resident_put
+    from frameworks.mxnet_support import resident_put
 
     return resident_put(loader, state)
 
@@ -280,11 +274,11 @@ def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     import mxnet as mx
 
-    from frameworks.mxnet_models import (
+    from frameworks.mxnet_models import count_params
+    from frameworks.mxnet_support import (
         MAX_ELEMENTS,
         canonical_state,
         checkpoint_path,
-        count_params,
         load_checkpoint,
         save_checkpoint,
         seed_for,
@@ -370,7 +364,7 @@ def setup(cfg: Config) -> None:
 
 def check_config(cfg: Config) -> None:
     """MXNet-specific checks before training starts (ConfigError / DatasetError)."""
-    from frameworks.mxnet_models import check_devices, checkpoint_meta_of, checkpoint_path
+    from frameworks.mxnet_support import check_devices, checkpoint_meta_of, checkpoint_path
 
     check_devices(cfg)  # --devices cuda needs an MXNet that sees a GPU
     ctx, _ = select_devices(cfg.gpus)

@@ -41,17 +41,15 @@ from common.trainer import (
     should_log,
 )
 from frameworks.torch_launch import Launch, launch_env, process_group, single_process, spawn
-from frameworks.torch_models import (
+from frameworks.torch_models import CpuSyncBatchNorm, count_params, create_model
+from frameworks.torch_support import (
     CompileMeter,
-    CpuSyncBatchNorm,
     TrainState,
     autocast,
     canonical_state,
     check_devices,
     checkpoint_meta_of,
     checkpoint_path,
-    count_params,
-    create_model,
     evaluate,
     execution,
     initialize,

@@ -14,7 +14,7 @@ BatchNorm is per replica (each GPU normalises its own slice; the running statist
 the module directly on the CPU: the run records devices 1, device_kind "cpu", and says so once.
 
 Everything else (model, optimiser, loss, checkpoints, mixed precision) is shared with torch-ddp
-in frameworks/torch_models.py.
+in frameworks/torch_models.py and frameworks/torch_support.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from common.trainer import (
     run_main,
     should_log,
 )
-from frameworks.torch_models import (
+from frameworks.torch_models import count_params, create_model
+from frameworks.torch_support import (
     CompileMeter,
     TrainState,
     autocast,
@@ -43,8 +44,6 @@ from frameworks.torch_models import (
     check_devices,
     checkpoint_meta_of,
     checkpoint_path,
-    count_params,
-    create_model,
     evaluate,
     execution,
     initialize,

@@ -17,7 +17,8 @@ from common.runtime import simulate_host_devices
 from frameworks import jax_pmap, jax_shard
 from frameworks.jax_models import count_params as jax_count
 from frameworks.torch_models import count_params as torch_count
-from frameworks.torch_models import create_model, initialize
+from frameworks.torch_models import create_model
+from frameworks.torch_support import initialize
 
 simulate_host_devices(4)  # before the first device query (as tests/test_jax_pmap.py)
 

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.throughput import workload
 from common.config import ConfigError, preset, validate
-from frameworks.torch_models import execution
+from frameworks.torch_support import execution
 from tests.conftest import SMOKE, run_trainer
 
 
@@ -53,7 +53,7 @@ def test_the_compile_meter_counts_torch_compiles_from_its_start():
     # the compile, and a meter started afterwards does not.
     import torch
 
-    from frameworks.torch_models import CompileMeter
+    from frameworks.torch_support import CompileMeter
 
     meter = CompileMeter()
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

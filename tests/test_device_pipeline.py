@@ -118,7 +118,7 @@ def test_auto_is_device_on_gpus_when_the_training_set_fits() -> None:
 def test_torch_train_put_equals_the_host_batches(ds, channels_last: bool) -> None:
     torch = pytest.importorskip("torch")
     from common.config import Config
-    from frameworks.torch_models import to_device, train_put
+    from frameworks.torch_support import to_device, train_put
 
     cfg = Config(channels_last=channels_last)
     state = type("State", (), {"device": torch.device("cpu"), "cfg": cfg})()
@@ -160,7 +160,7 @@ def test_jax_train_put_equals_the_host_batches_on_two_devices(ds, trainer: str) 
 
     from jax.sharding import Mesh
 
-    from frameworks.jax_models import train_put
+    from frameworks.jax_support import train_put
 
     mod = importlib.import_module(f"frameworks.{trainer}")
     devices = jax.devices()[:2]

@@ -39,7 +39,7 @@ def steps(mode: str | None, reuse_first_batch: bool = False) -> tuple[dict, dict
     (mode None) or compiled in `mode`; each step gets a new batch unless `reuse_first_batch`.
     metrics: every step's loss sum and correct count, read after the last step."""
     from frameworks import torch_dp
-    from frameworks.torch_models import set_float32_precision, to_device
+    from frameworks.torch_support import set_float32_precision, to_device
 
     # A small LR: this tiny network at the smoke preset's LR turns a 1e-7 difference into 1e-2
     # within 4 steps now and then (measured, in the default mode too), which would hide nothing
@@ -87,7 +87,7 @@ def test_reduce_overhead_steps_equal_the_eager_steps():
 
 
 def test_a_compiled_run_records_what_compiling_cost():
-    # As the JAX records: compile_sec and compile_cache (frameworks/torch_models.CompileMeter;
+    # As the JAX records: compile_sec and compile_cache (frameworks/torch_support.CompileMeter;
     # the meter itself is tested on the CPU in tests/test_compile_mode.py).
     from frameworks import torch_dp
 

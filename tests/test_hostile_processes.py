@@ -477,7 +477,7 @@ def test_stale_slurm_refused_by_a_trainer_in_one_line(tmp_path, monkeypatch):
     bad = run_trainer("torch-ddp", *SMOKE, "--gpus", "2", "--output", str(out), env=env)
     one_line_error(bad, "SLURM_NTASKS=2 is set but this process was not started by srun")
     assert not out.exists()
-    from frameworks.jax_models import init_distributed  # (JAX: the same check, in-process)
+    from frameworks.jax_support import init_distributed  # (JAX: the same check, in-process
 
     for var, value in env.items():
         monkeypatch.setenv(var, value)

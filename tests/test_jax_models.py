@@ -12,16 +12,15 @@ import pytest
 import torch
 
 from common.config import preset
-from frameworks import torch_models
+from frameworks import torch_models, torch_support
 from frameworks.jax_models import (
     count_params,
     create_model,
-    cross_entropy,
     decay_mask,
     from_torch_state,
     init_variables,
-    make_optimizer,
 )
+from frameworks.jax_support import cross_entropy, make_optimizer
 from tests.port_weights import export
 
 MODELS = ("resnet18", "wideresnet")
@@ -160,7 +159,7 @@ def test_novograd_is_torch_models_novograd() -> None:
     params, grads = _tiny_problem()
     got = _run_optax(make_optimizer(cfg, params, steps_per_epoch=4), params, grads)
     want = _run_torch(
-        lambda g: torch_models.NovoGrad(g, lr=0.05, betas=cfg.novograd_betas, weight_decay=0.01),
+        lambda g: torch_support.NovoGrad(g, lr=0.05, betas=cfg.novograd_betas, weight_decay=0.01),
         params,
         grads,
     )

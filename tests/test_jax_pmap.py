@@ -25,7 +25,7 @@ from common.datasets import load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.runtime import simulate_host_devices
 from frameworks import jax_pmap, jax_shard
-from frameworks.jax_models import evaluate
+from frameworks.jax_support import evaluate
 from tests.conftest import read_json, run_trainer
 
 simulate_host_devices(4)  # before the first device query (see the module docstring)

@@ -14,7 +14,7 @@ import pytest
 from flax.traverse_util import flatten_dict
 
 from common.results import RunRecorder
-from frameworks.jax_models import load_checkpoint, save_checkpoint
+from frameworks.jax_support import load_checkpoint, save_checkpoint
 from tests.conftest import relative_update_difference
 from tests.test_jax_pmap import CFG, UPDATE_RTOL, compiled, evaluated, max_diff, stepped
 

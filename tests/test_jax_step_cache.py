@@ -1,4 +1,4 @@
-"""--compile-cache, the tracing half (jax_models.cached_step): the JAX trainers export their
+"""--compile-cache, the tracing half (jax_support.cached_step): the JAX trainers export their
 parallel train step once per configuration and later runs load it instead of tracing the model.
 
 What could go wrong, and the test that would see it:
@@ -34,8 +34,8 @@ from common.config import Config
 from common.datasets import load_for
 from common.runtime import INJECT_ENV
 from common.schedule import lr_table_for
-from frameworks import jax_models, jax_pmap
-from frameworks.jax_models import CompileMeter, cached_step, step_key
+from frameworks import jax_pmap, jax_support
+from frameworks.jax_support import CompileMeter, cached_step, step_key
 from tests.test_jax_pmap import CFG, MODULES, compiled, host_devices, max_diff, train_batches
 
 STEPS_PER_EPOCH = 4  # what compiled() gives create_train_state
@@ -112,7 +112,7 @@ def test_a_changed_configuration_is_traced_again_and_a_blind_key_would_serve_a_s
     assert steps_counts()["misses"] == 1  # another key: traced, not loaded
     assert leaf_diff(got, want) == 0.0
     # The injected bug: a key that ignores the configuration serves lr 0.1's program at lr 0.2.
-    monkeypatch.setattr(jax_models, "step_key", lambda cfg, table, args: "blind")
+    monkeypatch.setattr(jax_support, "step_key", lambda cfg, table, args: "blind")
     run_steps(cached_step(slow, train_slow, STEPS_PER_EPOCH), start_slow(), mesh, mod)
     stale = run_steps(cached_step(fast, train_fast, STEPS_PER_EPOCH), start_fast(), mesh, mod)
     assert steps_counts()["hits"] == 1
@@ -159,7 +159,7 @@ def test_the_key_follows_what_the_program_depends_on(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv(INJECT_ENV)
     half = mod.to_device(tuple(a[:12] for a in train_batches()[0]), mesh)
     assert step_key(cfg, table, (args[0], half)) != key  # another batch shape
-    monkeypatch.setattr(jax_models, "source_digest", lambda: "edited")
+    monkeypatch.setattr(jax_support, "source_digest", lambda: "edited")
     assert step_key(cfg, table, args) != key  # an edited module
 
 
@@ -174,7 +174,7 @@ def test_a_damaged_file_is_traced_again_and_replaced(
     (path,) = (tmp_path / "cache" / "jax-steps").glob("*.jaxexport")
     good = path.read_bytes()
     args = (jax.tree.leaves(mod.replicate(initial, mesh)), mod.to_device(train_batches()[0], mesh))
-    assert jax_models.load_exported(path, args) is not None
+    assert jax_support.load_exported(path, args) is not None
     flipped = good[:-100] + bytes([good[-100] ^ 1]) + good[-99:]  # one bit: still parses
     for damage in (b"not an exported program", flipped):
         path.write_bytes(damage)
@@ -184,7 +184,7 @@ def test_a_damaged_file_is_traced_again_and_replaced(
         assert "note: ignoring the exported step" in capsys.readouterr().err
         assert steps_counts()["misses"] == 1 and max_diff(got, want) == 0.0
         assert path.read_bytes() != damage  # replaced by a good one
-        assert jax_models.load_exported(path, args) is not None
+        assert jax_support.load_exported(path, args) is not None
 
 
 def test_off_returns_the_step_untouched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,9 +193,9 @@ def test_off_returns_the_step_untouched(tmp_path: Path, monkeypatch: pytest.Monk
     assert steps_counts()["off"] == "--no-compile-cache"
     assert cached_step(config(tmp_path, step_cache=False), train, 4) is train
     assert steps_counts()["off"] == "--no-step-cache"
-    real = jax_models.importlib.util.find_spec
+    real = jax_support.importlib.util.find_spec
     monkeypatch.setattr(
-        jax_models.importlib.util,
+        jax_support.importlib.util,
         "find_spec",
         lambda name, *a: None if name == "flatbuffers" else real(name, *a),
     )
@@ -217,7 +217,7 @@ def test_a_step_that_fails_to_export_falls_back_to_the_traced_step(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise ValueError("cannot export this\nsecond line")
 
-    monkeypatch.setattr(jax_models.jax.export, "export", refuse)
+    monkeypatch.setattr(jax_support.jax.export, "export", refuse)
     step = cached_step(config(tmp_path, gpus=2, bn="local"), train, STEPS_PER_EPOCH)
     got = run_steps(step, mod.replicate(initial, mesh), mesh, mod)
     assert "note: train step not exported (cannot export this)" in capsys.readouterr().err
@@ -226,7 +226,7 @@ def test_a_step_that_fails_to_export_falls_back_to_the_traced_step(
 
 
 def test_a_donated_state_is_donated_and_the_step_unchanged(tmp_path: Path) -> None:
-    # On GPUs the trainers donate the state (jax_models.donate_state); the exported call keeps
+    # On GPUs the trainers donate the state (jax_support.donate_state); the exported call keeps
     # it. XLA:CPU honours donation too, so the GPUs' path runs here.
     train, _, initial, mesh, mod = compiled("jax-shard", 2, "local")
     want = run_steps(train, mod.replicate(initial, mesh), mesh, mod)

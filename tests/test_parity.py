@@ -72,7 +72,8 @@ def torch_update(cfg, ds, images: np.ndarray, labels: np.ndarray, devices: int) 
     import torch
 
     from common.schedule import lr_table_for
-    from frameworks.torch_models import create_model, initialize, loss_fn, make_optimizer
+    from frameworks.torch_models import create_model
+    from frameworks.torch_support import initialize, loss_fn, make_optimizer
 
     net = create_model(cfg.model, ds.channels, ds.num_classes, cfg.width, cfg.dropout,
                        cfg.bn_momentum, cfg.bn_eps)  # fmt: skip

@@ -88,7 +88,7 @@ def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
     from common.datasets import load_for
     from common.pipeline import EvalLoader
     from frameworks import torch_ddp
-    from frameworks.torch_models import evaluate
+    from frameworks.torch_support import evaluate
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -119,7 +119,7 @@ def test_evaluation_identical_at_1_2_3_processes(tmp_path):
     from common.datasets import load_for
     from common.pipeline import Normalizer
     from frameworks.torch_ddp import build_model
-    from frameworks.torch_models import initialize
+    from frameworks.torch_support import initialize
 
     cfg = eval_config()
     ds = load_for(cfg)
@@ -268,7 +268,7 @@ def test_local_bn_keeps_each_ranks_running_statistics(tmp_path, inject):
     if inject:
         source = source.replace(
             "import os,",
-            "import frameworks.torch_models as tm\n"
+            "import frameworks.torch_support as tm\n"
             "tm.no_forward_buffer_sync = lambda: {'forward_sync_buffers': True}\nimport os,",
         ).replace("from frameworks import torch_ddp", "from frameworks import torch_ddp\n"
                   "torch_ddp.no_forward_buffer_sync = tm.no_forward_buffer_sync")  # fmt: skip

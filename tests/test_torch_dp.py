@@ -13,7 +13,8 @@ from common.config import preset
 from common.datasets import load_for
 from common.pipeline import TrainLoader
 from common.schedule import lr_table_for
-from frameworks.torch_models import create_model, initialize
+from frameworks.torch_models import create_model
+from frameworks.torch_support import initialize
 from tests.conftest import SMOKE, ok, read_json, relative_update_difference, run_trainer
 
 
@@ -103,7 +104,7 @@ def test_step_equals_the_sgd_step_written_out(tmp_path):
 def one_step(channels_last: bool, wrong_layout: bool = False) -> tuple[dict, dict]:
     """(initial, after) of one torch-dp step on a batch of random images, in either layout."""
     from frameworks import torch_dp
-    from frameworks.torch_models import to_device
+    from frameworks.torch_support import to_device
 
     cfg = preset("smoke", channels_last=channels_last, framework="torch-dp")
     torch.manual_seed(0)

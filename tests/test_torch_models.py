@@ -10,12 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from frameworks.torch_models import (
-    NovoGrad,
-    count_params,
-    create_model,
-    decay_parameters,
-)
+from frameworks.torch_models import count_params, create_model, decay_parameters
+from frameworks.torch_support import NovoGrad
 from tests.conftest import MAIN_PYTHON, run_module
 from tests.port_weights import export
 

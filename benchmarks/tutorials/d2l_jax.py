@@ -50,15 +50,15 @@ from common.config import Config, ConfigError
 from common.datasets import Dataset, load_for
 from common.pipeline import Normalizer, epoch_permutation, steps_per_epoch
 from common.trainer import keep_measured_epochs, run_main
-from frameworks.jax_models import (
+from frameworks.jax_models import initial_variables
+from frameworks.jax_pmap import build_model
+from frameworks.jax_support import (
     execution,
-    initial_variables,
     make_optimizer,
     select_devices,
     set_float32_precision,
     setup_xla,  # simulated devices and XLA:CPU's kernels, as jax-pmap's setup_process
 )
-from frameworks.jax_pmap import build_model
 
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (JAX), "

@@ -48,7 +48,7 @@ from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
 from frameworks.torch_dp import FRAMEWORK as COMPARED
 from frameworks.torch_dp import build_model, check_config
-from frameworks.torch_models import initialize, make_optimizer, set_float32_precision, sync
+from frameworks.torch_support import initialize, make_optimizer, set_float32_precision, sync
 
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (PyTorch), "

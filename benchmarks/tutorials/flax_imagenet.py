@@ -68,14 +68,14 @@ from common.pipeline import Normalizer, Prefetcher, epoch_permutation, steps_per
 from common.runtime import printer
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
-from frameworks.jax_models import (
+from frameworks.jax_models import initial_variables
+from frameworks.jax_pmap import build_model
+from frameworks.jax_support import (
     execution,
-    initial_variables,
     select_devices,
     set_float32_precision,
     setup_xla,  # simulated devices and XLA:CPU's kernels, as jax-pmap's setup_process
 )
-from frameworks.jax_pmap import build_model
 
 SOURCE = (
     "Flax examples/imagenet (ResNet-50 on ImageNet with jax.pmap), train.py, "

@@ -62,7 +62,7 @@ from common.schedule import scaled_lr
 from common.trainer import describe, keep_measured_epochs, run_main
 from frameworks.torch_ddp import FRAMEWORK as COMPARED
 from frameworks.torch_ddp import build_model
-from frameworks.torch_models import initialize, make_optimizer, set_float32_precision, sync
+from frameworks.torch_support import initialize, make_optimizer, set_float32_precision, sync
 
 SOURCE = (
     "NVIDIA DLI, Data Parallelism: How to Train Deep Learning Models on Multiple GPUs, "

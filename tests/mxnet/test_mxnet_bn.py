@@ -12,7 +12,8 @@ from common.config import preset
 from common.datasets import load_for
 from common.pipeline import TrainLoader
 from frameworks import mxnet_gluon as G
-from frameworks.mxnet_models import TorchSGD, structural_params
+from frameworks.mxnet_models import structural_params
+from frameworks.mxnet_support import TorchSGD
 
 
 def first_step_running_means(buggy: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:

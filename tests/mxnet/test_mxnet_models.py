@@ -16,15 +16,13 @@ import pytest
 from mxnet import autograd
 
 from frameworks.mxnet_models import (
-    NovoGrad,
-    SoftmaxCrossEntropy,
-    TorchSGD,
     count_params,
     create_model,
     load_torch_state,
     structural_params,
     torch_key,
 )
+from frameworks.mxnet_support import NovoGrad, SoftmaxCrossEntropy, TorchSGD
 from tests.conftest import MAIN_PYTHON, ROOT
 
 

@@ -16,12 +16,7 @@ import pytest
 from common.config import ConfigError, preset
 from common.results import RunRecorder
 from frameworks import mxnet_gluon as G
-from frameworks.mxnet_models import (
-    checkpoint_path,
-    load_checkpoint,
-    save_checkpoint,
-    state_names,
-)
+from frameworks.mxnet_support import checkpoint_path, load_checkpoint, save_checkpoint, state_names
 
 
 def make_state(cfg, n: int) -> G.TrainState:

@@ -25,7 +25,7 @@ from common.datasets import load_for  # noqa: E402
 from common.pipeline import TrainLoader  # noqa: E402
 from common.timing import PhaseTimer  # noqa: E402
 from frameworks import jax_pmap, jax_shard  # noqa: E402
-from frameworks.jax_models import prefetch_to_devices  # noqa: E402
+from frameworks.jax_support import prefetch_to_devices  # noqa: E402
 
 cfg = preset(
     "digits", batch_size=128, momentum=0.0, weight_decay=0.0, epochs=4, augment=False,

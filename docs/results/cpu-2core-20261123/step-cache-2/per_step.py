@@ -3,7 +3,7 @@ sys.path.insert(0, '/work/main')
 from common.config import preset
 n = int(sys.argv[2])
 cfg = preset('digits', gpus=n, cache_dir='/tmp/exp/dispcache3')
-from frameworks.jax_models import setup_process, cached_step
+from frameworks.jax_support import setup_process, cached_step
 setup_process(cfg)
 import jax, numpy as np
 from jax.sharding import Mesh

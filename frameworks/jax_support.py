@@ -1,0 +1,700 @@
+"""What jax-pmap and jax-shard share besides the models (frameworks/jax_models.py): the train
+state, the Optax optimiser, the loss, prefetching to the devices and the device pipeline,
+evaluation, checkpoint I/O, the XLA and compilation-cache set-up, the exported-step cache,
+device selection and multi-process start-up. The trainers keep only what differs between pmap
+and jit+sharding."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.export
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import serialization, struct, traverse_util
+from flax.training import train_state
+
+from common.config import Config, ConfigError, image_side
+from common.datasets import check_available
+from common.devices import need_gpus
+from common.pipeline import EvalLoader, TrainLoader
+from common.results import RunRecorder
+from common.runtime import (
+    INJECT_ENV,
+    atomic_write_bytes,
+    remove_stale_temp_files,
+    simulate_host_devices,
+    stale_launch_env,
+    threads_record,
+    use_xla_cpu_ynn,
+    xla_cpu_execution,
+    xla_cpu_ynn_wanted,
+)
+from common.schedule import lr_table_for
+from common.timing import PhaseTimer
+from common.trainer import (
+    check_resume,
+    checkpoint_meta,
+    first_line,
+    reading_checkpoint,
+    restore_meta,
+)
+from frameworks.jax_models import decay_mask
+
+
+class TrainState(train_state.TrainState):
+    """Flax's TrainState (step, params, opt_state, apply_fn, tx) plus BN running statistics and
+    the dropout key. Dropout keys are folded from (seed key, step), so a resumed run draws the
+    same masks as an uninterrupted one."""
+
+    batch_stats: Any = None
+    key: jax.Array | None = None
+    label_smoothing: float = struct.field(pytree_node=False, default=0.0)
+
+
+def make_optimizer(cfg: Config, params: Any, steps_per_epoch: int) -> optax.GradientTransformation:
+    """SGD in torch's form (buf = m * buf + (g + wd * w); w -= lr * buf; Nesterov from the
+    config) or NovoGrad, weight decay on conv/linear kernels only, LR from common.schedule."""
+    table = jnp.asarray(lr_table_for(cfg, steps_per_epoch))  # (epochs * steps_per_epoch,)
+
+    def schedule(count: jax.Array) -> jax.Array:  # Optax's update counter, restored on resume
+        return table[jnp.minimum(count, table.shape[0] - 1)]
+
+    mask = decay_mask(params)
+    if cfg.optimizer == "sgd":
+        # add_decayed_weights first: torch adds wd * w to the gradient before the momentum
+        # buffer. optax.sgd = trace (buf = m * buf + g, Nesterov g + m * buf) then -lr scaling.
+        return optax.chain(
+            optax.add_decayed_weights(cfg.weight_decay, mask=mask),
+            optax.sgd(schedule, momentum=cfg.momentum or None, nesterov=cfg.nesterov),
+        )
+    # NovoGrad (Ginsburg et al. 2019): the decay term sits inside the first moment,
+    # m = b1 * m + g / sqrt(v) + wd * w, so it cannot be masked from outside: the decayed and
+    # undecayed parameters get their own NovoGrad (both per-layer, so this changes nothing else).
+    b1, b2 = cfg.novograd_betas
+    labels = jax.tree.map(lambda d: "decay" if d else "no_decay", mask)
+    return optax.chain(
+        optax.partition(
+            {
+                "decay": optax.scale_by_novograd(b1, b2, eps=1e-8, weight_decay=cfg.weight_decay),
+                "no_decay": optax.scale_by_novograd(b1, b2, eps=1e-8, weight_decay=0.0),
+            },
+            labels,
+        ),
+        optax.scale_by_learning_rate(schedule),
+    )
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float) -> jax.Array:
+    """Per-example softmax cross-entropy with torch's label smoothing ((1 - a) * onehot + a / K).
+    logits: (B, K) float32, labels: (B,) int32 -> (B,)."""
+    if label_smoothing == 0.0:
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), label_smoothing)
+    return optax.softmax_cross_entropy(logits, targets)
+
+
+# -- device I/O, evaluation and checkpoints ----------------------------------------------------
+
+Batch = tuple[np.ndarray, ...]
+
+
+def prefetch_to_devices(
+    batches: Iterator[Batch],
+    put: Callable[[Batch], tuple[jax.Array, ...]],
+    phases: PhaseTimer,
+    size: int = 2,
+) -> Iterator[tuple[jax.Array, ...]]:
+    """Put batches on the devices `size` steps ahead with `put` (the trainer's `to_device`;
+    flax's prefetch_to_device): the copy of batch k+2 overlaps step k. With phase timing each
+    copy is waited for and timed as h2d."""
+
+    def timed_put(batch: Batch) -> tuple[jax.Array, ...]:
+        if not phases.enabled:
+            return put(batch)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(put(batch))
+        phases.add("h2d", time.perf_counter() - t0)
+        return out
+
+    batches = (b for b in batches)  # stays exhausted (a Prefetcher would block on a re-read)
+    queue = collections.deque(timed_put(b) for b in itertools.islice(batches, size))
+    while queue:
+        yield queue.popleft()
+        queue.extend(timed_put(b) for b in itertools.islice(batches, 1))
+
+
+def batch_maker(table: np.ndarray) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """--pipeline device: `make_batch(images, idx, rows, cols, y)`, common.pipeline.gather_crops
+    in jnp ops, each pixel then looked up in the host Normalizer's `table()` (256, C) instead of
+    computing x * scale + shift, which XLA would fuse into a multiply-add that rounds once where
+    numpy rounds twice: the resident uint8 images (N, H, W, C) -> float32 (B, H, W, C), bitwise
+    the host pipeline's, and the labels. The trainer applies its parallel transform to it
+    (`parallel_batches`), so each device gathers its own shard."""
+
+    def make_batch(
+        images: jax.Array, idx: jax.Array, rows: jax.Array, cols: jax.Array, y: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        h, w = images.shape[1:3]
+        inside = ((rows >= 0) & (rows < h))[:, :, None] & ((cols >= 0) & (cols < w))[:, None, :]
+        rows, cols = jnp.clip(rows, 0, h - 1), jnp.clip(cols, 0, w - 1)
+        crops = images[idx[:, None, None], rows[:, :, None], cols[:, None, :]]
+        crops = jnp.where(inside[..., None], crops, jnp.zeros((), crops.dtype))  # zero padding
+        return jnp.asarray(table)[crops.astype(jnp.int32), jnp.arange(table.shape[1])], y
+
+    return make_batch
+
+
+def train_put(
+    loader: TrainLoader,
+    put: Callable[[Batch], tuple[jax.Array, ...]],
+    replicate: Callable[[Any], Any],
+    parallel_batches: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> Callable[[Batch], tuple[jax.Array, ...]]:
+    """The step's batch on the devices, from what `loader` yields. Host pipeline: the trainer's
+    `put` (to_device). Device pipeline: the uint8 training set is copied to every device once,
+    here (the trainer's `replicate`), and each step puts only its indices (asynchronously) and
+    gathers its crops there (`batch_maker` under the trainer's transform, `parallel_batches`)."""
+    if not loader.on_device:
+        return put
+    images = replicate(loader.ds.train_x)
+    make_batch = parallel_batches(batch_maker(loader.norm.table()))
+    return lambda batch: make_batch(images, *put(batch))
+
+
+def evaluate(
+    eval_fn: Callable[[Any, tuple[jax.Array, ...]], dict[str, jax.Array]],
+    state: Any,
+    loader: EvalLoader,
+    steps: int,
+    put: Callable[[Batch], tuple[jax.Array, ...]],
+    fetch: Callable[[Any], Any],
+) -> dict[str, float]:
+    """Test sums over every test image exactly once: each process its part, padded rows of
+    weight 0; `steps` (the most batches any process has) keeps the processes in lockstep.
+    `eval_fn` is the trainer's parallel eval step, `put` its to_device, `fetch` its unreplicate."""
+    n, shape = loader.padded, loader.ds.image_shape
+    padding = (np.zeros((n, *shape), np.float32), np.zeros(n, np.int32), np.zeros(n, np.float32))
+    totals: dict[str, jax.Array] = {}
+    for batch in itertools.islice(itertools.chain(loader, itertools.repeat(padding)), steps):
+        metrics = eval_fn(state, put(batch))
+        totals = {k: totals[k] + v if k in totals else v for k, v in metrics.items()}
+    return {k: float(v) for k, v in fetch(totals).items()}  # host sync, once
+
+
+def checkpoint_path(cfg: Config) -> Path:
+    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.msgpack"
+
+
+def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
+    """Write the state after `epoch` (0-based) atomically: msgpack bytes, temp file, rename.
+    `state` is the host copy (the trainer's unreplicate)."""
+    meta = checkpoint_meta(cfg, recorder, epoch, int(state.step))
+    payload = {"state": serialization.to_state_dict(state), "meta": json.dumps(meta)}
+    atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
+
+
+def load_checkpoint(
+    cfg: Config, state: TrainState, recorder: RunRecorder
+) -> tuple[TrainState, int]:
+    """Restore the latest checkpoint (msgpack holds arrays and plain values only) into the host
+    template `state`; return the host state (the trainer replicates it) and the epoch to
+    continue from."""
+    with reading_checkpoint(checkpoint_path(cfg)):  # corrupt or foreign: one line, exit 2
+        ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
+        restored = serialization.from_state_dict(state, ckpt["state"])
+        if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, state):
+            raise ConfigError(
+                f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
+                "model; resume with the same settings or use a new --checkpoint-dir"
+            )
+        epoch, _ = restore_meta(json.loads(ckpt["meta"]), recorder)
+    return restored, epoch
+
+
+def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
+    """Parameters and BN statistics of a host state (the trainer's unreplicate) in torch's
+    names and layouts (--save-state): the inverse of from_torch_state."""
+    out: dict[str, np.ndarray] = {}
+    for tree in (state.params, state.batch_stats):
+        for path, v in traverse_util.flatten_dict(tree).items():
+            *mods, leaf = path
+            name = ".".join(m.replace("_", ".") for m in mods)  # layer1_0 -> layer1.0
+            v = np.asarray(v)
+            if leaf == "kernel":  # conv HWIO -> OIHW, linear (in, out) -> (out, in)
+                out[f"{name}.weight"] = v.transpose(3, 2, 0, 1) if v.ndim == 4 else v.T
+            else:
+                torch_leaf = {"scale": "weight", "mean": "running_mean", "var": "running_var"}
+                out[f"{name}.{torch_leaf.get(leaf, leaf)}"] = v
+    return out
+
+
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume)."""
+    return json.loads(serialization.msgpack_restore(path.read_bytes())["meta"])
+
+
+# -- devices ------------------------------------------------------------------------------------
+
+
+def set_float32_precision(cfg: Config, platform: str) -> str:
+    """float32 matmuls and convolutions: full fp32 ("highest") unless --tf32, the same choice as
+    every other framework. CPUs compute float32 in full precision whatever the setting."""
+    if platform != "gpu":
+        return "fp32 (CPU)"
+    jax.config.update("jax_default_matmul_precision", "tensorfloat32" if cfg.tf32 else "highest")
+    return "tf32" if cfg.tf32 else "fp32 (TF32 off)"
+
+
+def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
+    """The `threads` record of a JAX run: XLA:CPU runs every host device's programs on one
+    intra-op thread pool per process, sized to the machine's cores by XLA and shared by the
+    devices (jax 0.10 offers no setting for its size: C threads in all, as the rule asks)."""
+    if devices[0].platform != "cpu":
+        return threads_record(0, None, "GPU run: host threads are not the compute")
+    return threads_record(
+        os.cpu_count() or 1, None, "XLA:CPU's intra-op pool, one per process, shared by the devices"
+    )
+
+
+def donate_state(devices: list[jax.Device]) -> tuple[int, ...]:
+    """`donate_argnums` of a train step whose first argument is the state: donated on GPUs (the
+    new state reuses the old one's device memory), not on CPU, where memory is plentiful and a
+    step without donation measured 1% faster (5 alternating pairs, jax-pmap, 1 device)."""
+    return (0,) if devices[0].platform == "gpu" else ()
+
+
+def execution(transform: str, devices: list[jax.Device]) -> str:
+    """The record's `execution`: the parallel transform, and on CPU how XLA runs the programs."""
+    if devices[0].platform != "cpu":
+        return transform
+    return f"{transform}; {xla_cpu_execution()}"
+
+
+def setup_xla(cfg: Config) -> None:
+    """Before JAX's backends start (XLA reads XLA_FLAGS at the first device query, not the
+    import): `--gpus` simulated CPU devices (on a GPU machine only the unused CPU backend sees
+    them) and XLA:CPU's kernels (--xla-cpu-ynn). The JAX trainers and the JAX tutorial loops
+    both start here, so the two sides of a comparison run the same XLA programs the same way."""
+    simulate_host_devices(cfg.gpus)
+    use_xla_cpu_ynn(xla_cpu_ynn_wanted(cfg.xla_cpu_ynn, image_side(cfg), cfg.gpus))
+    if cfg.devices != "auto":  # JAX read JAX_PLATFORMS when imported: devices.pin is too late
+        jax.config.update("jax_platforms", "cpu" if cfg.devices == "cpu" else "cuda")
+
+
+def setup_process(cfg: Config) -> None:
+    """What a JAX trainer's process does before JAX starts: `setup_xla` (simulated devices,
+    XLA:CPU's kernels), then the persistent compilation cache on (or off), then joining a
+    multi-process run if one is configured."""
+    setup_xla(cfg)
+    use_compile_cache(cfg)
+    source_digest()  # the step cache's key: the sources as this process imported them
+    init_distributed(cfg.collective_timeout)
+
+
+def use_compile_cache(cfg: Config) -> str | None:
+    """--compile-cache (default): every compiled XLA program goes to <cache-dir>/jax (or
+    JAX_COMPILATION_CACHE_DIR), whatever its compile time, and a later run of the same program
+    loads it instead of compiling. A size limit turns on JAX's LRU eviction, which also takes a
+    file lock around every read and write: several processes may share the directory. Returns
+    the directory (None: off)."""
+    if not cfg.compile_cache:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(
+        Path(cfg.cache_dir).expanduser() / "jax"
+    )
+    Path(path).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", 4 * 1024**3)  # eviction + file lock
+    return path
+
+
+class CompileMeter:
+    """Seconds this process spent turning programs into executables (tracing, lowering, XLA
+    compilation or a load from the persistent cache), and the cache's hits and misses, from
+    JAX's monitoring events. One meter per process; `record()` is the run record's entry."""
+
+    _events = {
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    }
+    _instance: CompileMeter | None = None
+
+    def __init__(self) -> None:
+        self.sec = 0.0
+        self.hits = 0
+        self.misses = 0
+        self.steps: dict[str, Any] = {"dir": None, "hits": 0, "misses": 0}
+
+    @classmethod
+    def get(cls) -> CompileMeter:
+        if cls._instance is None:
+            meter = cls._instance = cls()
+            jax.monitoring.register_event_duration_secs_listener(meter._duration)
+            jax.monitoring.register_event_listener(meter._event)
+        return cls._instance
+
+    def _duration(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event in self._events:
+            self.sec += duration
+
+    def _event(self, event: str, **kwargs: Any) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self.hits += 1
+        elif event == "/jax/compilation_cache/cache_misses":
+            self.misses += 1
+
+    def record(self) -> dict[str, Any]:
+        on = jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir
+        return {
+            "compile_sec": round(self.sec, 3),
+            "compile_cache": {
+                "dir": jax.config.jax_compilation_cache_dir if on else None,
+                "hits": self.hits,
+                "misses": self.misses,
+                "steps": self.steps,  # the exported train steps (cached_step)
+            },
+        }
+
+
+# Config fields that cannot change the train step's program: where results go, when to log or
+# stop, the host's loader threads, and the seed (it only picks values: the initial weights and
+# the dropout key are arguments of the step, not constants in it; a test checks this). Every
+# other field is part of an exported step's key.
+NOT_IN_STEP = frozenset(
+    {
+        "output",
+        "tensorboard",
+        "checkpoint_dir",
+        "save_state",
+        "resume",
+        "log_every",
+        "phase_timing",
+        "target_accuracy",
+        "patience",
+        "prefetch",
+        "collective_timeout",
+        "compile_cache",
+        "step_cache",
+        "cache_dir",
+        "seed",
+        "download",
+        "verify",
+        "devices",  # where the devices are: the key holds the devices and shardings themselves
+    }
+)
+STEP_CACHE_FILES = 64  # exported steps kept per cache directory (100 KB-1 MB each), newest first
+STEP_FILE_MAGIC = b"dp-bench exported step 1\n"  # then the payload's sha256, then the payload
+
+
+def cached_step(
+    cfg: Config, step: Callable[..., Any], steps_per_epoch: int, donate: tuple[int, ...] = ()
+) -> Callable[..., Any]:
+    """--compile-cache, the tracing half: the train step as a `jax.export`ed program, stored in
+    <cache-dir>/jax-steps, so that a later run of the same configuration loads it instead of
+    tracing the Python model again (the persistent compilation cache then skips XLA's compile).
+    `step` is the trainer's parallel train step (pmap, or jit with shardings), unchanged: the
+    program is the one it lowers to, exported on the first run and called through
+    `Exported.call` on every run (the first one too, so both runs compile the same program).
+
+    The key is everything the program depends on: the config (less NOT_IN_STEP), the LR table
+    (a constant of the program), the arguments' shapes, dtypes and shardings, the devices, JAX's
+    settings, the versions of JAX, Flax, Optax and numpy, and the text of every module in
+    frameworks/ and common/ (any edit is a new key). Off (the step is returned as it is) with
+    --no-compile-cache or --no-step-cache, in a multi-process run, under the tests' bug
+    injection, and without the `flatbuffers` package that JAX's serialisation needs; a failure
+    to export, load or compile it falls back to the step as it is, with a note (a damaged file
+    is removed). The record's compile_cache.steps says which."""
+    meter = CompileMeter.get()
+    off = step_cache_off(cfg)
+    if off:
+        meter.steps = {"dir": None, "hits": 0, "misses": 0, "off": off}
+        return step
+    folder = Path(cfg.cache_dir).expanduser() / "jax-steps"
+    meter.steps = {"dir": str(folder), "hits": 0, "misses": 0}
+    table = lr_table_for(cfg, steps_per_epoch)  # what make_optimizer bakes into the program
+    treedef: Any = None
+    call: Callable[..., Any] | None = None
+    loaded: Path | None = None
+
+    def flat_step(leaves: list[jax.Array], batch: Any) -> tuple[list[jax.Array], Any]:
+        new_state, metrics = step(jax.tree.unflatten(treedef, leaves), batch)
+        return jax.tree.leaves(new_state), metrics
+
+    def first_call(state: Any, batch: Any) -> Callable[..., Any]:
+        nonlocal treedef, loaded
+        leaves, treedef = jax.tree.flatten(state)  # the state's functions stay out of the file
+        path = folder / f"train_step-{step_key(cfg, table, (leaves, batch))}.jaxexport"
+        start = time.perf_counter()
+        exported = load_exported(path, (leaves, batch))
+        meter.sec += time.perf_counter() - start  # a load is part of what compiling costs
+        if exported is None:  # trace and lower once, here (the meter counts both)
+            exported = jax.export.export(jax.jit(flat_step))(leaves, batch)
+            store_exported(path, exported)
+            meter.steps["misses"] += 1
+        else:
+            loaded = path
+            meter.steps["hits"] += 1
+        # The new state keeps the shardings the state came in with, as the traced step's does:
+        # the arrays that come back from elsewhere (jax-pmap's p_mean at an epoch's end, a
+        # restored checkpoint) then match the call's own outputs, and its fast path (no retrace
+        # of the call, ~10 ms a time on a CPU) stays in use. The metrics' are XLA's choice.
+        same_as_in = ([x.sharding for x in leaves], None)
+        return jax.jit(exported.call, donate_argnums=donate, out_shardings=same_as_in)
+
+    def run(state: Any, batch: Any) -> tuple[Any, Any]:  # no host sync
+        nonlocal call
+        if call is None:
+            try:  # the first execution compiles: a failure there falls back too
+                call = first_call(state, batch)
+                return run(state, batch)
+            except Exception as exc:  # the cache must never cost a run: trace as without it
+                if any(x.is_deleted() for x in jax.tree.leaves(state)):
+                    raise  # the step ran on donated buffers and failed: not the cache's doing
+                print(f"note: train step not exported ({first_line(exc)})", file=sys.stderr)
+                meter.steps["off"] = f"failed: {first_line(exc)}"
+                if loaded is not None:  # a file that loads but does not run: not again
+                    with contextlib.suppress(OSError):
+                        loaded.unlink(missing_ok=True)
+                call = step
+        if call is step:
+            return step(state, batch)
+        leaves, metrics = call(jax.tree.leaves(state), batch)
+        return jax.tree.unflatten(treedef, leaves), metrics
+
+    return run
+
+
+def step_cache_off(cfg: Config) -> str | None:
+    """Why cached_step cannot store steps in this run (None: it can)."""
+    if not cfg.compile_cache:
+        return "--no-compile-cache"
+    if not cfg.step_cache:
+        return "--no-step-cache"
+    if jax.process_count() > 1:
+        return "multi-process run"
+    if os.environ.get(INJECT_ENV):  # a test's injected bug must neither be stored nor hidden
+        return f"{INJECT_ENV} is set"
+    if importlib.util.find_spec("flatbuffers") is None:
+        return "the flatbuffers package is not installed (pip install flatbuffers)"
+    return None
+
+
+def step_key(cfg: Config, lr_table: np.ndarray, args: Any) -> str:
+    """The hex digest naming an exported train step (cached_step): what its program depends on."""
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_STEP}
+    leaves, treedef = jax.tree.flatten(args)
+    parts = {
+        "config": fields,
+        "lr_table": hashlib.sha256(np.ascontiguousarray(lr_table).tobytes()).hexdigest(),
+        "args": [str(treedef)]
+        + [f"{x.shape} {x.dtype} {getattr(x, 'sharding', None)}" for x in leaves],
+        "devices": [d.device_kind for d in jax.devices()],
+        # every JAX setting but the platform choice (--devices): the devices are in the key
+        "jax_config": sorted(i for i in jax.config.values.items() if i[0] != "jax_platforms"),
+        "versions": [
+            importlib.metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax", "numpy")
+        ],
+        "sources": source_digest(),
+    }
+    return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 of every module in frameworks/ and common/ (path and text). Taken once per
+    process, first by setup_process: the text the process imported, not an edit made since."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("frameworks/*.py"), *root.glob("common/*.py")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def load_exported(path: Path, args: Any) -> jax.export.Exported | None:
+    """The exported step stored at `path`, or None: missing, damaged (removed), or not for
+    `args`."""
+    try:
+        data = path.read_bytes()
+        n = len(STEP_FILE_MAGIC)
+        head, digest, payload = data[:n], data[n : n + 32], data[n + 32 :]
+        if head != STEP_FILE_MAGIC or hashlib.sha256(payload).digest() != digest:
+            raise ValueError("not a dp-bench exported step, or damaged")
+        exported = jax.export.deserialize(bytearray(payload))
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a damaged or foreign file: traced again and replaced
+        print(f"note: ignoring the exported step {path} ({first_line(exc)})", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        return None
+    want = [(tuple(x.shape), x.dtype) for x in jax.tree.leaves(args)]
+    if [(tuple(a.shape), a.dtype) for a in exported.in_avals] != want:
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used: pruned last
+    return exported
+
+
+def store_exported(path: Path, exported: jax.export.Exported) -> None:
+    """Write the exported step atomically (concurrent runs may write the same file), with a
+    checksum, and keep the STEP_CACHE_FILES most recently used. A failed write costs only the
+    next run's trace."""
+    try:
+        payload = exported.serialize()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(path.parent, "train_step-")  # writers killed mid-write
+        atomic_write_bytes(path, STEP_FILE_MAGIC + hashlib.sha256(payload).digest() + payload)
+        files = sorted(path.parent.glob("*.jaxexport"), key=mtime, reverse=True)
+        for old in files[STEP_CACHE_FILES:]:
+            old.unlink(missing_ok=True)
+    except Exception as exc:
+        print(f"note: exported step not stored ({first_line(exc)})", file=sys.stderr)
+
+
+def mtime(path: Path) -> float:
+    """Modification time, or 0 for a file another process has just removed."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def check_config(cfg: Config) -> None:
+    """The JAX trainers' checks before training starts (ConfigError / DatasetError)."""
+    check_devices(cfg)
+    check_available(cfg)
+    check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
+
+
+def init_distributed(timeout: float = 300.0) -> None:
+    """Join a multi-process run when the launch environment asks for one; a no-op otherwise.
+
+    Explicit: JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES, JAX_PROCESS_ID (typically
+    one process per host, with all its devices). SLURM (SLURM_NTASKS > 1):
+    jax.distributed.initialize() reads SLURM's variables and gives each task the one GPU of its
+    SLURM_LOCALID (one task per GPU; JAX_LOCAL_DEVICE_IDS overrides). Must run before the first
+    device query. On CPU the collectives go through Gloo. The processes wait `timeout` seconds
+    (--collective-timeout) for each other at start-up; SLURM variables that no srun set (a
+    salloc shell) are refused with one line rather than waited on.
+    """
+    explicit = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    stale = None if explicit else stale_launch_env()
+    if stale:
+        raise ConfigError(stale)
+    slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    if not (explicit or slurm):
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if explicit:
+        try:
+            n, rank = int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"])
+        except (KeyError, ValueError):
+            raise ConfigError(
+                "JAX_COORDINATOR_ADDRESS is set: also set JAX_NUM_PROCESSES and "
+                "JAX_PROCESS_ID (integers) for every process"
+            ) from None
+        jax.distributed.initialize(
+            explicit, num_processes=n, process_id=rank, initialization_timeout=int(timeout)
+        )
+    else:
+        jax.distributed.initialize(initialization_timeout=int(timeout))
+
+
+def check_devices(cfg: Config) -> None:
+    """Start JAX's backends (the first device query) and check `--devices` against them: one
+    ConfigError for `--devices cuda` without a GPU and for a platform JAX cannot start (e.g.
+    JAX_PLATFORMS=cuda on a machine without one), not a traceback from inside JAX."""
+    # A CUDA plugin that cannot start (no driver, no GPU) logs a traceback here: one line says it
+    # instead (below, or the ConfigError for --devices cuda).
+    plugin_log, errors = logging.getLogger("jax._src.xla_bridge"), _Kept()
+    plugin_log.addHandler(errors)
+    plugin_log.propagate = False
+    try:
+        gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+    except (RuntimeError, AssertionError) as exc:  # no such backend / no plugin for it at all
+        if cfg.devices != "cuda":
+            platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+            raise ConfigError(
+                f"JAX could not start its devices (JAX_PLATFORMS={platforms!r}"
+                f"{': ' + str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                "unset JAX_PLATFORMS or use --devices cpu"
+            ) from None
+        gpus = []
+    finally:
+        plugin_log.removeHandler(errors)
+        plugin_log.propagate = True
+    why = need_gpus(cfg.devices, len(gpus), cfg.framework, f"jax {jax.__version__}, {jax_build()}")
+    if why:
+        raise ConfigError(why)
+    if errors.records and not gpus and jax.process_index() == 0:
+        last = errors.records[-1]
+        cause = str(last.exc_info[1]) if last.exc_info else last.getMessage()
+        print(
+            f"note: JAX's CUDA plugin did not start ({cause.splitlines()[0][:160]}); this run "
+            "is on the CPU (--devices cpu says so up front)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+class _Kept(logging.Handler):
+    """Keeps the log records it is given (check_devices: the CUDA plugin's errors)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def jax_build() -> str:
+    """Which of JAX's CUDA plugins this interpreter has, for messages and the device probe."""
+    plugins = [p for p in ("jax_cuda13_plugin", "jax_cuda12_plugin") if importlib.util.find_spec(p)]
+    return f"{plugins[0]} installed" if plugins else "no CUDA plugin (a CPU build)"
+
+
+def select_devices(n: int) -> tuple[list[jax.Device], str]:
+    """The first `n` devices of every process (GPUs where JAX sees them, else the simulated
+    host devices), ordered by process, and the device kind for the run record."""
+    local = jax.local_devices()
+    if len(local) < n:
+        where = ("GPU" if local[0].platform == "gpu" else "device") + (
+            "s" if len(local) > 1 else ""
+        )
+        fix = (
+            f"use --gpus {len(local)} or fewer"
+            if local[0].platform == "gpu"
+            else "run through main(), which sets XLA_FLAGS before JAX starts"
+        )
+        raise ConfigError(f"--gpus {n}: only {len(local)} {where} visible to JAX; {fix}")
+    devices = [
+        d
+        for p in range(jax.process_count())
+        for d in [d for d in jax.devices() if d.process_index == p][:n]
+    ]
+    kind = "cpu-simulated" if local[0].platform == "cpu" else f"cuda:{local[0].device_kind}"
+    return devices, kind

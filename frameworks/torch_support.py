@@ -1,0 +1,368 @@
+"""What torch-dp and torch-ddp share besides the models (frameworks/torch_models.py): the
+optimiser (with NovoGrad), the loss, mixed precision and torch.compile, the train state, the
+devices torch sees, host-to-device copies and the device pipeline, evaluation and checkpoint
+I/O. The trainers keep only what differs between DataParallel and DDP."""
+
+from __future__ import annotations
+
+import inspect
+import io
+import pickle
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.config import Config, ConfigError
+from common.devices import need_gpus
+from common.init import initial_state
+from common.pipeline import EvalLoader, TrainLoader
+from common.results import RunRecorder
+from common.runtime import atomic_write_bytes
+from common.timing import PhaseTimer
+from common.trainer import checkpoint_meta, reading_checkpoint, restore_meta
+from frameworks.torch_models import decay_parameters
+
+
+class NovoGrad(torch.optim.Optimizer):
+    """NovoGrad (Ginsburg et al. 2019; NVIDIA's OpenSeq2Seq/Apex form, as in the NVIDIA course).
+
+    Per parameter tensor ("layer") k: v = b2 * v + (1 - b2) * ||g||^2 (v = ||g||^2 at the first
+    step); m = b1 * m + (g / (sqrt(v) + eps) + weight_decay * w); w -= lr * m. The second moment
+    is one scalar per tensor, so the step is invariant to each layer's gradient scale.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 0.01,
+        betas: tuple[float, float] = (0.95, 0.98),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        loss = None if closure is None else torch.enable_grad()(closure)()
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                norm_sq = p.grad.pow(2).sum()  # stays on the device: no host sync
+                if not state:
+                    state["exp_avg_sq"] = norm_sq.clone()
+                    state["exp_avg"] = torch.zeros_like(p)
+                else:
+                    state["exp_avg_sq"].mul_(b2).add_(norm_sq, alpha=1 - b2)
+                update = p.grad / (state["exp_avg_sq"].sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                state["exp_avg"].mul_(b1).add_(update)
+                p.add_(state["exp_avg"], alpha=-group["lr"])
+        return loss
+
+
+# ---- the train state, optimiser, loss and precision ----------------------------------------
+
+
+@dataclass
+class TrainState:
+    """Everything a step changes or reads. torch updates in place; the step returns it anyway."""
+
+    model: nn.Module  # the parallel wrapper (DataParallel / DDP), or the bare model
+    forward: Any  # what the step calls: the wrapper, or torch.compile of it
+    module: nn.Module  # the bare model: evaluation and checkpoints
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    lr: np.ndarray  # LR of every step (common.schedule)
+    step: int
+    cfg: Config
+    device: torch.device
+    world: int
+    phases: PhaseTimer
+
+
+def initialize(cfg: Config, model: nn.Module) -> None:
+    """--init shared: load the arrays every framework starts from (common/init.py; torch's
+    names and layouts, so by state-dict key). --init native keeps what torch's generator drew."""
+    if cfg.init == "shared":
+        arrays, _ = initial_state(cfg, model.conv1.in_channels, model.fc.out_features)
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+
+
+def make_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
+    """SGD in torch's form (buf = m * buf + (g + wd * w); w -= lr * buf) or NovoGrad; weight
+    decay on conv and linear weights only. The LR is set before every step (common.schedule)."""
+    decay, no_decay = decay_parameters(model)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    return NovoGrad(groups, lr=cfg.lr, betas=cfg.novograd_betas)
+
+
+def no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's keyword that stops it broadcasting rank 0's buffers (BN running statistics) at
+    every forward. Recent torch (2.13+) deprecates `broadcast_buffers` (still accepted, with a
+    FutureWarning in every process) for `forward_sync_buffers`, which still broadcasts them once,
+    when DDP is built; they are equal on every rank then anyway (the same start; a checkpoint
+    is loaded after)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
+def loss_fn(cfg: Config, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-example softmax cross-entropy with label smoothing, in float32."""
+    return F.cross_entropy(logits.float(), y, reduction="none", label_smoothing=cfg.label_smoothing)
+
+
+def autocast(state: TrainState) -> torch.autocast:
+    """Mixed precision on CUDA (--precision bf16/fp16); fp32 elsewhere."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(state.cfg.precision)
+    return torch.autocast(
+        state.device.type, dtype=dtype, enabled=state.device.type == "cuda" and dtype is not None
+    )
+
+
+def execution(cfg: Config, cuda: bool, compiled: bool) -> str:
+    """The record's `execution`: eager or torch.compile, and the memory layout of the convs."""
+    mode = "eager"
+    if compiled:  # torch.compile's default mode, or the mode named
+        mode = "torch.compile" + ("" if cfg.compile_mode == "default" else f"({cfg.compile_mode})")
+    layout = "channels_last" if cfg.channels_last else "NCHW"
+    return f"{mode}, {layout}, {'cuDNN' if cuda else 'oneDNN'}"
+
+
+class CompileMeter:
+    """What torch.compile cost this run (--compile, CUDA), for the record as the JAX trainers'
+    `compile_sec` and `compile_cache`: seconds in Dynamo's compiles of the forward graphs
+    (AOTAutograd and Inductor included) and of the backward graphs (compiled at their first
+    call), and the hits and misses of Inductor's FX graph cache and AOTAutograd's cache (both
+    persistent, on by default). From torch._dynamo's own timers and counters, counted from this
+    meter's creation; they are torch internals, so a torch that lacks them records None."""
+
+    timers = ("_compile.compile_inner", "backward._backward_impl")
+    caches = {
+        "fxgraph": ("inductor", "fxgraph_cache_hit", "fxgraph_cache_miss"),
+        "aot_autograd": ("aot_autograd", "autograd_cache_hit", "autograd_cache_miss"),
+    }
+
+    def __init__(self) -> None:
+        self.start = self.read()
+
+    def read(self) -> dict[str, float] | None:
+        if "torch._dynamo" not in sys.modules:  # nothing compiled yet (its import takes ~1 s)
+            zero = {f"{name}_{kind}": 0 for name in self.caches for kind in ("hits", "misses")}
+            return {"sec": 0.0, **zero}
+        try:
+            from torch._dynamo.utils import compilation_time_metrics, counters
+        except ImportError:
+            return None
+        now = {"sec": sum(sum(compilation_time_metrics.get(k, ())) for k in self.timers)}
+        for name, (group, hit, miss) in self.caches.items():
+            now[f"{name}_hits"] = counters[group][hit]
+            now[f"{name}_misses"] = counters[group][miss]
+        return now
+
+    def record(self) -> dict[str, Any]:
+        now = self.read()
+        if now is None or self.start is None:
+            return {"compile_sec": None, "compile_cache": None}
+        delta = {k: now[k] - self.start[k] for k in now}
+        try:
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            where: str | None = cache_dir()
+        except ImportError:
+            where = None
+        return {
+            "compile_sec": round(delta.pop("sec"), 3),
+            "compile_cache": {"dir": where, **{k: int(v) for k, v in delta.items()}},
+        }
+
+
+def set_float32_precision(cfg: Config, cuda: bool) -> str:
+    """float32 matmuls and convolutions: full fp32 unless --tf32, the same choice as every other
+    framework (torch's own defaults differ: TF32 on for cuDNN convolutions, off for matmuls)."""
+    if not cuda:
+        return "fp32 (CPU)"
+    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
+    torch.backends.cudnn.allow_tf32 = cfg.tf32
+    return "tf32" if cfg.tf32 else "fp32 (TF32 off)"
+
+
+def seed_for(seed: int, epoch: int, rank: int) -> int:
+    """Torch RNG seed (dropout) of one rank's epoch: reproducible after --resume."""
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+
+
+# ---- device I/O and evaluation -----------------------------------------------------------
+
+
+def check_devices(cfg: Config, count: bool = True) -> int:
+    """The GPUs torch sees (0: none, or `--devices cpu` hid them), checked before any work:
+    `--devices cuda` with none, or (`count`) `--gpus` beyond them, is one ConfigError."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU build"
+    why = need_gpus(cfg.devices, visible, cfg.framework, f"torch {torch.__version__}, {build}")
+    if why:
+        raise ConfigError(why)
+    if count and visible and cfg.gpus > visible:
+        raise ConfigError(
+            f"--gpus {cfg.gpus} but only {visible} CUDA devices are visible; "
+            f"use --gpus {visible} or fewer"
+        )
+    return visible
+
+
+def sync() -> None:
+    """Wait for queued device work (CUDA kernels run asynchronously; CPU ops do not)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def host_to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """One numpy array on `device`: on CUDA from pinned memory, asynchronously (no sync)."""
+    t = torch.from_numpy(a)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[torch.Tensor, ...]:
+    """numpy batch -> device tensors, once: pinned host memory and an asynchronous copy on CUDA
+    (no sync); labels as int64, images channels-last where enabled."""
+    out = []
+    for i, a in enumerate(batch):
+        t = host_to_device(a, state.device)
+        if i == 0 and state.cfg.channels_last:  # the images, laid out as the weights are
+            t = t.contiguous(memory_format=torch.channels_last)
+        out.append(t.long() if i == 1 else t)
+    return tuple(out)
+
+
+def make_batch(
+    images: torch.Tensor,
+    idx: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+) -> torch.Tensor:
+    """--pipeline device: common.pipeline.gather_crops in torch ops, then the host Normalizer's
+    (x * scale + shift): the resident uint8 images (N, H, W, C) -> float32 (B, H, W, C)."""
+    h, w = images.shape[1:3]
+    inside = ((rows >= 0) & (rows < h))[:, :, None] & ((cols >= 0) & (cols < w))[:, None, :]
+    rows, cols = rows.clamp(0, h - 1).long(), cols.clamp(0, w - 1).long()
+    crops = images[idx.long()[:, None, None], rows[:, :, None], cols[:, None, :]]
+    crops = crops * inside[..., None]  # 0 outside the image: the zero padding
+    return crops.float() * scale + shift
+
+
+def train_put(
+    loader: TrainLoader, state: TrainState
+) -> Callable[[tuple[np.ndarray, ...]], tuple[torch.Tensor, ...]]:
+    """The step's batch on the device, from what `loader` yields. Host pipeline: `to_device`.
+    Device pipeline: the uint8 training set is copied to the device once, here, and each step
+    copies only its indices (asynchronously) and gathers its crops there (`make_batch`); images
+    NCHW, channels-last where enabled, as `to_device` gives them."""
+    if not loader.on_device:
+        return lambda batch: to_device(batch, state)
+    device = state.device
+    images = torch.from_numpy(loader.ds.train_x).to(device)
+    scale = torch.from_numpy(loader.norm.scale).to(device)
+    shift = torch.from_numpy(loader.norm.shift).to(device)
+
+    def put(batch: tuple[np.ndarray, ...]) -> tuple[torch.Tensor, ...]:
+        idx, rows, cols, y = (host_to_device(a, device) for a in batch)
+        x = make_batch(images, idx, rows, cols, scale, shift).permute(0, 3, 1, 2)  # NCHW view
+        # The permuted NHWC tensor is channels-last already; plain NCHW needs a copy.
+        return (x if state.cfg.channels_last else x.contiguous()), y.long()
+
+    return put
+
+
+def evaluate(
+    eval_step: Callable[[TrainState, tuple[torch.Tensor, ...]], dict[str, torch.Tensor]],
+    state: TrainState,
+    loader: EvalLoader,
+) -> dict[str, torch.Tensor]:
+    """Test sums {"loss_sum", "correct", "count"} over the loader's images (each exactly once),
+    left on the device: the caller reads them once."""
+    state.model.eval()
+    totals: dict[str, torch.Tensor] = {}
+    for batch in loader:
+        for k, v in eval_step(state, to_device(batch, state)).items():
+            totals[k] = totals[k] + v if k in totals else v
+    state.model.train()
+    return totals
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+
+
+def checkpoint_path(cfg: Config) -> Path:
+    return Path(cfg.checkpoint_dir) / f"{cfg.framework}.pt"
+
+
+def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
+    """Write the state after `epoch` (0-based) atomically: temp file, then rename."""
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "model": state.module.state_dict(),
+            "optimizer": state.optimizer.state_dict(),
+            "scaler": state.scaler.state_dict(),
+            **checkpoint_meta(cfg, recorder, epoch, state.step),
+        },
+        buf,
+    )
+    atomic_write_bytes(checkpoint_path(cfg), buf.getvalue())
+
+
+def load_checkpoint(
+    cfg: Config, state: TrainState, recorder: RunRecorder
+) -> tuple[TrainState, int]:
+    """Restore the latest checkpoint (tensors and plain containers only: weights_only=True);
+    return the state and the epoch to continue from."""
+    with reading_checkpoint(checkpoint_path(cfg)):  # corrupt or foreign: one line, exit 2
+        ckpt = load_tensors(checkpoint_path(cfg), state.device)
+        state.module.load_state_dict(ckpt["model"])
+        state.optimizer.load_state_dict(ckpt["optimizer"])
+        state.scaler.load_state_dict(ckpt["scaler"])
+        epoch, state.step = restore_meta(ckpt, recorder)
+    return state, epoch
+
+
+def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
+    """Parameters and BN buffers in torch's names and layouts (--save-state), as numpy."""
+    return {k: v.detach().cpu().numpy() for k, v in state.module.state_dict().items()}
+
+
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume)."""
+    return load_tensors(path, "cpu")
+
+
+def load_tensors(path: Path, device: Any) -> Any:
+    """torch.load of tensors and plain containers only (weights_only=True: nothing in the file
+    can run code). torch's refusal of anything else is several lines that end in the advice to
+    load with weights_only=False; it becomes one ValueError naming what was found instead."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        detail = str(exc).partition("WeightsUnpickler error:")[2].strip().splitlines()
+        what = detail[0].strip() if detail else "not a torch checkpoint"
+        raise ValueError(f"not a checkpoint of tensors ({what})") from None
