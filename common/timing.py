@@ -2,7 +2,7 @@
 its queued device work (`torch.cuda.synchronize`, `jax.block_until_ready`, `mx.nd.waitall`):
 asynchronous frameworks would otherwise be timed at enqueue, not at completion.
 
-TIMING_RULE (the one definition; README "Timing"; `common.results.timing_summary`):
+TIMING_RULE (the one definition; docs/fairness.md "Timing"; `common.results.timing_summary`):
 - An epoch's time runs from `Timer.start()` before its first batch is read to `Timer.stop()`
   after its last step AND the end-of-epoch reconciliation of replicated state
   (`sync_batch_stats`: averaging per-device BN running statistics), each boundary behind the
