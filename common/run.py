@@ -98,18 +98,15 @@ class Run:
         )
         self.eval_batch = max(1, cfg.eval_batch_size // world)
         self.evals = EvalLoader(self.ds, self.eval_batch, rank, world, layout=layout, pad_to=pad_to)
+        # Test batches of the process with the most (each process must run as many).
+        self.eval_steps = max(
+            len(EvalLoader(self.ds, self.eval_batch, r, world)) for r in range(world)
+        )
         self.timer = Timer(sync)  # the epoch's time (common/timing.py, TIMING_RULE)
         self.phases = PhaseTimer(sync, cfg.phase_timing)  # --phase-timing
         self.recorder: RunRecorder | None = None
         self.start = 0  # the first epoch this process trains (after --resume: the next one)
         self._save: Callable[[Any, int], None] = lambda state, epoch: None  # see resume()
-
-    @property
-    def eval_steps(self) -> int:
-        """Test batches of the process with the most (each process must run as many)."""
-        return max(
-            len(EvalLoader(self.ds, self.eval_batch, r, self.world)) for r in range(self.world)
-        )
 
     def record(
         self,

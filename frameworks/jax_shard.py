@@ -45,10 +45,7 @@ from jax.sharding import PartitionSpec as P
 
 from common.config import Config, per_device
 from common.run import Run
-from common.trainer import (
-    run_main,
-    should_log,
-)
+from common.trainer import run_main, should_log
 from frameworks.jax_models import compute_dtype, count_params, create_model, initial_variables
 from frameworks.jax_support import (
     CompileMeter,

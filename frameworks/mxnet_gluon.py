@@ -32,18 +32,10 @@ from common.datasets import check_available
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import host_info
 from common.run import Run
-from common.runtime import (
-    cpu_threads,
-    set_omp_threads,
-    threads_record,
-)
+from common.runtime import cpu_threads, set_omp_threads, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from common.trainer import (
-    check_resume,
-    run_main,
-    should_log,
-)
+from common.trainer import check_resume, run_main, should_log
 
 if TYPE_CHECKING:
     from frameworks.mxnet_support import TrainState

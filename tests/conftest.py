@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,22 +55,13 @@ TENSORBOARD_MISSING = _tensorboard_missing()
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs nvidia-smi lists ([] where there is none, or in the main pass, which hides them)."""
-    if not GPU_PASS or shutil.which("nvidia-smi") is None:
+    """The GPUs nvidia-smi lists, as the runners count them (CUDA_VISIBLE_DEVICES honoured); []
+    where there is none, or in the main pass, which hides them."""
+    if not GPU_PASS:
         return []
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
-    return gpus[: cuda_visible_count(len(gpus))]
+    from benchmarks.harness import detect_gpus
 
-
-def cuda_visible_count(listed: int) -> int:
-    """How many of `listed` GPUs CUDA_VISIBLE_DEVICES leaves (as benchmarks.harness does)."""
-    from benchmarks.harness import visible_count
-
-    return visible_count(listed)
+    return detect_gpus()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

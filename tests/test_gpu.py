@@ -68,13 +68,8 @@ STATISTICS = ("running_mean", "running_var", "num_batches_tracked")  # BN buffer
 
 
 def gpu_count() -> int:
-    """The GPUs a trainer may use: nvidia-smi's list, cut to CUDA_VISIBLE_DEVICES where that is
-    set (nvidia-smi ignores it, the frameworks do not)."""
-    n = len(visible_gpus())
-    chosen = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if chosen is not None:
-        n = min(n, len([d for d in chosen.split(",") if d.strip()]))
-    return n
+    """The GPUs a trainer may use (conftest.visible_gpus: CUDA_VISIBLE_DEVICES honoured)."""
+    return len(visible_gpus())
 
 
 def skip_below(n: int) -> None:
