@@ -15,8 +15,9 @@
 # scripts/setup.sh` installs on a machine with an NVIDIA driver), else python3 (e.g. a lent
 # machine's own python with CUDA torch and JAX); --python PATH names another. MXNet is not run
 # here (its CUDA wheels have no Hopper code; the compare runner skips it with the reason).
-# OUT_DIR defaults to docs/results/gpu-<UTC date>/ (committed results live under docs/results/;
-# the H100 runs of 2026-11-23 are in docs/results/h100-20261123/). Writes, under OUT_DIR:
+# OUT_DIR defaults to docs/results/gpu-<UTC date>/ (committed result sets live in docs/results/:
+# a README, tables and plots each, the rest in one raw.tar.xz, see docs/results/README.md; the
+# H100 runs of 2026-11-23 are docs/results/h100-20261123/). Writes, under OUT_DIR:
 # machine.txt, commands.txt (every command and its seconds), throughput-bf16/,
 # throughput-bf16-host-pipeline/, throughput-bf16-compile/, throughput-bf16-reduce-overhead/,
 # throughput-fp32/ (each
