@@ -183,8 +183,7 @@ def worker_jax(n: int, numels: list[int], reps: int, warmup: int, shard: bool) -
     import jax.numpy as jnp
     import numpy as np
     from jax import lax
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     devices = jax.local_devices()[:n]
     if len(devices) < n:

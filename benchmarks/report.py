@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
-from benchmarks.harness import UsageError, markdown_table, write_atomic
-from benchmarks.harness import print_table as show
+from benchmarks.harness import UsageError, markdown_table, print_table as show, write_atomic
 
 LEFT = ("framework", "status", "BN", "device kind")
 CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"

@@ -12,10 +12,10 @@ transform and the epoch loop with its sync points. `Run` holds the rest, written
         for epoch in range(start, cfg.epochs):
             run.timer.start()
             batches = run.loader.epoch(epoch)
-            ...                              # the framework's steps and end-of-epoch sums
+            ...                              # the framework's steps, their metric sums
             sec = run.timer.stop()
-            ...
-            if run.end_epoch(epoch, state, sec, batches.wait_sec, loss, correct, total, test_loss):
+            ...                              # host copies of the sums: the sync point
+            if run.end_epoch(epoch, state, sec, batches.wait_sec, train_sums, test):
                 break                        # the target held, or diverged
     return run.finish(lambda: canonical_state(state), **extra)
 
@@ -25,7 +25,7 @@ functions (`sync`, `load` and `save` of checkpoints, `barrier`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -178,22 +178,22 @@ class Run:
         state: Any,
         sec: float,
         wait_sec: float,
-        train_loss: float,
-        test_correct: float,
-        test_total: float,
-        test_loss_sum: float,
+        train: Mapping[str, float],
+        test: Mapping[str, float],
     ) -> bool:
         """After epoch `epoch` (0-based), outside its timed region: its row in the record (every
         step's global batch counted), the input wait in the phase times, `state`'s checkpoint
-        (on process 0 where --checkpoint-dir is set; see `resume`), the failure hook. True when
-        training should stop (the target held, or diverged). The phase times restart after the
-        first epoch of the process (warm-up)."""
+        (on process 0 where --checkpoint-dir is set; see `resume`), the failure hook. `train` and
+        `test` are the epoch's metric sums on the host, {"loss_sum", "correct", "count"} as every
+        step returns them. True when training should stop (the target held, or diverged). The
+        phase times restart after the first epoch of the process (warm-up)."""
         cfg, rec = self.cfg, self.recorder
         assert rec is not None
         self.phases.add("data_wait", wait_sec)
         images = len(self.loader) * cfg.batch_size
-        stop = rec.end_epoch(epoch, sec, images, train_loss, test_correct, test_total,
-                             test_loss_sum)  # fmt: skip
+        train_loss = float(train["loss_sum"]) / float(train["count"])
+        stop = rec.end_epoch(epoch, sec, images, train_loss, float(test["correct"]),
+                             float(test["count"]), float(test["loss_sum"]))  # fmt: skip
         if self.is_main and self.report is not None:  # to the parent: the epochs so far
             self.report.send(("record", rec.result()))
         if cfg.checkpoint_dir:

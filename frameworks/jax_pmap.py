@@ -1,28 +1,23 @@
 """jax-pmap: `jax.pmap` over the devices of one process (the Flax ImageNet example's pattern).
 
     python -m frameworks.jax_pmap --preset digits --gpus 2     # 2 GPUs, or 2 simulated CPU devices
-    JAX_COORDINATOR_ADDRESS=HOST:PORT JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
-        python -m frameworks.jax_pmap --gpus 8 ...               # R = 0 on HOST, 1 elsewhere
-    srun --nodes=2 --ntasks-per-node=8 python -m frameworks.jax_pmap --gpus 1 ...
-        # SLURM: jax.distributed gives each task one GPU (its SLURM_LOCALID)
+    srun --ntasks-per-node=8 python -m frameworks.jax_pmap --gpus 1 ...   # one process per GPU
+        # (or JAX_COORDINATOR_ADDRESS=...: one per host; docs/usage.md, multi-node)
 
 One Python process drives all its devices: the state is replicated (a copy per device along the
 pmap axis), every global batch is reshaped to (devices, B / devices, ...) and put on the devices
-two steps ahead, and the pmapped step averages the gradients with `lax.pmean` over the axis
-named "batch". In a multi-process run (`jax.distributed`: one process per host, or per GPU
-under SLURM), `--gpus` is the device count PER PROCESS, every process reads its part of each
-global batch, the pmap axis spans all processes' devices, and process 0 alone prints, writes the
-record and checkpoints (resuming needs --checkpoint-dir on a filesystem every host sees).
-Since JAX 0.8 `jax.pmap` is implemented with `jax.jit` and `jax.shard_map` and is in maintenance
-mode; jax-shard is JAX's current way of doing the same.
+two steps ahead, and the pmapped step averages the gradients with `lax.pmean` over the axis named
+"batch". With several processes (`jax.distributed`), `--gpus` counts the devices PER PROCESS, each
+feeds its part of every global batch; the pmap axis spans all processes' devices, and process 0
+alone prints, records and checkpoints. Since JAX 0.8 `jax.pmap` is implemented with `jax.jit` and
+`jax.shard_map` and is in maintenance mode; jax-shard is JAX's current way of doing the same.
 
 `--bn sync` passes the axis name to BatchNorm (statistics pmean'd over the global batch).
 `--bn local` normalises with each device's own statistics; the running statistics drift apart
 between replicas during an epoch and are pmean'd once at its end, before evaluation and the
 checkpoint. The running average is linear, so this equals averaging them after every step.
 
-Known differences from the other frameworks: running_var uses the biased batch variance (Flax);
-the test loss uses the training loss (label smoothing included), as in torch-ddp.
+Known differences from the other frameworks (BN variance, test loss): docs/fairness.md.
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.config import Config, per_device
 from common.run import Run
@@ -78,16 +72,11 @@ def build_model(
 ) -> nn.Module:
     """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
     del in_channels  # Flax infers the input channels at init (create_train_state)
+    bn_axis_name = AXIS if cfg.bn == "sync" else None  # --bn sync: BN statistics pmean'd
     return create_model(
-        cfg.model,
-        num_classes,
-        cfg.width,
-        cfg.dropout,
-        cfg.bn_momentum,
-        cfg.bn_eps,
-        bn_axis_name=AXIS if cfg.bn == "sync" else None,
+        cfg.model, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum, cfg.bn_eps, bn_axis_name,
         dtype=dtype,
-    )
+    )  # fmt: skip
 
 
 # ---- state ---------------------------------------------------------------------------------
@@ -128,12 +117,9 @@ def train_step(
     key = jax.random.fold_in(jax.random.fold_in(state.key, state.step), lax.axis_index(AXIS))
 
     def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array, Any]]:
+        variables = {"params": params, "batch_stats": state.batch_stats}
         logits, updates = state.apply_fn(
-            {"params": params, "batch_stats": state.batch_stats},
-            x,
-            train=True,
-            rngs={"dropout": key},
-            mutable=["batch_stats"],
+            variables, x, train=True, rngs={"dropout": key}, mutable=["batch_stats"]
         )
         losses = cross_entropy(logits, y, state.label_smoothing)  # (B/N,)
         return losses.mean(), (logits, losses, updates["batch_stats"])
@@ -180,12 +166,9 @@ def sync_batch_stats(state: TrainState, p_mean: Callable[[Any], Any]) -> TrainSt
 
 def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """The parallel transform, applied once: one program per device of the mesh, collectives
-    over AXIS; a step is one fused XLA program. On GPUs the train state is donated (updated in
-    place: one copy of it in device memory); on CPU it is not, which measured 1% faster there
-    (docs/performance.md). (`cfg` is unused here; jax-shard has the same hook.)"""
-    del cfg
+    over AXIS; a step is one fused XLA program. (`cfg` is unused; jax-shard has the same hook.)"""
     devices = list(mesh.devices.flat)
-    donate = donate_state(devices)
+    donate = donate_state(devices)  # GPUs: the state updated in place (jax_support)
     p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=donate)
     p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)
     return p_train_step, p_eval_step
@@ -286,8 +269,8 @@ def train(cfg: Config) -> dict:
             for i, batch in enumerate(prefetch_to_devices(batches, put_train, phases)):
                 # One fused XLA program: forward, backward, all-reduce and update cannot be
                 # timed apart, so phase timing books the whole step as forward_backward and
-                # times a separate pmean of a gradient-sized tree as the all-reduce (an
-                # estimate of the part inside the step; the optimiser stays inside it too).
+                # times a separate all-reduce of a gradient-sized tree (an estimate of the part
+                # inside the step; the optimiser stays inside it too).
                 with phases.phase("forward_backward"):
                     state, metrics = p_train_step(state, batch)
                 if phases.enabled:
@@ -304,21 +287,13 @@ def train(cfg: Config) -> dict:
             sec = run.timer.stop()
             train_sums = unreplicate(totals)  # host sync, once per epoch
             test = evaluate(p_eval_step, state, run.evals, run.eval_steps, put, unreplicate)
-            if run.end_epoch(
-                epoch,
-                state,
-                sec,
-                batches.wait_sec,
-                train_sums["loss_sum"] / train_sums["count"],
-                test["correct"],
-                test["count"],
-                test["loss_sum"],
-            ):
+            if run.end_epoch(epoch, state, sec, batches.wait_sec, train_sums, test):
                 break  # the target held, or diverged
     note = (
-        "forward_backward = the whole compiled step (forward, backward, gradient pmean, "
-        "update: one XLA program); allreduce = a separate pmean of a gradient-sized tree, "
-        "also contained in forward_backward; optimizer is not separable (0)"
+        "forward_backward = the whole compiled step (forward, backward, gradient "
+        "all-reduce, update: one XLA program); allreduce = a separate all-reduce of a "
+        "gradient-sized tree, also contained in forward_backward; optimizer is not "
+        "separable (0)"
     )
     return run.finish(
         lambda: canonical_state(unreplicate(state)),  # --save-state

@@ -1,32 +1,22 @@
 """jax-shard: `jax.jit` over a 1-D device mesh, JAX's current way of data parallelism.
 
     python -m frameworks.jax_shard --preset digits --gpus 2     # 2 GPUs, or 2 simulated CPU devices
-    JAX_COORDINATOR_ADDRESS=HOST:PORT JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=R \
-        python -m frameworks.jax_shard --gpus 8 ...               # R = 0 on HOST, 1 elsewhere
-    srun --nodes=2 --ntasks-per-node=8 python -m frameworks.jax_shard --gpus 1 ...
-        # SLURM: jax.distributed gives each task one GPU (its SLURM_LOCALID)
+    srun --ntasks-per-node=8 python -m frameworks.jax_shard --gpus 1 ...   # one process per GPU
+        # (or JAX_COORDINATOR_ADDRESS=...: one per host; docs/usage.md, multi-node)
 
-The step is written for the global batch, as on one device. The parameters and optimiser state
-are replicated over a mesh with one axis, "batch" (NamedSharding(mesh, P())), the batch is split
-along it (NamedSharding(mesh, P("batch"))), and XLA's SPMD partitioner turns the gradient's sum
-over the batch into an all-reduce over the mesh. In a multi-process run (`jax.distributed`: one
-process per host, or per GPU under SLURM), `--gpus` is the device count PER PROCESS, every
-process feeds its part of each global batch, and process 0 alone prints, writes the record and
-checkpoints (resuming needs --checkpoint-dir on a filesystem every host sees).
+The step is written for the global batch, as on one device. The parameters and optimiser state are
+replicated over a mesh with one axis, "batch" (NamedSharding(mesh, P())), the batch is split along
+it (NamedSharding(mesh, P("batch"))), and XLA's SPMD partitioner turns the gradient's sum over the
+batch into an all-reduce over the mesh. With several processes (`jax.distributed`), `--gpus` counts
+the devices PER PROCESS, each feeds its part of every global batch, and process 0 alone prints,
+records and checkpoints.
 
 BatchNorm: under jit its statistics are those of the global batch by construction (the mean over
-a sharded axis is a cross-device reduction), i.e. `--bn sync`, recorded as such. `--bn local`
-(the default, as in torch-ddp) runs the forward pass under `jax.shard_map`, one program per
-device on its shard, so each device normalises with its own statistics; the running statistics
-are pmean'd every step (the average of per-device running averages, as jax-pmap ends up with).
-The loss and the gradient stay outside the shard_map: differentiating through it, JAX
-(check_vma=True) sums the replicated parameters' gradient over devices itself, so no pmean may
-be added (one inside would be a no-op on the already-summed value, and the pmap idiom of a
-per-device mean loss plus pmean would scale the update by the device count; a test compares the
-step with jax-pmap's to catch either).
+a sharded axis is a cross-device reduction), i.e. `--bn sync`. `--bn local` (the default, as in
+torch-ddp) runs the forward pass under `jax.shard_map`, so each device normalises with its own
+statistics (`per_device_bn`: why no pmean of the gradients may be added there).
 
-Known differences from the other frameworks: running_var uses the biased batch variance (Flax);
-the test loss uses the training loss (label smoothing included), as in torch-ddp.
+Known differences from the other frameworks (BN variance, test loss): docs/fairness.md.
 """
 
 from __future__ import annotations
@@ -40,8 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.config import Config, per_device
 from common.run import Run
@@ -82,17 +71,11 @@ def build_model(
 ) -> nn.Module:
     """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
     del in_channels  # Flax infers the input channels at init (create_train_state)
-    # No axis name: under jit, BN statistics span the global batch; per device, see per_device_bn.
+    bn_axis_name = None  # under jit BN spans the global batch; per device: see per_device_bn
     return create_model(
-        cfg.model,
-        num_classes,
-        cfg.width,
-        cfg.dropout,
-        cfg.bn_momentum,
-        cfg.bn_eps,
-        bn_axis_name=None,
+        cfg.model, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum, cfg.bn_eps, bn_axis_name,
         dtype=dtype,
-    )
+    )  # fmt: skip
 
 
 # ---- state ---------------------------------------------------------------------------------
@@ -133,12 +116,9 @@ def train_step(
     key = jax.random.fold_in(state.key, state.step)
 
     def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array, Any]]:
+        variables = {"params": params, "batch_stats": state.batch_stats}
         logits, updates = state.apply_fn(
-            {"params": params, "batch_stats": state.batch_stats},
-            x,
-            train=True,
-            rngs={"dropout": key},
-            mutable=["batch_stats"],
+            variables, x, train=True, rngs={"dropout": key}, mutable=["batch_stats"]
         )
         losses = cross_entropy(logits, y, state.label_smoothing)  # (B,)
         return losses.mean(), (logits, losses, updates["batch_stats"])
@@ -171,6 +151,23 @@ def eval_step(
     }
 
 
+# ---- devices: processes, replicas and shards -----------------------------------------------
+
+
+def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The parallel transform, applied once: jit with the state replicated and the batch split
+    over the mesh; XLA inserts the collectives. (`cfg` is unused; jax-pmap has the same hook.)"""
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    p_train_step = jax.jit(
+        train_step,
+        in_shardings=(replicated, split),
+        out_shardings=(replicated, replicated),
+        donate_argnums=donate_state(list(mesh.devices.flat)),  # GPUs: in place (jax_support)
+    )
+    p_eval_step = jax.jit(eval_step, in_shardings=(replicated, split), out_shardings=replicated)
+    return p_train_step, p_eval_step
+
+
 def per_device_bn(model: nn.Module, mesh: Mesh) -> Callable[..., Any]:
     """`model.apply` with per-device BatchNorm in training mode (`--bn local`).
 
@@ -180,7 +177,8 @@ def per_device_bn(model: nn.Module, mesh: Mesh) -> Callable[..., Any]:
     `sync_batch_stats`, done inside every step rather than once per epoch. Gradients flow back
     through the shard_map; with check_vma=True its transpose sums the replicated parameters'
     gradient over the devices, so the caller's global-batch mean loss gets the right gradient
-    unchanged.
+    unchanged: no pmean of the gradients may be added (the pmap idiom, a per-device mean loss
+    plus pmean, would scale the update by the device count; a test compares with jax-pmap).
     """
 
     def apply(
@@ -201,26 +199,6 @@ def per_device_bn(model: nn.Module, mesh: Mesh) -> Callable[..., Any]:
         )(variables, x, rngs["dropout"])
 
     return apply
-
-
-# ---- devices: processes, replicas and shards -----------------------------------------------
-
-
-def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The parallel transform, applied once: jit with the state replicated and the batch split
-    over the mesh; XLA inserts the collectives. On GPUs the train state is donated (updated in
-    place: one copy of it in device memory); on CPU it is not, which measured 1% faster there
-    (docs/performance.md). (`cfg` is unused here; jax-pmap has the same hook.)"""
-    del cfg
-    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-    j_train_step = jax.jit(
-        train_step,
-        in_shardings=(replicated, split),
-        out_shardings=(replicated, replicated),
-        donate_argnums=donate_state(list(mesh.devices.flat)),
-    )
-    j_eval_step = jax.jit(eval_step, in_shardings=(replicated, split), out_shardings=replicated)
-    return j_train_step, j_eval_step
 
 
 def cross_device_sum(mesh: Mesh) -> Callable[[Any], Any]:
@@ -291,9 +269,9 @@ def train(cfg: Config) -> dict:
     )
     if not gpu and cfg.precision != "fp32":
         run.log("note: --precision applies on GPUs only; this run is fp32")
-    j_train_step, j_eval_step = parallelize(cfg, mesh)
+    p_train_step, p_eval_step = parallelize(cfg, mesh)
     # --compile-cache: the step traced once per configuration, then loaded (jax_support.py)
-    j_train_step = cached_step(cfg, j_train_step, len(run.loader), donate_state(devices))
+    p_train_step = cached_step(cfg, p_train_step, len(run.loader), donate_state(devices))
     j_allreduce = cross_device_sum(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh
     # --pipeline device: the training set goes to the devices here, the crops are made there.
@@ -314,7 +292,7 @@ def train(cfg: Config) -> dict:
                 # times a separate all-reduce of a gradient-sized tree (an estimate of the part
                 # inside the step; the optimiser stays inside it too).
                 with phases.phase("forward_backward"):
-                    state, metrics = j_train_step(state, batch)
+                    state, metrics = p_train_step(state, batch)
                 if phases.enabled:
                     with phases.phase("allreduce"):
                         jax.block_until_ready(j_allreduce(state.params))
@@ -327,17 +305,8 @@ def train(cfg: Config) -> dict:
             # BN statistics: already replicated (global by construction, or pmean'd per step).
             sec = run.timer.stop()
             train_sums = unreplicate(totals)  # host sync, once per epoch
-            test = evaluate(j_eval_step, state, run.evals, run.eval_steps, put, unreplicate)
-            if run.end_epoch(
-                epoch,
-                state,
-                sec,
-                batches.wait_sec,
-                train_sums["loss_sum"] / train_sums["count"],
-                test["correct"],
-                test["count"],
-                test["loss_sum"],
-            ):
+            test = evaluate(p_eval_step, state, run.evals, run.eval_steps, put, unreplicate)
+            if run.end_epoch(epoch, state, sec, batches.wait_sec, train_sums, test):
                 break  # the target held, or diverged
     note = (
         "forward_backward = the whole compiled step (forward, backward, gradient "

@@ -121,6 +121,25 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
 # ---- step: where gradients are averaged ----------------------------------------------------
 
 
+def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[list[Any], ...]:
+    """The data-parallel split before every step (d2l's `split_batch`): numpy global batch ->
+    one contiguous slice per context (gluon.utils.split_and_load), staged in host (pinned, on
+    GPUs) memory so each device gets its own host-to-device copy. Labels as float32 (compared
+    with argmax, which MXNet returns as float). Asynchronous."""
+    import mxnet as mx
+    from mxnet.gluon.utils import split_and_load
+
+    return tuple(
+        split_and_load(
+            mx.nd.array(a, ctx=state.host, dtype="float32"),
+            state.ctx,
+            batch_axis=0,
+            even_split=True,
+        )
+        for a in batch
+    )
+
+
 def train_step(
     state: TrainState, batch: tuple[list[Any], list[Any]]
 ) -> tuple[TrainState, dict[str, Any]]:
@@ -219,24 +238,6 @@ def select_devices(n: int) -> tuple[list[Any], str]:
     return [mx.cpu(i) for i in range(n)], "cpu-simulated"
 
 
-def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[list[Any], ...]:
-    """numpy global batch -> one contiguous slice per context (gluon.utils.split_and_load),
-    staged in host (pinned, on GPUs) memory so each device gets its own host-to-device copy.
-    Labels as float32 (compared with argmax, which MXNet returns as float). Asynchronous."""
-    import mxnet as mx
-    from mxnet.gluon.utils import split_and_load
-
-    return tuple(
-        split_and_load(
-            mx.nd.array(a, ctx=state.host, dtype="float32"),
-            state.ctx,
-            batch_axis=0,
-            even_split=True,
-        )
-        for a in batch
-    )
-
-
 def train_put(loader: TrainLoader, state: TrainState) -> Callable[..., tuple[list[Any], ...]]:
     """The step's batch on the contexts, from what `loader` yields. Host pipeline: `to_device`
     (split_and_load). Device pipeline: the uint8 training set on every context, and each
@@ -323,16 +324,7 @@ def train(cfg: Config) -> dict:
             sec = run.timer.stop()
             train_sums = {k: float(v.asscalar()) for k, v in totals.items()}  # host sync, once
             test = evaluate(state, run.evals)
-            if run.end_epoch(
-                epoch,
-                state,
-                sec,
-                batches.wait_sec,
-                train_sums["loss_sum"] / train_sums["count"],
-                test["correct"],
-                test["count"],
-                test["loss_sum"],
-            ):
+            if run.end_epoch(epoch, state, sec, batches.wait_sec, train_sums, test):
                 break  # the target held, or diverged
     return run.finish(lambda: canonical_state(state))  # --save-state
 

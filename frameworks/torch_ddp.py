@@ -14,8 +14,7 @@ statistics (DDP's buffer broadcast is off); they are averaged over the ranks at 
 epoch (`sync_batch_stats`), as jax-pmap and mxnet-gluon do, so every rank evaluates (and rank 0
 checkpoints) the same model.
 
-Known differences from the other frameworks: running_var uses the unbiased batch variance (torch);
-the test loss uses the training loss (label smoothing included).
+Known differences from the other frameworks (BN variance, test loss): docs/fairness.md.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ from frameworks.torch_support import (
     checkpoint_path,
     evaluate,
     execution,
+    host_sums,
     initialize,
     load_checkpoint,
     loss_fn,
@@ -74,15 +74,9 @@ def build_model(cfg: Config, in_channels: int, num_classes: int) -> nn.Module:
         bn = nn.SyncBatchNorm if torch.cuda.is_available() else CpuSyncBatchNorm
         norm = lambda c: bn(c, eps=cfg.bn_eps, momentum=cfg.bn_momentum)
     return create_model(
-        cfg.model,
-        in_channels,
-        num_classes,
-        cfg.width,
-        cfg.dropout,
-        cfg.bn_momentum,
-        cfg.bn_eps,
+        cfg.model, in_channels, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum, cfg.bn_eps,
         norm,
-    )
+    )  # fmt: skip
 
 
 # ---- state ---------------------------------------------------------------------------------
@@ -295,29 +289,11 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
                 test = evaluate(eval_step, state, run.evals)
                 # The epoch's only reductions (sync points): sums over ranks, and the slowest
                 # rank's time (the epoch is over when the last rank is done).
-                sums = torch.stack(
-                    [
-                        totals["loss_sum"],
-                        totals["count"],
-                        test["correct"],
-                        test["count"],
-                        test["loss_sum"],
-                    ]
-                ).double()
+                train_sums, test = host_sums(totals, test, all_reduce=dist.all_reduce)
                 slowest = torch.tensor([sec], dtype=torch.float64, device=device)
-                dist.all_reduce(sums)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                loss_sum, count, correct, n_test, test_loss = sums.tolist()  # host sync, 1/epoch
-                if run.end_epoch(
-                    epoch,
-                    state,
-                    slowest.item(),  # host sync, once per epoch (after the timed region)
-                    batches.wait_sec,
-                    loss_sum / count,
-                    correct,
-                    n_test,
-                    test_loss,
-                ):
+                sec = slowest.item()  # host sync, once per epoch (after the timed region)
+                if run.end_epoch(epoch, state, sec, batches.wait_sec, train_sums, test):
                     break  # the target held, or diverged
         dist.barrier()  # no rank tears gloo/NCCL down while another is still in a collective
         return run.finish(

@@ -42,6 +42,7 @@ from frameworks.torch_support import (
     checkpoint_path,
     evaluate,
     execution,
+    host_sums,
     initialize,
     load_checkpoint,
     loss_fn,
@@ -62,9 +63,11 @@ PACKAGES = ("torch",)
 
 def build_model(cfg: Config, in_channels: int, num_classes: int) -> nn.Module:
     """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
+    norm = None  # nn.BatchNorm2d: each replica normalises its own slice of the batch
     return create_model(
-        cfg.model, in_channels, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum, cfg.bn_eps
-    )
+        cfg.model, in_channels, num_classes, cfg.width, cfg.dropout, cfg.bn_momentum, cfg.bn_eps,
+        norm,
+    )  # fmt: skip
 
 
 # ---- state ---------------------------------------------------------------------------------
@@ -220,19 +223,8 @@ def train(cfg: Config) -> dict:
             # BN statistics: GPU 0's module holds the only copy (replicas are rebuilt every step).
             sec = run.timer.stop()
             test = evaluate(eval_step, state, run.evals)
-            sums = torch.stack(
-                [
-                    totals["loss_sum"],
-                    totals["count"],
-                    test["correct"],
-                    test["count"],
-                    test["loss_sum"],
-                ]
-            )
-            loss_sum, count, correct, n_test, test_loss = sums.double().tolist()  # the sync point
-            if run.end_epoch(
-                epoch, state, sec, batches.wait_sec, loss_sum / count, correct, n_test, test_loss
-            ):
+            train_sums, test = host_sums(totals, test)  # host sync, once per epoch
+            if run.end_epoch(epoch, state, sec, batches.wait_sec, train_sums, test):
                 break  # the target held, or diverged
     return run.finish(
         lambda: canonical_state(state),  # --save-state
@@ -244,7 +236,7 @@ def train(cfg: Config) -> dict:
 
 
 def check_config(cfg: Config) -> None:
-    """torch-specific checks before training starts (ConfigError / DatasetError)."""
+    """torch-specific checks before any process starts (ConfigError / DatasetError)."""
     if check_devices(cfg):  # --devices, and --gpus against the GPUs torch sees
         if cfg.bn == "sync" and cfg.gpus > 1:
             raise ConfigError(

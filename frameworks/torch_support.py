@@ -310,6 +310,19 @@ def evaluate(
     return totals
 
 
+def host_sums(
+    *sums: dict[str, torch.Tensor], all_reduce: Callable[[torch.Tensor], Any] | None = None
+) -> list[dict[str, float]]:
+    """Metric sums on the device -> the same dicts of host floats, in one transfer (a host
+    sync). With `all_reduce` (torch-ddp: `dist.all_reduce`), first summed over the ranks, in
+    one collective over all of them."""
+    flat = torch.stack([v.reshape(()) for d in sums for v in d.values()]).double()
+    if all_reduce is not None:
+        all_reduce(flat)
+    values = iter(flat.tolist())
+    return [{k: next(values) for k in d} for d in sums]
+
+
 # ---- checkpoints -------------------------------------------------------------------------
 
 

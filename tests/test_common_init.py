@@ -16,8 +16,7 @@ from common.init import digest, draw, init_record, initial_state, parameter_spec
 from common.runtime import simulate_host_devices
 from frameworks import jax_pmap, jax_shard
 from frameworks.jax_models import count_params as jax_count
-from frameworks.torch_models import count_params as torch_count
-from frameworks.torch_models import create_model
+from frameworks.torch_models import count_params as torch_count, create_model
 from frameworks.torch_support import initialize
 
 simulate_host_devices(4)  # before the first device query (as tests/test_jax_pmap.py)

@@ -27,8 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.config import Config
 from common.datasets import load_for

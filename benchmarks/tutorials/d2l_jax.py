@@ -23,8 +23,7 @@ The tutorial's loop, and what each part costs:
 - Evaluation: every test batch (the training batch size, the last one partial) is reshaped the
   same way (rows beyond a multiple of the device count dropped) and goes through a pmapped
   `eval_step`; `int(c.sum())` per batch [one host sync per test batch].
-Timed like `common.results.RunRecorder`: the first epoch is warm-up; `images_per_sec` is the
-later epochs' images over their training seconds; evaluation is timed separately.
+Timed as every tutorial loop (benchmarks/tutorials/record.py): the first epoch is warm-up.
 """
 
 from __future__ import annotations
@@ -228,15 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.tutorials.d2l_jax --help` (the trainers' flags).
     Exit 0 ok, 1 failed, 2 bad input."""
     fail = failure_recorder(TUTORIAL)
-    return run_main(
-        argv,
-        COMPARED,
-        prog=PROG,
-        setup=setup_xla,  # before JAX starts, as jax-pmap
-        check=check_supported,
-        train=train,
-        on_failure=fail,
-    )
+    setup = setup_xla  # before JAX starts, as jax-pmap
+    return run_main(argv, COMPARED, prog=PROG, setup=setup, check=check_supported, train=train,
+                    on_failure=fail)  # fmt: skip
 
 
 if __name__ == "__main__":

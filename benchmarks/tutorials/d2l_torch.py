@@ -17,8 +17,7 @@ The tutorial's loop, and what each part costs:
   so queued kernels would be missed; this rebuild synchronises before reading the clock.
 - Evaluation: `d2l.evaluate_accuracy_gpu`: eval mode, no_grad, per batch `float()` of the number
   correct (one host sync per test batch), every test image once (no drop, no padding).
-Timed like `common.results.RunRecorder`: the first epoch is warm-up; `images_per_sec` is the
-later epochs' images over their training seconds; evaluation is timed separately.
+Timed as every tutorial loop (benchmarks/tutorials/record.py): the first epoch is warm-up.
 
 Without CUDA, DataParallel runs the module directly on the CPU (one replica), exactly like our
 torch-dp: the record says devices 1, device_kind "cpu".
@@ -46,8 +45,7 @@ from common.datasets import load_for
 from common.runtime import cpu_threads
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
-from frameworks.torch_dp import FRAMEWORK as COMPARED
-from frameworks.torch_dp import build_model, check_config
+from frameworks.torch_dp import FRAMEWORK as COMPARED, build_model, check_config
 from frameworks.torch_support import initialize, make_optimizer, set_float32_precision, sync
 
 SOURCE = (

@@ -335,15 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.tutorials.flax_imagenet --help` (the trainers' flags).
     Exit 0 ok, 1 failed, 2 bad input."""
     fail = failure_recorder(TUTORIAL)
-    return run_main(
-        argv,
-        COMPARED,
-        prog=PROG,
-        setup=setup_xla,  # before JAX starts, as jax-pmap
-        check=check_supported,
-        train=train,
-        on_failure=fail,
-    )
+    setup = setup_xla  # before JAX starts, as jax-pmap
+    return run_main(argv, COMPARED, prog=PROG, setup=setup, check=check_supported, train=train,
+                    on_failure=fail)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ The course's loop, and what each part costs:
   tensors (a host sync per epoch). Each rank evaluates floor(ceil(M / world) / b) * b of the M
   test images (padding repeats, drop_last), so the record's `test_examples` is that sum over
   ranks, not M.
-Timed like `common.results.RunRecorder`: the first epoch is warm-up; `images_per_sec` is the
-later epochs' images over their training seconds; evaluation is timed separately.
+Timed as every tutorial loop (benchmarks/tutorials/record.py): the first epoch is warm-up.
 """
 
 from __future__ import annotations
@@ -60,8 +59,7 @@ from common.results import write_json_atomic
 from common.runtime import cpu_threads, free_port
 from common.schedule import scaled_lr
 from common.trainer import describe, keep_measured_epochs, run_main
-from frameworks.torch_ddp import FRAMEWORK as COMPARED
-from frameworks.torch_ddp import build_model
+from frameworks.torch_ddp import FRAMEWORK as COMPARED, build_model
 from frameworks.torch_support import initialize, make_optimizer, set_float32_precision, sync
 
 SOURCE = (
