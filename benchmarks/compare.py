@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from benchmarks import harness, report
-from benchmarks.harness import REGISTRY, UsageError
+from benchmarks.harness import UsageError
 from benchmarks.progress import make_progress, parse_epoch_line
 from common import cli
 from common.config import FRAMEWORKS, Config, ConfigError, preset, resolve
@@ -48,6 +48,8 @@ EPILOG = f"""\
 examples:
   {PROG}                       # offline default: 1 and 2 devices
   {PROG} --frameworks torch-ddp,jax-pmap --gpus 4    # devices 1, 2, 4
+  {PROG} --frameworks {harness.VARIANT_EXAMPLE} --gpus 1
+                               # torch-ddp eager and with CUDA graphs beside JAX (on CUDA)
   {PROG} --gpus 1,2,3 --preset smoke --repeat 3      # 3 seeds: median (min-max)
   {PROG} --scaling weak --lr-scaling linear          # per-device batch fixed
   {PROG} --target-accuracy 0.95                      # time-to-accuracy columns
@@ -94,7 +96,7 @@ def runner_parser() -> harness.Parser:
         add_help=False,
     )
     p.add_argument("-h", "--help", action=_Help)
-    harness.add_flags(p, frameworks=",".join(FRAMEWORKS), devices=True)
+    harness.add_flags(p, frameworks=",".join(FRAMEWORKS), devices=True, variants=True)
     p.add_argument(
         "--gpus",
         default=None,
@@ -139,7 +141,7 @@ def runner_parser() -> harness.Parser:
 @dataclass(frozen=True)
 class RunSpec:
     run_id: str  # "torch-ddp-2dev" (+ "-seed1" with --repeat)
-    framework: str
+    framework: str  # its row: a name in --frameworks, e.g. "torch-ddp+reduce-overhead"
     devices: int
     seed: int
     cfg: Config  # resolved, exactly what the run will use
@@ -217,7 +219,7 @@ def make_plan(argv: list[str]) -> Plan:
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
-    frameworks = harness.parse_frameworks(ns.frameworks)
+    frameworks = harness.parse_frameworks(ns.frameworks, variants=True)
     counts = harness.parse_gpus(ns.gpus or DEFAULT_GPUS)
     harness.check_positive(repeat=ns.repeat, timeout=ns.timeout)
     gpus = harness.machine_gpus(ns.devices)
@@ -280,9 +282,9 @@ def make_plan(argv: list[str]) -> Plan:
     for fw in frameworks:
         if fw in plan.skipped:
             continue
-        why = REGISTRY[fw].multi_device_needs_cuda
         for n in counts:
-            if n > 1 and why and not gpus:
+            why = harness.not_applicable(fw, n, gpus)
+            if why:
                 plan.not_applicable[(fw, n)] = why
                 continue
             for seed in range(base.seed, base.seed + ns.repeat):
@@ -301,19 +303,24 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
     run_id = f"{fw}-{n}dev" + (f"-seed{seed}" if plan.repeat > 1 else "")
     output = plan.out / "runs" / f"{run_id}.json"
     args = ["--preset", plan.base.preset]
+    variant = harness.variant_settings(fw)  # NAME+VARIANT: its mode over the sweep's flags
     for key, value in plan.passthrough.items():
         if key == "checkpoint_dir":  # one checkpoint directory per run
             value = str(Path(value) / run_id)
-        if key not in PER_RUN:
+        if key not in PER_RUN and key not in variant:
             args += harness.flag(key, value)
+    for key, value in variant.items():
+        args += harness.flag(key, value)
     args += ["--gpus", str(n), "--batch-size", str(global_batch), "--seed", str(seed)]
     args += plan.devices.flags  # every run on the kind of device chosen for the whole sweep
     tensorboard = str(tensorboard_dir(plan.out) / run_id) if plan.tensorboard else ""
     if tensorboard:
         args += ["--tensorboard", tensorboard]
     args += ["--output", str(output)]
+    framework = harness.framework(fw)
     cfg = plan.base.replace(
-        framework=fw,
+        **variant,
+        framework=framework.name,
         gpus=n,
         batch_size=global_batch,
         batch_per_device=0,
@@ -326,7 +333,6 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
         cfg = resolve(cfg.replace(output=str(output)))
     except ConfigError as exc:
         raise UsageError(f"{fw} at {n} devices: {exc}") from None
-    framework = REGISTRY[fw]
     command = (str(framework.python), "-m", framework.module, *args)
     return RunSpec(run_id, fw, n, seed, cfg, command, plan.out / "logs" / f"{run_id}.log", output)
 
@@ -371,7 +377,7 @@ def finish_record(
     record = harness.read_record(spec.output)
     if record is None:
         record = {
-            "framework": spec.framework,
+            "framework": spec.cfg.framework,
             "model": spec.cfg.model,
             "dataset": spec.cfg.dataset,
             "devices": spec.devices,
@@ -395,6 +401,7 @@ def finish_record(
         record["error"] = f"exit code {returncode} after writing an ok record"
     record["runner"] = {
         "run_id": spec.run_id,
+        "framework": spec.framework,  # the row (report.row_key): NAME or NAME+VARIANT
         "seed": spec.seed,
         "peak_lr": spec.peak_lr,
         "command": list(spec.command),

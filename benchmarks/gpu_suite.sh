@@ -18,9 +18,9 @@
 # OUT_DIR defaults to docs/results/gpu-<UTC date>/ (committed result sets live in docs/results/:
 # a README, tables and plots each, the rest in one raw.tar.xz, see docs/results/README.md; the
 # H100 runs of 2026-11-23 are docs/results/h100-20261123/). Writes, under OUT_DIR:
-# machine.txt, commands.txt (every command and its seconds), throughput-bf16/,
-# throughput-bf16-host-pipeline/, throughput-bf16-compile/, throughput-bf16-reduce-overhead/,
-# throughput-fp32/ (each
+# machine.txt, commands.txt (every command and its seconds), throughput-bf16/ (the headline:
+# torch eager, torch with CUDA graphs and JAX in one table), throughput-bf16-host-pipeline/,
+# throughput-bf16-compile/, throughput-fp32/ (each
 # throughput.json, throughput.md, runs/, logs/), compare-digits/ (the compare runner's tables
 # and records), tutorial-loops/ (ours against the seed tutorials' loops), step-cache-jax-pmap/
 # and gpu-tests.xml (the GPU tests' results; their output goes to the suite's own).
@@ -92,35 +92,38 @@ COMMON=(--python "$PY" --gpus 1 --model resnet18 --image-size 32 --batch-size 51
 # STEPS (default: all) picks steps by number, e.g. STEPS=1,2 bash benchmarks/gpu_suite.sh ...
 want() { [[ ",${STEPS:-1,2,3,4,5,6,7,8}," == *",$1,"* ]]; }
 
-# 1. Mixed precision, every torch and JAX module: torch autocast bf16 + channels_last +
-#    cudnn.benchmark; JAX bf16 activations. The input pipeline is --pipeline auto: on a GPU the
-#    training set is resident there and each step's crops are gathered there.
-want 1 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
+# Each torch module eager and in a variant (NAME+VARIANT, benchmarks/harness.py VARIANTS):
+# reduce-overhead = torch.compile with CUDA graphs (the compiled forward and backward replayed
+# in one launch each, instead of ~440 launches per step).
+HEADLINE=torch-ddp,torch-ddp+reduce-overhead,torch-dp,torch-dp+reduce-overhead,jax-pmap,jax-shard
+# 1. THE HEADLINE TABLE. Mixed precision, every torch and JAX module, each torch module both
+#    eager and with CUDA graphs (a row each, the mode column says which), beside JAX: torch
+#    autocast bf16 + channels_last + cudnn.benchmark; JAX bf16 activations. The input pipeline is
+#    --pipeline auto: on a GPU the training set is resident there and each step's crops are
+#    gathered there.
+want 1 && run "$PY" -m benchmarks.throughput --frameworks "$HEADLINE" \
     "${COMMON[@]}" --precision bf16 --channels-last --out "$OUT/throughput-bf16"
 # 2. The same with the host pipeline (numpy crops on a prefetch thread, copied every step): what
 #    the device pipeline is worth.
 want 2 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
     "${COMMON[@]}" --precision bf16 --channels-last --pipeline host \
     --out "$OUT/throughput-bf16-host-pipeline"
-# 3. The fastest PyTorch paths: the same as 1 plus torch.compile, in its default mode and with
-#    CUDA graphs (reduce-overhead: the compiled forward and backward replayed in one launch
-#    each, instead of ~440 launches per step).
-want 3 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp "${COMMON[@]}" \
-    --precision bf16 --channels-last --compile --out "$OUT/throughput-bf16-compile"
-want 3 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp "${COMMON[@]}" \
-    --precision bf16 --channels-last --compile --compile-mode reduce-overhead \
-    --out "$OUT/throughput-bf16-reduce-overhead"
+# 3. torch.compile in its default mode (no CUDA graphs: every kernel still launched from the
+#    host, by Inductor's code), the mode between 1's eager and CUDA-graph rows.
+want 3 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp+compile "${COMMON[@]}" \
+    --precision bf16 --channels-last --out "$OUT/throughput-bf16-compile"
 # 4. fp32 (full fp32: TF32 off in every framework, as the trainers default), NCHW.
 want 4 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
     "${COMMON[@]}" --precision fp32 --no-channels-last --out "$OUT/throughput-fp32"
 # TensorBoard curves only where the writer (tensorboardX) is installed: a GPU image may lack it.
 TB=()
 "$PY" -c 'import tensorboardX' 2>/dev/null || TB=(--no-tensorboard)
-# 5. The compare runner on real data (the digits preset: ResNet-18 at width 0.25) at 1 GPU;
-#    MXNet is absent.
+# 5. The compare runner on real data (the digits preset: ResNet-18 at width 0.25) at 1 GPU,
+#    torch-ddp eager and with CUDA graphs beside JAX, as in 1; MXNet is absent.
 want 5 && run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
     DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
-    "$PY" -m benchmarks.compare --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard --gpus 1 \
+    "$PY" -m benchmarks.compare --gpus 1 \
+    --frameworks torch-ddp,torch-ddp+reduce-overhead,torch-dp,jax-pmap,jax-shard \
     --preset digits --timeout 180 ${TB[@]+"${TB[@]}"} --out "$OUT/compare-digits"
 # 6. Our loops against the seed tutorials' loops (d2l's PyTorch and JAX loops, the NVIDIA course,
 #    the Flax example) on the same work: full-width ResNet-18 on 8192 CIFAR-shaped synthetic

@@ -7,6 +7,8 @@ Everything those steps share lives here, once:
 
 - the framework registry (name -> module, interpreter, install command) and whether each
   framework can run here, decided without importing it (`unavailable`);
+- framework variants (`torch-ddp+reduce-overhead`: one framework in another execution mode, a
+  row of its own) and every table's execution-mode column and note (`mode_label`, `mode_note`);
 - `--gpus` (`parse_gpus`) and the GPUs this machine has (`detect_gpus`, `check_counts`);
 - the standard flags of the tools (`add_flags`), `--python` (`use_interpreter`), the
   timestamped output directory (`output_dir`), a shared flag back on a command line (`flag`);
@@ -47,6 +49,7 @@ from typing import Any, NoReturn
 from common import devices
 from common.config import (
     COMPILE_MODES,
+    CUDA_GRAPH_MODES,
     MAX_EPOCHS,
     MAX_IMAGE_SIZE,
     MAX_SEED,
@@ -136,17 +139,81 @@ _PROBE = (
 )
 
 
-def parse_frameworks(text: str) -> list[str]:
+# A variant runs a framework in another execution mode, as a row of its own in the tables of
+# benchmarks.compare and benchmarks.throughput: "<framework>+<variant>", e.g.
+# torch-ddp+reduce-overhead beside torch-ddp and jax-pmap. Each names the trainer settings it
+# sets (over the same flags given to the whole sweep). torch.compile is PyTorch's: JAX always
+# compiles its step with XLA, and MXNet's trainer always hybridizes.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "eager": {"compile": False, "compile_mode": "default"},
+    "compile": {"compile": True, "compile_mode": "default"},
+    **{m: {"compile": True, "compile_mode": m} for m in COMPILE_MODES if m != "default"},
+}
+VARIANT_FAMILIES = ("torch",)
+VARIANT_BASES = [n for n, f in REGISTRY.items() if f.family in VARIANT_FAMILIES]
+VARIANT_EXAMPLE = "torch-ddp,torch-ddp+reduce-overhead,jax-pmap"
+VARIANT_HELP = (
+    f"; NAME+VARIANT is NAME in another execution mode, a row of its own (VARIANT, torch only: "
+    f"{', '.join(VARIANTS)}; e.g. {VARIANT_EXAMPLE}: eager, torch.compile with CUDA graphs and "
+    "JAX in one table; torch.compile applies on CUDA only)"
+)
+
+
+def framework(name: str) -> Framework:
+    """The registry entry of a name in --frameworks: "torch-ddp+compile" -> torch-ddp's."""
+    return REGISTRY[name.partition("+")[0]]
+
+
+def variant_settings(name: str) -> dict[str, Any]:
+    """The trainer settings a variant sets ({} for a plain framework name)."""
+    return dict(VARIANTS[name.partition("+")[2]]) if "+" in name else {}
+
+
+def parse_frameworks(text: str, variants: bool = False) -> list[str]:
+    """--frameworks: registry names, and with `variants` (compare, throughput) NAME+VARIANT."""
     names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     for name in names:
-        if name not in REGISTRY:
+        base, plus, variant = name.partition("+")
+        if base not in REGISTRY:
             raise UsageError(
-                f"unknown framework {name!r}; choose from {', '.join(REGISTRY)} "
-                "(comma-separated, e.g. --frameworks torch-ddp,jax-pmap)"
+                f"unknown framework {base!r}; choose from {', '.join(REGISTRY)} "
+                "(comma-separated, e.g. --frameworks "
+                f"{VARIANT_EXAMPLE if variants else 'torch-ddp,jax-pmap'})"
+            )
+        if not plus:
+            continue
+        if not variants:
+            raise UsageError(
+                f"{name}: framework variants are for benchmarks.compare and "
+                f"benchmarks.throughput; give {base}"
+            )
+        if variant not in VARIANTS:
+            raise UsageError(
+                f"unknown variant {variant!r} in {name}; choose from {', '.join(VARIANTS)} "
+                f"(e.g. --frameworks {VARIANT_EXAMPLE})"
+            )
+        if base not in VARIANT_BASES:
+            raise UsageError(
+                f"{name}: variants choose torch.compile and apply to "
+                f"{' and '.join(VARIANT_BASES)} only ({base} has one execution mode); give {base}"
             )
     if not names:
         raise UsageError(f"--frameworks is empty; give one or more of {', '.join(REGISTRY)}")
     return names
+
+
+def not_applicable(name: str, devices: int, gpus: Sequence[str]) -> str | None:
+    """Why `name` cannot run at `devices` devices here, refused before any run (None: it can)."""
+    why = framework(name).multi_device_needs_cuda
+    if devices > 1 and why and not gpus:
+        return why
+    if devices > 1 and framework(name).name == "torch-dp" and variant_settings(name).get("compile"):
+        # frameworks/torch_dp.py would fall back to eager: the row would not be the mode asked
+        return (
+            "torch.compile cannot trace nn.DataParallel's replicas (torch-dp compiles on one GPU "
+            "only); use torch-ddp+" + name.partition("+")[2] + " for compiled scaling"
+        )
+    return None
 
 
 def _missing_packages(python: Path, packages: tuple[str, ...]) -> str | None:
@@ -171,7 +238,7 @@ def unavailable(names: Sequence[str]) -> dict[str, str]:
     reasons: dict[str, str] = {}
     probes: dict[tuple[Path, tuple[str, ...]], list[str]] = {}
     for name in names:
-        fw = REGISTRY[name]
+        fw = framework(name)
         if not fw.source.exists():
             reasons[name] = f"{fw.source.relative_to(ROOT)} is not in this checkout"
         elif not fw.python.exists():
@@ -183,7 +250,7 @@ def unavailable(names: Sequence[str]) -> dict[str, str]:
     for key, why in answers.items():
         for name in probes[key]:
             if why:
-                reasons[name] = f"{why}; install with: {REGISTRY[name].install}"
+                reasons[name] = f"{why}; install with: {framework(name).install}"
     return reasons
 
 
@@ -311,7 +378,7 @@ def _probe(python: Path, family: str) -> Seen:
 def probe_devices(names: Sequence[str]) -> dict[str, Seen]:
     """What each framework's interpreter sees (one probe per interpreter and framework family,
     in parallel; each imports its framework, a few seconds)."""
-    keys = {name: (REGISTRY[name].python, REGISTRY[name].family) for name in names}
+    keys = {name: (framework(name).python, framework(name).family) for name in names}
     unique = list(dict.fromkeys(keys.values()))
     with ThreadPoolExecutor(max_workers=max(1, len(unique))) as pool:
         seen = dict(zip(unique, pool.map(lambda key: _probe(*key), unique)))
@@ -364,7 +431,7 @@ def choose_devices(
     caps = None
     seen = seen if seen is not None else probe_devices(names)  # `seen`: probed already
     for name in names:
-        if REGISTRY[name].family == "mxnet":  # even a CUDA build has no kernels for Hopper
+        if framework(name).family == "mxnet":  # even a CUDA build has no kernels for Hopper
             caps = gpu_compute_capabilities() if caps is None else caps
             if caps and max(caps) >= 9.0:
                 out.skipped[name] = MXNET_NO_HOPPER.format(gpu=gpus[0])
@@ -375,7 +442,7 @@ def choose_devices(
         raise UsageError(
             f"this machine has {len(gpus)} GPU(s) ({gpus[0]}; nvidia-smi -L) but {name} sees "
             f"none ({seen[name].detail}); install its GPU build with "
-            f"`{REGISTRY[name].install}` (it picks the CUDA builds by the driver), or run every "
+            f"`{framework(name).install}` (it picks the CUDA builds by the driver), or run every "
             "framework on simulated CPU devices with --devices cpu"
         )
     return out
@@ -434,9 +501,11 @@ def add_flags(
     python: bool = False,
     wait_load: bool = False,
     devices: bool = False,
+    variants: bool = False,
 ) -> None:
     """The flags the tools share, with one meaning and one help text each; a value given here is
-    that tool's default (None: the tool has no such flag). `out` names the default directory."""
+    that tool's default (None: the tool has no such flag). `out` names the default directory;
+    `variants`: --frameworks takes NAME+VARIANT (parse_frameworks)."""
     if frameworks is not None:
         p.add_argument(
             "--frameworks",
@@ -444,7 +513,7 @@ def add_flags(
             metavar="LIST",
             help=f"comma-separated, from: {', '.join(REGISTRY)} (default: "
             f"{'all' if frameworks == ','.join(REGISTRY) else frameworks}; a framework whose "
-            "environment is missing is reported as skipped)",
+            "environment is missing is reported as skipped)" + (VARIANT_HELP if variants else ""),
         )
     if gpus is not None:
         p.add_argument(
@@ -871,6 +940,111 @@ def _group_alive(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+# -- execution modes ----------------------------------------------------------------------------
+
+EAGER = ("eager", "imperative")  # op by op from Python: the host issues every kernel
+
+
+def mode_label(execution: str | None) -> str:
+    """A row's execution mode in a few words, from its record's `execution` (what ran, which is
+    not always what was asked: torch.compile applies on CUDA only); "" when unknown."""
+    if not execution:
+        return ""
+    if execution.startswith("hybridized"):  # MXNet: "hybridized (static_alloc, static_shape)"
+        return "hybridized (static alloc)" if "static_alloc" in execution else "hybridized"
+    first = execution.split(";")[0].split(",")[0].strip()  # "torch.compile(reduce-overhead)"
+    if first.startswith("torch.compile"):
+        mode = first.removeprefix("torch.compile").strip("()")
+        return compile_label(True, mode or "default")
+    if first.startswith(("pmap", "jit")):  # "pmap (one XLA program per device)", "jit (XLA ...)"
+        return f"XLA ({first.split()[0]})"
+    return first  # "eager", or a mode this list does not know yet, as its record says it
+
+
+def compile_label(compile: bool, compile_mode: str) -> str:
+    """The label of a torch run's mode as its flags ask for it (`mode_label`'s words)."""
+    if not compile:
+        return "eager"
+    if compile_mode == "default":
+        return "torch.compile"
+    return f"torch.compile {compile_mode}" + (" + CUDA graphs" * (compile_mode in CUDA_GRAPH_MODES))
+
+
+def asked_label(name: str, config: dict[str, Any] | None) -> str:
+    """The mode a torch run's settings asked for ("" for the other families, whose mode is
+    not a flag): `name`'s variant over the sweep's `config` (compile, compile_mode)."""
+    base = REGISTRY.get(name.partition("+")[0])
+    if base is None or base.family != "torch" or config is None:
+        return ""
+    settings = {**config, **variant_settings(name)}
+    return compile_label(bool(settings.get("compile")), settings.get("compile_mode") or "default")
+
+
+def mode_note(rows: Sequence[tuple[str, str]], cuda: bool, fix: str | None = None) -> str:
+    """One line for under a table whose `rows` (name, mode label) ran in different kinds of
+    mode, eager and compiled, naming what would make them alike: `fix`, or by default the torch
+    variant that compiles with CUDA graphs. "" when they are alike (or unknown)."""
+    eager = list(dict.fromkeys(n for n, m in rows if m.startswith(EAGER)))
+    compiled = list(dict.fromkeys(n for n, m in rows if m and not m.startswith(EAGER)))
+    if not eager or not compiled:
+        return ""
+    if fix is None:
+        bases = dict.fromkeys(n.split()[0].partition("+")[0] for n in eager)  # "torch-dp x2"
+        wanted = [f"{b}+reduce-overhead" for b in bases if b in VARIANT_BASES]
+        missing = [w for w in wanted if w not in {n.split()[0] for n, _ in rows}]
+        add = f"add {', '.join(missing)} to --frameworks to compare compiled with compiled"
+        if not wanted:
+            fix = "compare rows of one mode"
+        elif not cuda:
+            fix = "torch.compile applies on CUDA only, so on the CPU the torch rows run eager; " + (
+                f"on a GPU, {add}"
+                if missing
+                else f"on a GPU the rows of {', '.join(wanted)} compile"
+            )
+        elif missing:
+            fix = add
+        else:
+            fix = f"compiled against compiled: {', '.join(compiled)}"
+    return (
+        f"Rows differ in execution mode: eager ({', '.join(eager)}) vs compiled "
+        f"({', '.join(compiled)}); an eager step issues every kernel from Python and can be "
+        f"bound by the host where a compiled one is not; {fix}."
+    )
+
+
+def asked_note(rows: Sequence[tuple[str, str, str]]) -> str:
+    """One line naming the rows (name, mode asked, mode that ran) that ran another mode than
+    their flags asked for: torch.compile is not applied on the CPU (nor by torch-dp on several
+    GPUs), and the trainer ran eager instead. "" when every row ran what it asked."""
+    moved = [
+        f"{n} ran {ran}, not {asked}" for n, asked, ran in rows if ran and asked not in ("", ran)
+    ]
+    if not moved:
+        return ""
+    return (
+        f"Mode not as asked: {'; '.join(moved)} (torch.compile applies on CUDA only, and in "
+        "torch-dp on one GPU only; the run's log says which)."
+    )
+
+
+def mode_notes(table: Sequence[dict[str, Any]]) -> list[str]:
+    """The notes under a table of rows (dicts with framework, devices, device_kind, mode and
+    mode_asked: compare's and throughput's): `mode_note` and `asked_note`, rows named by their
+    framework, or by framework and devices where that framework's rows differ in mode."""
+    modes: dict[str, str] = {}
+    for r in table:
+        if r.get("mode"):
+            of_it = {o.get("mode") for o in table if o["framework"] == r["framework"]}
+            same = of_it - {"", None} == {r["mode"]}
+            modes[r["framework"] if same else f"{r['framework']} x{r['devices']}"] = r["mode"]
+    cuda = any(str(r.get("device_kind") or "").startswith("cuda") for r in table)
+    asked = [
+        (f"{r['framework']} x{r['devices']}", r.get("mode_asked") or "", r.get("mode") or "")
+        for r in table
+    ]
+    return [mode_note(list(modes.items()), cuda), asked_note(asked)]
 
 
 # -- records and files --------------------------------------------------------------------------

@@ -7,8 +7,10 @@ same framework's 1-device row and the scaling efficiency (speed-up / devices). T
 images/s ranges overlap at the same device count are marked "within noise"; a cell whose host load
 average exceeded its core count is named in a warning. Every title says the device kind, and
 "cpu-simulated" rows are labelled as logical devices on one CPU so nobody reads them as GPU
-scaling. Every file is written atomically (harness.write_atomic): a runner killed half-way leaves
-the previous complete version.
+scaling. Every row says the execution mode its records say ran (harness.mode_label), and a table
+whose rows ran eager and compiled says so under it (harness.mode_note); a framework variant
+(torch-ddp+reduce-overhead: harness.VARIANTS) is a framework of its own. Every file is written
+atomically (harness.write_atomic): a runner killed half-way leaves the previous complete version.
 
     python -m benchmarks.report results/<timestamp>/
 
@@ -32,7 +34,7 @@ from typing import Any
 from benchmarks import harness
 from benchmarks.harness import UsageError, markdown_table, print_table as show, write_atomic
 
-LEFT = ("framework", "status", "BN", "device kind")
+LEFT = ("framework", "mode", "status", "BN", "device kind")
 CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"
 NOISE_MARK = "†"  # after images/s: its min-max range overlaps another framework's at that count
 UNTIMED_MARK = "‡"  # after s/epoch and images/s: a run had no timed epoch (warm-up included)
@@ -101,6 +103,12 @@ def _load(record: dict[str, Any]) -> tuple[list[float], int | None]:
     return [float(x) for x in loads if x is not None], own.get("cores")
 
 
+def row_key(record: dict[str, Any]) -> str:
+    """The row a record belongs to: the name in --frameworks the runner ran it for (a variant
+    such as torch-ddp+reduce-overhead), else the trainer's framework."""
+    return (record.get("runner") or {}).get("framework") or record["framework"]
+
+
 def _status(statuses: list[str], planned: int) -> str:
     if not statuses:
         return "not run"
@@ -129,8 +137,11 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row.update(status="n/a", note=sweep.not_applicable[(fw, n)])
                 out.append(row)
                 continue
-            runs = [r for r in records if r["framework"] == fw and r["devices"] == n]
+            runs = [r for r in records if row_key(r) == fw and r["devices"] == n]
             ok = [r for r in runs if r["status"] == "ok"]
+            # What ran (the records' `execution`), and what the flags asked for (torch).
+            row["mode"] = _joined(harness.mode_label(r.get("execution")) for r in ok or runs)
+            row["mode_asked"] = _joined(harness.asked_label(fw, r.get("config")) for r in runs)
             row["status"] = _status([r["status"] for r in runs], sweep.planned.get((fw, n), 0))
             row["runs_ok"], row["runs"] = len(ok), len(runs)
             for key in ("global_batch_size", "bn_mode", "device_kind"):
@@ -181,6 +192,10 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(row)
     mark_within_noise(out)
     return out
+
+
+def _joined(values: Iterable[str]) -> str:
+    return ", ".join(dict.fromkeys(v for v in values if v))
 
 
 def epoch1_loss(record: dict[str, Any]) -> float | None:
@@ -260,6 +275,7 @@ def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
     """(header, formatter) of the printed and Markdown tables."""
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("framework", lambda r: r["framework"]),
+        ("mode", lambda r: r.get("mode") or "-"),
         ("devices", lambda r: str(r["devices"])),
         ("status", lambda r: r["status"]),
         ("global batch", lambda r: r.get("global_batch_size") or "-"),
@@ -364,6 +380,7 @@ def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None)
         headers,
         body,
         [
+            *harness.mode_notes(table),
             *notes(sweep, table),
             *spread_notes(table),
             start_note(records),
@@ -380,6 +397,8 @@ def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None)
 
 CSV_COLUMNS = [
     "framework",
+    "mode",
+    "mode_asked",
     "devices",
     "status",
     "runs_ok",
@@ -418,6 +437,8 @@ CSV_COLUMNS = [
 RUN_COLUMNS = [
     "run_id",
     "framework",
+    "mode",
+    "execution",
     "devices",
     "seed",
     "status",
@@ -461,6 +482,8 @@ def run_row(record: dict[str, Any]) -> dict[str, Any]:
     runner = record.get("runner", {})
     return {
         **record,
+        "framework": row_key(record),
+        "mode": harness.mode_label(record.get("execution")),
         "run_id": runner.get("run_id"),
         "epoch1_train_loss": epoch1_loss(record),
         "init_sha256": (record.get("init") or {}).get("sha256"),
@@ -520,13 +543,21 @@ def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plo
         "(--repeat) both show the median over the runs and (min-max), test acc the mean ± std; "
         f"{NOISE_MARK} = images/s within noise of another framework's (ranges overlap); "
         "speed-up = images/s over the same framework's 1-device row; efficiency = speed-up / "
-        "devices.",
+        "devices; mode = the execution mode the runs' records say they ran (NAME+VARIANT in "
+        "--frameworks: the framework in another mode, a row of its own).",
         "",
         markdown_table(headers, body),
         "",
     ]
     parts += [
-        f"- {line}" for line in [*notes(sweep, table), *spread_notes(table), start_note(records)]
+        f"- {line}"
+        for line in [
+            *harness.mode_notes(table),
+            *notes(sweep, table),
+            *spread_notes(table),
+            start_note(records),
+        ]
+        if line
     ]
     failed = [r for r in records if r["status"] != "ok"]
     if failed:
@@ -585,6 +616,10 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
     table = [r for r in rows(sweep, records) if r.get("images_per_sec")]
     title = heading(sweep, records, sep="\n")
     colours = {fw: f"C{i}" for i, fw in enumerate(sweep.frameworks)}
+    modes = {
+        fw: _joined(r.get("mode", "") for r in table if r["framework"] == fw) for fw in colours
+    }
+    labels = {fw: f"{fw} ({modes[fw]})" if modes[fw] else fw for fw in colours}
     written = []
 
     def save(fig: Any, name: str) -> None:
@@ -619,7 +654,7 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
             [r["images_per_sec"] - r["images_per_sec_min"] for r in pts],
             [r["images_per_sec_max"] - r["images_per_sec"] for r in pts],
         ]
-        ax.errorbar(xs, ys, yerr=err, marker="o", color=colours[fw], label=fw, capsize=3)
+        ax.errorbar(xs, ys, yerr=err, marker="o", color=colours[fw], label=labels[fw], capsize=3)
         base = next((r["images_per_sec"] for r in pts if r["devices"] == 1), None)
         if base:
             ax.plot(
@@ -640,7 +675,7 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
                 [r["efficiency"] for r in pts],
                 marker="o",
                 color=colours[fw],
-                label=fw,
+                label=labels[fw],
             )
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
@@ -663,8 +698,8 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
             [e["test_accuracy"] for e in epochs],
             marker="os^Dv<>p"[k % 8],
             linestyle=styles[k % 4],
-            color=colours.get(r["framework"], "k"),
-            label=r.get("runner", {}).get("run_id", r["framework"]),
+            color=colours.get(row_key(r), "k"),
+            label=r.get("runner", {}).get("run_id", row_key(r)),
         )
     if sweep.target_accuracy > 0:
         ax.axhline(sweep.target_accuracy, color="k", linestyle="--", alpha=0.5, label="target")
@@ -727,6 +762,7 @@ def records_of(out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
             "runner",
             {
                 "run_id": run["run_id"],
+                "framework": run["framework"],
                 "seed": run.get("seed"),
                 "peak_lr": run.get("peak_lr"),
                 "command": run.get("command"),

@@ -11,6 +11,9 @@ For every framework x device count, on synthetic CIFAR-shaped data (preset "thro
 - ratio = real / (devices x compute-only). At 1 device it is the share of the bare step's speed
   the real loop keeps (target >= 0.90); at N devices it compares with N perfectly parallel bare
   steps. Simulated CPU devices share the host's cores, so there it is ~1/N by construction.
+- mode = the execution mode the real loop's record says ran (harness.mode_label); a table whose
+  rows ran eager and compiled says so under it. A framework variant in --frameworks
+  (torch-ddp+reduce-overhead: harness.VARIANTS) is a row of its own, both loops in its mode.
 
 Every measurement is a separate process with the framework's interpreter (.venv for torch and
 JAX, .venv-mxnet for MXNet; `--python PATH` uses one interpreter for all, e.g. a GPU machine's
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
-from benchmarks.harness import REGISTRY, UsageError
+from benchmarks.harness import UsageError
 from common.config import FRAMEWORKS, ConfigError, per_device, preset
 from common.datasets import train_size
 from common.results import host_info, write_json_atomic
@@ -43,7 +46,7 @@ TRAIN_IMAGES = train_size(preset("throughput"))  # the synthetic training set's 
 
 def build_parser() -> argparse.ArgumentParser:
     p = harness.Parser("throughput", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
-    harness.add_flags(p, frameworks=",".join(FRAMEWORKS), gpus="1")
+    harness.add_flags(p, frameworks=",".join(FRAMEWORKS), gpus="1", variants=True)
     harness.add_workload_flags(
         p, 256, "GLOBAL batch (strong scaling); per device with --scaling weak (default 256)"
     )
@@ -129,7 +132,7 @@ class Plan:
 def make_plan(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
     harness.check_options(ns)
-    frameworks = harness.parse_frameworks(ns.frameworks)
+    frameworks = harness.parse_frameworks(ns.frameworks, variants=True)
     counts = harness.parse_gpus(ns.gpus)
     for name, value, least in (
         ("--steps", ns.steps, 1),
@@ -192,6 +195,11 @@ def measure(plan: Plan, command: list[str], tag: str) -> tuple[harness.Child, di
     return child, facts
 
 
+def settings(plan: Plan, fw: str) -> argparse.Namespace:
+    """The command line's settings for `fw`'s row: a variant's mode over --compile's."""
+    return argparse.Namespace(**{**vars(plan.ns), **harness.variant_settings(fw)})
+
+
 def workload(ns: Any, batch: int) -> list[str]:
     """The flags both loops get alike: the same model, images, batch, LR and fast paths."""
     return [
@@ -207,8 +215,8 @@ def workload(ns: Any, batch: int) -> list[str]:
 
 def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> dict[str, Any]:
     """One run of the framework module; its record's throughput figures."""
-    ns = plan.ns
-    framework = REGISTRY[fw]
+    ns = settings(plan, fw)
+    framework = harness.framework(fw)
     tag = f"{fw}-{n}dev" + (f"-r{rep}" if ns.repeat > 1 else "") + ("-phases" if phases else "")
     output = plan.out / "runs" / f"{tag}.json"
     command = [
@@ -233,6 +241,7 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
         images_per_sec=record["images_per_sec"],
         first_epoch_sec=record["first_epoch_sec"],
         device_kind=record["device_kind"],
+        execution=record.get("execution"),
         pipeline=record.get("pipeline"),
         timed_epochs=record["timed_epochs"],
         steps_per_epoch=record["epochs"][0]["images"] // record["global_batch_size"],
@@ -247,15 +256,15 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
 
 
 def compute_only(plan: Plan, fw: str, batch: int, rep: int) -> dict[str, Any]:
-    """One run of benchmarks.compute_only for `fw`'s family at per-device batch `batch`."""
-    ns = plan.ns
-    family = REGISTRY[fw].family
-    tag = f"compute-{family}-b{batch}" + (f"-r{rep}" if ns.repeat > 1 else "")
+    """One run of benchmarks.compute_only for `fw`'s family (and variant) at per-device batch
+    `batch`."""
+    ns = settings(plan, fw)
+    tag = f"compute-{compute_key(fw)}-b{batch}" + (f"-r{rep}" if ns.repeat > 1 else "")
     command = [
-        str(REGISTRY[fw].python),
+        str(harness.framework(fw).python),
         "-m",
         "benchmarks.compute_only",
-        *("--framework", family),
+        *("--framework", harness.framework(fw).family),
         *workload(ns, batch),
         *("--steps", str(ns.compute_steps or ns.steps * (ns.epochs - 1))),
         *("--warmup", str(ns.warmup)),
@@ -265,6 +274,12 @@ def compute_only(plan: Plan, fw: str, batch: int, rep: int) -> dict[str, Any]:
     if result is None:
         return {**out, "status": "failed", "error": child.error() or "no result line"}
     return {**out, "status": "ok", **result}
+
+
+def compute_key(fw: str) -> str:
+    """What one compute-only measurement serves: a family, in a variant's mode ("torch+compile")."""
+    variant = fw.partition("+")[2]
+    return harness.framework(fw).family + (f"+{variant}" if variant else "")
 
 
 def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -278,18 +293,19 @@ def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
 def plan_cells(plan: Plan) -> list[dict[str, Any]]:
     cells = []
     for fw in plan.frameworks:
-        why = REGISTRY[fw].multi_device_needs_cuda
         for n in plan.counts:
+            why = harness.not_applicable(fw, n, plan.gpus)
             if fw in plan.skipped:
                 status, note = "skipped", plan.skipped[fw]
-            elif n > 1 and why and not plan.gpus:
+            elif why:
                 status, note = "n/a", why
             else:
                 status, note = "planned", ""
             batch = plan.global_batch(n)
+            asked = harness.asked_label(fw, vars(plan.ns))  # the mode the flags ask for (torch)
             cells.append(dict(framework=fw, devices=n, global_batch=batch,
                               per_device_batch=batch // n, status=status, note=note,
-                              real=[], compute=[]))  # fmt: skip
+                              mode_asked=asked, real=[], compute=[]))  # fmt: skip
     return cells
 
 
@@ -303,7 +319,7 @@ def sweep(plan: Plan, cells: list[dict[str, Any]], say: Any, save: Any) -> None:
     for rep in range(ns.repeat):
         for cell in todo:
             fw, n, b = cell["framework"], cell["devices"], cell["per_device_batch"]
-            family = REGISTRY[fw].family
+            family = compute_key(fw)
             cell["compute"] = compute.setdefault((family, b), [])
             if len(cell["compute"]) <= rep:
                 say(f"compute-only {family} batch {b} (repetition {rep + 1}/{ns.repeat})")
@@ -336,6 +352,9 @@ def summarise(cell: dict[str, Any]) -> None:
     cell["memory_source"] = ok[0]["memory_source"] if ok else ""
     cell["precision_note"] = ok[0]["precision_note"] if ok else ""
     cell["pipeline"] = next((r["pipeline"] for r in real if r.get("pipeline")), "")
+    # What ran: the real loop's records (plan_cells has what the flags asked for).
+    ran = [harness.mode_label(r.get("execution")) for r in real if r["status"] == "ok"]
+    cell["mode"] = ", ".join(dict.fromkeys(m for m in ran if m))
     cell["real_images_per_sec_all"] = [r.get("images_per_sec") for r in real]
     cell["compute_images_per_sec_all"] = [r.get("images_per_sec") for r in comp]
     # Each repetition measures the compute-only loop and then the real loop, back to back; the
@@ -356,6 +375,7 @@ def summarise(cell: dict[str, Any]) -> None:
 
 HEADERS = [
     "framework",
+    "mode",
     "devices",
     "batch",
     "real img/s",
@@ -378,6 +398,7 @@ def table(cells: list[dict[str, Any]]) -> list[list[str]]:
     return [
         [
             c["framework"],
+            c.get("mode") or "-",
             str(c["devices"]),
             str(c["global_batch"]),
             _f(c.get("real_images_per_sec"), ".1f"),
@@ -410,6 +431,7 @@ def title(plan: Plan) -> str:
 def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
     ns = plan.ns
     out = [
+        *harness.mode_notes(cells),
         f"real = the framework module's training loop (`--preset throughput`, {ns.epochs} "
         f"epochs of {ns.steps} steps, the first epoch untimed); compute-only = "
         f"benchmarks.compute_only, one device, one device-resident batch of the per-device "
@@ -447,6 +469,10 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
             "cpu-simulated: N simulated devices share the same CPU cores, so the ratio "
             "at N > 1 is about 1/N by construction; only the 1-device ratio is meaningful."
         )
+    out.append(
+        "mode = the execution mode the real loop's record says ran (the compute-only loop runs "
+        "the same flags)."
+    )
     for c in cells:
         if c["status"] != "ok" and c["note"]:
             out.append(f"{c['framework']} x{c['devices']} {c['status']}: {c['note']}")
@@ -458,7 +484,7 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
                 f"phases {c['framework']} x{c['devices']} (ms/step, --phase-timing run): {ph}"
                 + (f" ({note})" if note else "")
             )
-    return out
+    return [line for line in out if line]
 
 
 def markdown(plan: Plan, cells: list[dict[str, Any]], host: dict[str, Any]) -> str:
@@ -503,7 +529,9 @@ def execute(plan: Plan) -> int:
         save(interrupted=True)
         say(f"interrupted; finished measurements are in {plan.out / 'throughput.json'}")
         return 130
-    harness.print_table(title(plan), HEADERS, table(cells), notes(plan, cells))
+    harness.print_table(
+        title(plan), HEADERS, table(cells), notes(plan, cells), left=("framework", "mode", "status")
+    )
     print(f"[throughput] wrote {plan.out / 'throughput.json'} and throughput.md")
     return 1 if any(c["status"] == "failed" for c in cells) else 0
 

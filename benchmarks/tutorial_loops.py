@@ -20,7 +20,9 @@ first in odd ones, so a drift in the machine's load falls on both), with idle Op
 sleeping. The figure compared is the record's `images_per_sec` (training images of the epochs
 after the first over their training seconds, ended by the framework's own sync, in both) and the
 per-repeat ratio ours / tutorial; `epoch_sec` adds evaluation (whole epoch, wall clock).
-Augmentation is off and the LR constant on both sides (the tutorials have neither).
+Augmentation is off and the LR constant on both sides (the tutorials have neither). Each row
+shows both sides' execution modes (harness.mode_label: eager, XLA, hybridized ...), and the
+table says under it when its rows differ in mode (harness.mode_note).
 
 outputs (in --out DIR): tutorial_loops.json (every run and the summary), tutorial_loops.md,
 runs/*.json (each run's record), logs/*.log.
@@ -51,25 +53,38 @@ class Tutorial:
     module: str  # run as `python -m <module>` with the compared framework's interpreter
     framework: str  # the trainer it is compared with
     title: str
+    mode: str  # its loop's execution mode (harness.mode_label's words), where its record has none
 
 
 TUTORIALS: dict[str, Tutorial] = {
     t.name: t
     for t in (
-        Tutorial("d2l-torch", "benchmarks.tutorials.d2l_torch", "torch-dp", "d2l 13.6 (PyTorch)"),
+        Tutorial(
+            "d2l-torch", "benchmarks.tutorials.d2l_torch", "torch-dp", "d2l 13.6 (PyTorch)", "eager"
+        ),
         Tutorial(
             "nvidia-course",
             "benchmarks.tutorials.nvidia_course",
             "torch-ddp",
             "NVIDIA DLI data-parallel course (DDP)",
+            "eager",
         ),
-        Tutorial("d2l-mxnet", "benchmarks.tutorials.d2l_mxnet", "mxnet-gluon", "d2l 13.6 (MXNet)"),
-        Tutorial("d2l-jax", "benchmarks.tutorials.d2l_jax", "jax-pmap", "d2l 13.6 (JAX)"),
+        Tutorial(
+            "d2l-mxnet",
+            "benchmarks.tutorials.d2l_mxnet",
+            "mxnet-gluon",
+            "d2l 13.6 (MXNet)",
+            "imperative (not hybridized)",
+        ),
+        Tutorial(
+            "d2l-jax", "benchmarks.tutorials.d2l_jax", "jax-pmap", "d2l 13.6 (JAX)", "XLA (pmap)"
+        ),
         Tutorial(
             "flax-imagenet",
             "benchmarks.tutorials.flax_imagenet",
             "jax-pmap",
             "Flax examples/imagenet (pmap)",
+            "XLA (pmap)",
         ),
     )
 }
@@ -247,6 +262,10 @@ def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str
         test_accuracy=record.get("test_accuracy"),
         device_kind=record.get("device_kind"),
         deviations=record.get("deviations"),
+        execution=record.get("execution"),
+        # what ran: its record's word, else (a tutorial loop that does not say) the loop's own
+        mode=harness.mode_label(record.get("execution"))
+        or (tut.mode if side == "tutorial" else ""),
     )
     print(
         f"{tut.name:<14} {n} dev  {side:<8} r{rep}  {status:<7} "
@@ -282,11 +301,16 @@ def summarise(plan: Plan, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 vals = [r[key] for r in side[s] if r.get(key) is not None and r["status"] == "ok"]
                 return statistics.median(vals) if vals else None
 
+            def mode(s: str, side: dict[str, list[dict[str, Any]]] = side) -> str:
+                return ", ".join(dict.fromkeys(r["mode"] for r in side[s] if r.get("mode")))
+
             rows.append(
                 {
                     "tutorial": tut.name,
                     "framework": tut.framework,
                     "devices": n,
+                    "ours_mode": mode("ours"),
+                    "tutorial_mode": mode("tutorial"),
                     "ours_images_per_sec": med("images_per_sec", "ours"),
                     "tutorial_images_per_sec": med("images_per_sec", "tutorial"),
                     "ratio": statistics.median(ratios) if ratios else None,
@@ -317,24 +341,45 @@ def markdown(plan: Plan, rows: list[dict[str, Any]], host: dict[str, Any]) -> st
         "ratio = ours / tutorial training images/s (median of per-repeat ratios; > 1: ours is "
         "faster); epoch speed-up = tutorial / ours whole-epoch seconds (training + evaluation).",
         "",
-        "| tutorial | vs | devices | ours images/s | tutorial images/s | ratio | epoch speed-up "
-        "| test images ours / tutorial | status |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| tutorial | vs | mode ours / tutorial | devices | ours images/s | tutorial images/s "
+        "| ratio | epoch speed-up | test images ours / tutorial | status |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         ours, theirs = r["ours_images_per_sec"], r["tutorial_images_per_sec"]
         tests = (
             f"{_fmt(r['ours_test_examples'], '.0f')} / {_fmt(r['tutorial_test_examples'], '.0f')}"
         )
+        modes = f"{r.get('ours_mode') or '—'} / {r.get('tutorial_mode') or '—'}"
         lines.append(
-            f"| {r['tutorial']} | {r['framework']} | {r['devices']} "
+            f"| {r['tutorial']} | {r['framework']} | {modes} | {r['devices']} "
             f"| {_fmt(ours, '.1f')} | {_fmt(theirs, '.1f')} "
             f"| {_fmt(r['ratio'], '.3f')} | {_fmt(r['epoch_speedup'], '.3f')} | {tests} "
             f"| {r['status']} |"
         )
     for name, why in plan.skipped.items():
-        lines.append(f"| {name} | {TUTORIALS[name].framework} | — | | | | | | skipped: {why} |")
-    return "\n".join(lines) + "\n"
+        lines.append(f"| {name} | {TUTORIALS[name].framework} | | — | | | | | | skipped: {why} |")
+    note = mode_note(plan, rows)
+    return "\n".join(lines + ([f"\n- {note}"] if note else [])) + "\n"
+
+
+def mode_note(plan: Plan, rows: list[dict[str, Any]]) -> str:
+    """Under the table, where its rows (or a row's two sides) differ in execution mode: read
+    each row's ratio, not images/s across rows; the flag that compares compiled steps is
+    benchmarks.throughput's (--compile is refused here: the tutorials' loops cannot compile)."""
+    modes = []
+    for r in rows:
+        same = r["ours_mode"] == r["tutorial_mode"]
+        modes.append((r["tutorial"] if same else f"{r['tutorial']} ours", r["ours_mode"]))
+        if not same:
+            modes.append((f"{r['tutorial']} tutorial", r["tutorial_mode"]))
+    fix = (
+        "read each row's ratio (the same mode on both sides unless the row says otherwise), not "
+        "images/s across rows; the tutorials' loops run as written (--compile is refused here), "
+        f"so for compiled PyTorch against JAX use benchmarks.throughput --frameworks "
+        f"{harness.VARIANT_EXAMPLE}"
+    )
+    return harness.mode_note(modes, bool(plan.gpus), fix)
 
 
 def execute(plan: Plan) -> int:

@@ -95,7 +95,7 @@ def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
 
     md = (out / "results.md").read_text()
     assert "cpu-simulated" in md and "NOT GPU scaling" in md
-    assert md.count(f"| {PAIR[0]} |") == 2 and "| mxnet-gluon | - | skipped |" in md
+    assert md.count(f"| {PAIR[0]} |") == 2 and "| mxnet-gluon | - | - | skipped |" in md
     for png in ("throughput.png", "efficiency.png", "accuracy_vs_time.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in md
@@ -330,6 +330,14 @@ BAD_INPUT = {
     ),
     "output is the runner's": (["--output", "x.json"], "use --out DIR"),
     "unknown flag": (["--epochz", "3"], "unrecognized arguments: --epochz"),
+    "unknown variant": (
+        ["--frameworks", "torch-ddp,torch-ddp+turbo"],
+        "unknown variant 'turbo' in torch-ddp+turbo; choose from eager, compile, reduce-overhead",
+    ),
+    "a variant of a framework without torch.compile": (
+        ["--frameworks", "jax-pmap+compile"],
+        "jax-pmap+compile: variants choose torch.compile and apply to torch-dp and torch-ddp only",
+    ),
 }
 
 
@@ -548,7 +556,8 @@ def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
     assert b2["status"] == "n/a" and b2["note"] == "needs CUDA"
     headers, body = report.table_cells(sweep, rows)
     assert headers[-2:] == ["s to 0.9", "epochs to 0.9"]
-    assert body[0][4] == "0.9200 ± 0.0283" and body[2][-2] == "not reached"
+    acc = headers.index("test acc")
+    assert body[0][acc] == "0.9200 ± 0.0283" and body[2][-2] == "not reached"
 
     report.write_tables(tmp_path, sweep, records)
     plots, note = report.write_plots(tmp_path, sweep, records)
@@ -610,7 +619,8 @@ def test_repeats_give_median_range_noise_marks_and_load_warning(tmp_path: Path) 
     assert c1["load_avg_max"] == 3.5 and c1["cores"] == 2
 
     headers, body = report.table_cells(sweep, list(rows.values()))
-    cells = {(line[0], line[1]): dict(zip(headers, line)) for line in body}
+    devices = headers.index("devices")
+    cells = {(line[0], line[devices]): dict(zip(headers, line)) for line in body}
     assert cells["a", "1"]["images/s"] == "110 (100-130) †"
     assert cells["c", "1"]["images/s"] == "205 (200-210)"
     assert cells["b", "2"]["images/s"] == "195"  # one run: the value alone
@@ -720,8 +730,194 @@ def test_a_run_without_a_timed_epoch_is_marked() -> None:
     warm = {**_record("a", 1, 0, 50.0, 0.9, sec=3.9), "timed_epochs": 0}
     rows = report.rows(sweep, [warm, {**_record("b", 1, 0, 100.0, 0.9), "timed_epochs": 3}])
     headers, body = report.table_cells(sweep, rows)
-    cells = {line[0]: dict(zip(headers, line)) for line in body if line[1] == "1"}
+    devices = headers.index("devices")
+    cells = {line[0]: dict(zip(headers, line)) for line in body if line[devices] == "1"}
     assert cells["a"]["s/epoch"] == "3.9 ‡" and cells["a"]["images/s"] == "50 ‡"
     assert "‡" not in cells["b"]["s/epoch"] + cells["b"]["images/s"]
     notes = report.spread_notes(rows)
     assert any(n.startswith("‡ no timed epoch in a run of a x1 ") for n in notes), notes
+
+
+# -- execution modes (issue 32) -----------------------------------------------------------------
+
+
+def test_mode_label_names_what_each_trainer_records() -> None:
+    """The mode column's words for every `execution` the trainers write (frameworks/*_support.py
+    and mxnet_gluon.py), in one place (harness.mode_label) for every table."""
+    from frameworks.torch_support import execution
+
+    def torch_run(compiled: bool, **kw: object) -> str:
+        return execution(preset("smoke", **kw), cuda=True, compiled=compiled)
+
+    assert harness.mode_label(torch_run(False)) == "eager"
+    assert harness.mode_label(torch_run(True, compile=True)) == "torch.compile"
+    ro = torch_run(True, compile=True, compile_mode="reduce-overhead")
+    assert harness.mode_label(ro) == "torch.compile reduce-overhead + CUDA graphs"
+    nocg = torch_run(True, compile=True, compile_mode="max-autotune-no-cudagraphs")
+    assert harness.mode_label(nocg) == "torch.compile max-autotune-no-cudagraphs"
+    # --compile on the CPU: the trainer runs eager, and its record says so
+    assert harness.mode_label(torch_run(False, compile=True)) == "eager"
+    assert harness.mode_label("pmap (one XLA program per device); XLA:CPU (its own code)") == (
+        "XLA (pmap)"
+    )
+    assert harness.mode_label("jit (XLA SPMD over the mesh)") == "XLA (jit)"
+    assert harness.mode_label("hybridized (static_alloc, static_shape)") == (
+        "hybridized (static alloc)"
+    )
+    assert harness.mode_label(None) == ""
+
+
+GPU = "cuda:NVIDIA H200"
+MODES = ["torch-ddp", "torch-ddp+reduce-overhead", "jax-pmap"]
+RAN = {  # the records' `execution` on a GPU
+    "torch-ddp": "eager, channels_last, cuDNN",
+    "torch-ddp+reduce-overhead": "torch.compile(reduce-overhead), channels_last, cuDNN",
+    "jax-pmap": "pmap (one XLA program per device)",
+}
+
+
+def _mode_record(key: str, n: int, ips: float, execution: str, kind: str = GPU) -> dict:
+    """A record as compare keeps it: the trainer's framework, the runner's row (a variant)."""
+    record = _record(key.partition("+")[0], n, 0, ips, 0.9)
+    record["runner"].update(framework=key, run_id=f"{key}-{n}dev")
+    config = harness.variant_settings(key) or {"compile": False, "compile_mode": "default"}
+    return record | {"execution": execution, "device_kind": kind, "config": config}
+
+
+def _mode_sweep(keys: list[str]) -> report.Sweep:
+    return report.Sweep(
+        title="resnet18 on digits",
+        command="python -m benchmarks.compare",
+        frameworks=keys,
+        counts=[1, 2],
+        planned={(k, n): 1 for k in keys for n in (1, 2)},
+        host={"cpu_count": 16},
+    )
+
+
+def test_table_shows_every_rows_mode_and_says_when_they_differ(tmp_path: Path) -> None:
+    """Issue 32: an eager torch row beside compiled ones; each row says its mode, a line under
+    the table says the rows differ and what makes them alike, and torch-ddp in two modes is two
+    rows, each with its own speed-up."""
+    ips = {"torch-ddp": (46812, 80000), "torch-ddp+reduce-overhead": (81381, 150000),
+           "jax-pmap": (79648, 140000)}  # fmt: skip
+    records = [
+        _mode_record(key, n, float(ips[key][n - 1]), RAN[key]) for key in MODES for n in (1, 2)
+    ]
+    sweep = _mode_sweep(MODES)
+    table = report.rows(sweep, records)
+    assert [(r["framework"], r["devices"], r["mode"]) for r in table] == [
+        ("torch-ddp", 1, "eager"),
+        ("torch-ddp", 2, "eager"),
+        ("torch-ddp+reduce-overhead", 1, "torch.compile reduce-overhead + CUDA graphs"),
+        ("torch-ddp+reduce-overhead", 2, "torch.compile reduce-overhead + CUDA graphs"),
+        ("jax-pmap", 1, "XLA (pmap)"),
+        ("jax-pmap", 2, "XLA (pmap)"),
+    ]
+    assert table[1]["speedup"] == pytest.approx(80000 / 46812)  # over its own 1-device row
+    assert table[3]["speedup"] == pytest.approx(150000 / 81381)
+    headers, body = report.table_cells(sweep, table)
+    assert headers[:3] == ["framework", "mode", "devices"]
+    note = (
+        "Rows differ in execution mode: eager (torch-ddp) vs compiled "
+        "(torch-ddp+reduce-overhead, jax-pmap); "
+    )
+    lines = harness.mode_notes(table)
+    assert lines[0].startswith(note) and "compiled against compiled" in lines[0], lines
+    assert lines[1] == ""  # every row ran the mode it asked for
+
+    report.write_tables(tmp_path, sweep, records)
+    md = (tmp_path / "results.md").read_text()
+    table_end = md.index("| jax-pmap | XLA (pmap) | 2 |")
+    assert md[table_end:].split("\n")[2].startswith(f"- {note}")  # the line under the table
+    assert "| torch-ddp+reduce-overhead | torch.compile reduce-overhead + CUDA graphs | 1 |" in md
+    assert [r["mode"] for r in read_csv(tmp_path / "results.csv")][::2] == [
+        "eager", "torch.compile reduce-overhead + CUDA graphs", "XLA (pmap)",
+    ]  # fmt: skip
+    runs = read_csv(tmp_path / "runs.csv")
+    assert [r["framework"] for r in runs][::2] == MODES  # the row, not the trainer's name
+    printed = io.StringIO()
+    report.print_table(sweep, records, stream=printed)
+    assert "torch.compile reduce-overhead + CUDA graphs" in printed.getvalue()
+    assert "Rows differ in execution mode" in printed.getvalue()
+
+    # Without the compiled torch row, the note names the variant that would give one.
+    plain = ["torch-ddp", "jax-pmap"]
+    two = report.rows(_mode_sweep(plain), [r for r in records if report.row_key(r) in plain])
+    assert "add torch-ddp+reduce-overhead to --frameworks" in harness.mode_notes(two)[0]
+    # Rows of one kind of mode: no note.
+    alike = ["torch-ddp+reduce-overhead", "jax-pmap"]
+    compiled = report.rows(_mode_sweep(alike), [r for r in records if report.row_key(r) in alike])
+    assert harness.mode_notes(compiled) == ["", ""]
+
+
+def test_the_mode_shown_is_what_ran_not_what_was_asked() -> None:
+    """On the CPU the trainers do not apply torch.compile: a +reduce-overhead row ran eager, so
+    it shows eager, counts as eager in the note, and a line says it ran another mode."""
+    cpu = "cpu-simulated"
+    keys = ["torch-ddp+reduce-overhead", "jax-pmap"]
+    records = [
+        _mode_record(keys[0], 1, 700.0, "eager, channels_last, oneDNN", cpu),
+        _mode_record(keys[1], 1, 1100.0, "pmap (one XLA program per device); XLA:CPU", cpu),
+    ]
+    table = report.rows(_mode_sweep(keys), records)
+    assert [r["mode"] for r in table if r["devices"] == 1] == ["eager", "XLA (pmap)"]
+    differ, asked = harness.mode_notes(table)
+    assert differ.startswith(
+        "Rows differ in execution mode: eager (torch-ddp+reduce-overhead) vs compiled (jax-pmap)"
+    )
+    assert "torch.compile applies on CUDA only" in differ
+    assert asked.startswith(
+        "Mode not as asked: torch-ddp+reduce-overhead x1 ran eager, not torch.compile "
+        "reduce-overhead + CUDA graphs"
+    )
+
+
+def test_one_framework_in_two_modes_is_two_rows_of_its_own(no_probe: None, tmp_path: Path) -> None:
+    keys = ",".join(MODES)
+    plan = compare.make_plan(["--frameworks", keys, "--gpus", "2", "--preset", "smoke",
+                              "--out", str(tmp_path / "out")])  # fmt: skip
+    assert plan.frameworks == MODES
+    assert [(s.framework, s.devices) for s in plan.runs] == [(k, n) for k in MODES for n in (1, 2)]
+    by_id = {s.run_id: s for s in plan.runs}
+    plain, variant = by_id["torch-ddp-1dev"], by_id["torch-ddp+reduce-overhead-1dev"]
+    assert plain.command[:3] == variant.command[:3]  # the same interpreter and module
+    assert "--compile" not in plain.command
+    assert "--compile --compile-mode reduce-overhead" in " ".join(variant.command)
+    assert (variant.cfg.framework, variant.cfg.compile, variant.cfg.compile_mode) == (
+        "torch-ddp", True, "reduce-overhead",
+    )  # fmt: skip
+    assert variant.output.name == "torch-ddp+reduce-overhead-1dev.json" != plain.output.name
+    assert variant.log != plain.log
+    sweep = compare.sweep_of(plan)
+    assert sweep.frameworks == MODES and sweep.planned[("torch-ddp+reduce-overhead", 2)] == 1
+    # A variant wins over the sweep's own flags: +eager under --compile runs eager.
+    args = ["--frameworks", "torch-ddp,torch-ddp+eager", "--gpus", "1", "--preset", "smoke"]
+    mixed = compare.make_plan([*args, "--compile", "--out", str(tmp_path / "o2")])
+    compiled, eager = mixed.runs
+    assert compiled.cfg.compile and "--compile" in compiled.command
+    assert not eager.cfg.compile and "--no-compile" in eager.command
+    assert "--compile" not in eager.command
+
+
+def test_compiled_data_parallel_on_several_gpus_is_refused_before_any_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch.compile cannot trace nn.DataParallel's replicas (torch-dp would run eager): a
+    torch-dp compile variant at 2+ GPUs is n/a with the reason, and alone it is bad input."""
+    monkeypatch.setattr(harness, "unavailable", lambda names: {})
+    monkeypatch.setattr(harness, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
+    monkeypatch.delenv("DPBENCH_DEVICES")  # the test session's pin to the CPU
+    _frameworks_see(monkeypatch, ["NVIDIA H100"] * 2)
+    plan = compare.make_plan(["--frameworks", "torch-dp,torch-dp+reduce-overhead", "--out",
+                              str(tmp_path / "out")])  # fmt: skip
+    assert [(s.framework, s.devices) for s in plan.runs] == [
+        ("torch-dp", 1), ("torch-dp", 2), ("torch-dp+reduce-overhead", 1),
+    ]  # fmt: skip
+    why = plan.not_applicable[("torch-dp+reduce-overhead", 2)]
+    assert "cannot trace nn.DataParallel" in why and "torch-ddp+reduce-overhead" in why
+    out = tmp_path / "alone"
+    code, _, stderr = _main(["--frameworks", "torch-dp+compile", "--gpus", "2,", "--out",
+                             str(out)], capsys)  # fmt: skip
+    assert code == 2 and stderr.count("\n") == 1 and "cannot trace nn.DataParallel" in stderr
+    assert not out.exists()

@@ -168,6 +168,9 @@ def test_missing_interpreter_is_one_line_and_exit_2(module: str, tmp_path: Path)
         ("benchmarks.throughput", ["--gpus", "2", "--batch-size", "5"]),
         ("benchmarks.throughput", ["--timeout", "0"]),
         ("benchmarks.throughput", ["--compile-mode", "reduce-overhead"]),  # without --compile
+        ("benchmarks.throughput", ["--frameworks", "torch-ddp+turbo"]),  # no such variant
+        ("benchmarks.throughput", ["--frameworks", "jax-pmap+compile"]),  # JAX has one mode
+        ("benchmarks.comm_probe", ["--frameworks", "torch-ddp+compile"]),  # compare, throughput
         ("benchmarks.compute_only", ["--framework", "torch", "--compile-mode", "max-autotune"]),
         ("benchmarks.compute_only", ["--framework", "mxnet"]),  # MXNet is not in .venv
         ("benchmarks.comm_probe", ["--models", "resnet50"]),
@@ -200,3 +203,87 @@ def test_every_flag_has_a_help_text(module: str) -> None:
         if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):
             continue
         assert action.help and action.help.strip(), (module, action.option_strings)
+
+
+# -- execution modes (issue 32) -----------------------------------------------------------------
+
+MODES = ("torch-ddp", "torch-ddp+reduce-overhead", "jax-pmap")
+RAN = {  # the real loops' records' `execution` on a GPU
+    "torch-ddp": "eager, channels_last, cuDNN",
+    "torch-ddp+reduce-overhead": "torch.compile(reduce-overhead), channels_last, cuDNN",
+    "jax-pmap": "pmap (one XLA program per device)",
+}
+
+
+def _measured(plan, cells: list[dict], ips: dict[str, float]) -> None:  # noqa: ANN001
+    """Fill planned cells as sweep() would, with the facts the trainers' records give."""
+    from benchmarks import throughput
+
+    for cell in cells:
+        fw = cell["framework"]
+        kind = "cuda:NVIDIA H200"
+        cell["real"] = [
+            {
+                "status": "ok",
+                "images_per_sec": ips[fw],
+                "first_epoch_sec": 1.0,
+                "device_kind": kind,
+                "execution": RAN[fw],
+                "load_before": 0.5,
+            }
+        ]
+        cell["compute"] = [{"status": "ok", "images_per_sec": ips[fw] * 1.05,
+                            "first_step_sec": 1.0, "device_kind": kind,
+                            "memory_source": "torch", "precision_note": ""}]  # fmt: skip
+        throughput.summarise(cell)
+
+
+def test_one_framework_in_two_modes_is_two_rows_and_the_table_says_the_modes(
+    tmp_path: Path,
+) -> None:
+    from benchmarks import harness, throughput
+
+    plan = throughput.make_plan(["--frameworks", ",".join(MODES), "--batch-size", "8",
+                                 "--out", str(tmp_path / "out")])  # fmt: skip
+    assert plan.frameworks == list(MODES)
+    cells = throughput.plan_cells(plan)
+    assert [c["framework"] for c in cells] == list(MODES)
+    # Each row's loops run in its mode: the variant's flags over the command line's.
+    plain, variant = (throughput.settings(plan, fw) for fw in MODES[:2])
+    assert "--no-compile" in throughput.workload(plain, 8)
+    flags = throughput.workload(variant, 8)
+    assert flags[flags.index("--compile") : flags.index("--compile") + 3] == [
+        "--compile", "--compile-mode", "reduce-overhead",
+    ]  # fmt: skip
+    # ... and the variant has its own compute-only measurement (its own ratio).
+    assert [throughput.compute_key(fw) for fw in MODES] == [
+        "torch", "torch+reduce-overhead", "jax",
+    ]  # fmt: skip
+
+    _measured(plan, cells, {"torch-ddp": 46812.0, "torch-ddp+reduce-overhead": 81381.0,
+                            "jax-pmap": 79648.0})  # fmt: skip
+    assert throughput.HEADERS[:3] == ["framework", "mode", "devices"]
+    rows = throughput.table(cells)
+    assert [r[:3] for r in rows] == [
+        ["torch-ddp", "eager", "1"],
+        ["torch-ddp+reduce-overhead", "torch.compile reduce-overhead + CUDA graphs", "1"],
+        ["jax-pmap", "XLA (pmap)", "1"],
+    ]
+    notes = throughput.notes(plan, cells)
+    assert notes[0].startswith(
+        "Rows differ in execution mode: eager (torch-ddp) vs compiled "
+        "(torch-ddp+reduce-overhead, jax-pmap); "
+    )
+    md = throughput.markdown(plan, cells, {})
+    assert md.split("| jax-pmap | XLA (pmap) | 1 |")[1].split("\n")[2] == f"- {notes[0]}"
+    # Rows of one kind of mode: no such line.
+    del cells[0]
+    assert not any(n.startswith("Rows differ") for n in throughput.notes(plan, cells))
+    # Without a GPU the variant's trainer runs eager: what ran is shown, and said.
+    for cell in cells:
+        cell["real"][0]["execution"] = "eager, channels_last, oneDNN"
+        throughput.summarise(cell)
+    assert cells[0]["mode"] == "eager"
+    assert harness.mode_notes(cells)[1].startswith(
+        "Mode not as asked: torch-ddp+reduce-overhead x1 ran eager, not torch.compile"
+    )

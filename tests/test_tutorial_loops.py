@@ -80,7 +80,9 @@ def test_both_sides_run_the_same_work_and_the_table_is_written(tmp_path: Path) -
     (row,) = result["summary"]
     assert row["ratio"] == pytest.approx(rec_ours["images_per_sec"] / rec_theirs["images_per_sec"])
     table = (out / "tutorial_loops.md").read_text()
-    assert f"| d2l-torch | torch-dp | 1 | {rec_ours['images_per_sec']:.1f} |" in table
+    # the trainer's record says eager; d2l's loop, which records no mode, is eager as written
+    modes = "eager / eager"
+    assert f"| d2l-torch | torch-dp | {modes} | 1 | {rec_ours['images_per_sec']:.1f} |" in table
 
 
 def test_a_failed_run_keeps_the_other_and_exits_1(tmp_path: Path) -> None:
@@ -95,4 +97,31 @@ def test_a_failed_run_keeps_the_other_and_exits_1(tmp_path: Path) -> None:
     assert by_side["tutorial"]["status"] == "ok" and by_side["tutorial"]["images_per_sec"] > 0
     (row,) = result["summary"]
     assert row["status"] == "failed" and row["ratio"] is None
-    assert "| d2l-torch | torch-dp | 1 | — |" in (out / "tutorial_loops.md").read_text()
+    # ours failed at start-up, before it recorded its mode
+    assert "| d2l-torch | torch-dp | — / eager | 1 | — |" in (out / "tutorial_loops.md").read_text()
+
+
+def test_the_table_shows_both_sides_modes_and_says_when_rows_differ(tmp_path: Path) -> None:
+    """Issue 32: an eager row (d2l-torch) beside a compiled one (d2l-jax): each row says both
+    sides' modes, and a line under the table says the rows differ and how to read them."""
+    plan = tutorial_loops.plan_from(["--tutorials", "d2l-torch,d2l-jax", *TINY,
+                                     "--out", str(tmp_path)])  # fmt: skip
+    runs = []
+    for tut, mode in (("d2l-torch", "eager"), ("d2l-jax", "XLA (pmap)")):
+        for side in ("ours", "tutorial"):
+            runs.append({**_run(side, 0, 100.0), "tutorial": tut, "mode": mode})
+    rows = tutorial_loops.summarise(plan, runs)
+    assert [(r["ours_mode"], r["tutorial_mode"]) for r in rows] == [
+        ("eager", "eager"), ("XLA (pmap)", "XLA (pmap)"),
+    ]  # fmt: skip
+    md = tutorial_loops.markdown(plan, rows, {})
+    assert "| tutorial | vs | mode ours / tutorial | devices |" in md
+    assert "| d2l-torch | torch-dp | eager / eager | 1 |" in md
+    assert "| d2l-jax | jax-pmap | XLA (pmap) / XLA (pmap) | 1 |" in md
+    under = md.split("| d2l-jax | jax-pmap |")[1].split("\n")[2]  # the line under the table
+    assert under.startswith(
+        "- Rows differ in execution mode: eager (d2l-torch) vs compiled (d2l-jax); "
+    )
+    assert "read each row's ratio" in under
+    one = tutorial_loops.markdown(plan, rows[:1], {})
+    assert "Rows differ" not in one
