@@ -6,8 +6,8 @@ framework's trainer, run on one float32 buffer the size of the model's gradients
   loopback port; gloo on CPU, NCCL on CUDA; what DDP's buckets call);
 - torch-dp: `torch.nn.parallel.comm.reduce_add` of N per-GPU buffers onto GPU 0 (how
   nn.DataParallel sums the replicas' gradients; CUDA only);
-- jax-pmap: a pmapped `lax.psum` over N devices; jax-shard: a jitted `shard_map` `lax.psum` over
-  a 1-D mesh (simulated CPU devices without GPUs);
+- jax-pmap: a pmapped `lax.psum` over N devices; jax-shard and jax-shardmap: a jitted `shard_map`
+  `lax.psum` over a 1-D mesh (simulated CPU devices without GPUs);
 - mxnet-gluon: kvstore "device" `pushpull` of N per-context buffers (what Trainer.step does per
   parameter with update_on_kvstore=False).
 Median (and min) of --reps timed repetitions after --warmup untimed ones, each bracketed by the
@@ -49,6 +49,7 @@ COLLECTIVES = {
     "torch-dp": "comm.reduce_add",
     "jax-pmap": "pmap psum",
     "jax-shard": "shard_map psum",
+    "jax-shardmap": "shard_map psum",
     "mxnet-gluon": "kvstore pushpull",
 }
 
@@ -255,8 +256,8 @@ def worker(
         out = worker_torch_ddp(n, numels, reps, warmup)
     elif framework == "torch-dp":
         out = worker_torch_dp(n, numels, reps, warmup)
-    elif framework in ("jax-pmap", "jax-shard"):
-        out = worker_jax(n, numels, reps, warmup, shard=framework == "jax-shard")
+    elif framework in ("jax-pmap", "jax-shard", "jax-shardmap"):
+        out = worker_jax(n, numels, reps, warmup, shard=framework != "jax-pmap")
     else:
         out = worker_mxnet(n, numels, reps, warmup)
     return None if out is None else {**out, "numels": numels}

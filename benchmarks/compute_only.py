@@ -355,19 +355,20 @@ def run_jax(
 
 
 def jax_loop(framework: str, cfg: Config, batch: int, device: Any, dtype: Any) -> Any:
-    """One iteration of jax-pmap's / jax-shard's training loop on a 1-device mesh: next batch
+    """One iteration of a JAX trainer's training loop on a 1-device mesh: next batch
     from the device prefetch, the trainer's compiled step, metric sums kept on the device.
     Returns the step and a list holding the live state (for the sync)."""
     from jax.sharding import Mesh
 
     from common.timing import PhaseTimer
-    from frameworks import jax_pmap, jax_shard
+    from frameworks import jax_pmap, jax_shard, jax_shardmap
     from frameworks.jax_support import prefetch_to_devices
 
     mesh = Mesh(np.array([device]), ("batch",))
     loader = trainer_loader(cfg, batch, "NHWC")
     shape = (cfg.image_size, cfg.image_size, cfg.synthetic_channels)
-    module: Any = jax_pmap if framework == "jax-pmap" else jax_shard
+    modules = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap}
+    module: Any = modules[framework]
     model = module.build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, dtype)
     state = module.create_train_state(cfg, model, shape, mesh, 1)
     step_fn, _ = module.parallelize(cfg, mesh)  # the trainer's own parallel transform

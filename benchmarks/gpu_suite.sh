@@ -61,7 +61,7 @@ fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   echo "interpreter $PY"
   "$PY" -c 'import sys, torch, jax; print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version()); print("jax", jax.__version__, jax.devices())'
-  "$PY" -m benchmarks.devices --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard
+  "$PY" -m benchmarks.devices --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard,jax-shardmap
   # The commit, "-dirty" when the working tree differs from it (a copied tree may carry an
   # older .git: then the tree, not the commit, is what ran).
   echo "git $(git describe --always --dirty --abbrev=40 2>/dev/null)"
@@ -95,7 +95,7 @@ want() { [[ ",${STEPS:-1,2,3,4,5,6,7,8}," == *",$1,"* ]]; }
 # Each torch module eager and in a variant (NAME+VARIANT, benchmarks/harness.py VARIANTS):
 # reduce-overhead = torch.compile with CUDA graphs (the compiled forward and backward replayed
 # in one launch each, instead of ~440 launches per step).
-HEADLINE=torch-ddp,torch-ddp+reduce-overhead,torch-dp,torch-dp+reduce-overhead,jax-pmap,jax-shard
+HEADLINE=torch-ddp,torch-ddp+reduce-overhead,torch-dp,torch-dp+reduce-overhead,jax-pmap,jax-shard,jax-shardmap
 # 1. THE HEADLINE TABLE. Mixed precision, every torch and JAX module, each torch module both
 #    eager and with CUDA graphs (a row each, the mode column says which), beside JAX: torch
 #    autocast bf16 + channels_last + cudnn.benchmark; JAX bf16 activations. The input pipeline is
@@ -121,9 +121,9 @@ TB=()
 # 5. The compare runner on real data (the digits preset: ResNet-18 at width 0.25) at 1 GPU,
 #    torch-ddp eager and with CUDA graphs beside JAX, as in 1; MXNet is absent.
 want 5 && run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
-    DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
+    DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" DPBENCH_PYTHON_JAX_SHARDMAP="$PY" \
     "$PY" -m benchmarks.compare --gpus 1 \
-    --frameworks torch-ddp,torch-ddp+reduce-overhead,torch-dp,jax-pmap,jax-shard \
+    --frameworks torch-ddp,torch-ddp+reduce-overhead,torch-dp,jax-pmap,jax-shard,jax-shardmap \
     --preset digits --timeout 180 ${TB[@]+"${TB[@]}"} --out "$OUT/compare-digits"
 # 6. Our loops against the seed tutorials' loops (d2l's PyTorch and JAX loops, the NVIDIA course,
 #    the Flax example) on the same work: full-width ResNet-18 on 8192 CIFAR-shaped synthetic
@@ -153,7 +153,7 @@ if want 8; then
   if "$PY" -c 'import pytest' 2>/dev/null; then
     run env DPBENCH_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false DPBENCH_TEST_PYTHON="$PY" \
         DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
-        DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" \
+        DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" DPBENCH_PYTHON_JAX_SHARDMAP="$PY" \
         "$PY" -m pytest -q -rs -p no:cacheprovider tests -m gpu --ignore=tests/mxnet \
         --junitxml="$OUT/gpu-tests.xml"
   else

@@ -128,6 +128,7 @@ REGISTRY: dict[str, Framework] = {
         Framework("torch-ddp", "frameworks.torch_ddp", ".venv", "main"),
         Framework("jax-pmap", "frameworks.jax_pmap", ".venv", "main"),
         Framework("jax-shard", "frameworks.jax_shard", ".venv", "main"),
+        Framework("jax-shardmap", "frameworks.jax_shardmap", ".venv", "main"),
         Framework("mxnet-gluon", "frameworks.mxnet_gluon", ".venv-mxnet", "mxnet"),
     )
 }
@@ -958,7 +959,7 @@ def mode_label(execution: str | None) -> str:
     if first.startswith("torch.compile"):
         mode = first.removeprefix("torch.compile").strip("()")
         return compile_label(True, mode or "default")
-    if first.startswith(("pmap", "jit")):  # "pmap (one XLA program per device)", "jit (XLA ...)"
+    if first.startswith(("pmap", "jit", "shard_map")):  # "pmap (one XLA program per device)"
         return f"XLA ({first.split()[0]})"
     return first  # "eager", or a mode this list does not know yet, as its record says it
 

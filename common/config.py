@@ -15,7 +15,7 @@ from typing import Any
 
 from common.devices import CHOICES as DEVICE_CHOICES
 
-FRAMEWORKS = ("torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "mxnet-gluon")
+FRAMEWORKS = ("torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "jax-shardmap", "mxnet-gluon")
 MODELS = ("resnet18", "wideresnet")
 DATASETS = ("cifar10", "cifar100", "fashion-mnist", "digits", "synthetic")
 LR_SCALINGS = ("none", "linear", "sqrt")

@@ -32,6 +32,7 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "frameworks.torch_dp": ("torch",),
     "frameworks.jax_pmap": _JAX,
     "frameworks.jax_shard": _JAX,
+    "frameworks.jax_shardmap": _JAX,
     "frameworks.mxnet_gluon": ("mxnet",),
     "benchmarks.tutorials.d2l_torch": ("torch",),
     "benchmarks.tutorials.nvidia_course": ("torch",),

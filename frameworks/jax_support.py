@@ -369,6 +369,7 @@ class CompileMeter:
     def record(self) -> dict[str, Any]:
         on = jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir
         return {
+            "pmap_lowering": pmap_lowering(),  # in every JAX record, pmap's or not
             "compile_sec": round(self.sec, 3),
             "compile_cache": {
                 "dir": jax.config.jax_compilation_cache_dir if on else None,
@@ -377,6 +378,16 @@ class CompileMeter:
                 "steps": self.steps,  # the exported train steps (cached_step)
             },
         }
+
+
+def pmap_lowering() -> str:
+    """How this JAX runs `jax.pmap`: since 0.8 through `jax.jit` and `jax.shard_map` (so jax-pmap
+    and jax-shardmap compile through the same path); until the flag's removal after 0.9.2,
+    `jax_pmap_shmap_merge=False` brought the original implementation back."""
+    since = tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 8)
+    merged = jax.config.values.get("jax_pmap_shmap_merge", since)  # flag gone: merged for good
+    how = "jit + shard_map" if merged else "the original pmap (jax_pmap_shmap_merge=False)"
+    return f"jax {jax.__version__}: jax.pmap runs as {how}"
 
 
 # Config fields that cannot change the train step's program: where results go, when to log or

@@ -90,7 +90,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 MAIN_PYTHON = Path(os.environ.get("DPBENCH_TEST_PYTHON") or ROOT / ".venv" / "bin" / "python")
 MXNET_PYTHON = ROOT / ".venv-mxnet" / "bin" / "python"
 
-FRAMEWORKS = ("torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "mxnet-gluon")
+FRAMEWORKS = ("torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "jax-shardmap", "mxnet-gluon")
 SMOKE = ("--preset", "smoke", "--prefetch", "1")  # tiny model, 16x16 synthetic images
 # For one step of two different programs (N devices vs 1): the smoke preset's first step with
 # seed 0 holds a near-tie (a value within float rounding of a ReLU kink, say) that the rounding
