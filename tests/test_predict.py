@@ -1,0 +1,212 @@
+"""benchmarks/predict.py: the ring formula, what N = 1 costs, the shape of the predicted curves,
+how each framework cuts its gradients, the overlap bracket, bad input on the command line, and
+that the validation against published rows tunes nothing to them. Pure arithmetic: fast, CPU."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+
+from benchmarks import predict as P
+from tests.conftest import ROOT, one_line_error, run_module
+
+H100 = ROOT / "docs" / "results" / "h100-20261123"
+BD = P.Breakdown(step_ms=10.0, batch=512, compute_ms=9.0)  # 1 ms of host time per step
+
+
+def setup(framework: str, link: str = "pcie5", **kw) -> P.Setup:
+    base = dict(gpus_per_node=64, nics_per_node=1, overlap=None)  # one fixed link up to 64
+    return P.Setup(framework, "resnet18", "fp32", link, P.PRESETS[link], P.INTER_NODE["ib-ndr"],
+                   **{**base, **kw})  # fmt: skip
+
+
+def test_ring_allreduce_against_hand_computed_values():
+    # 1 GB over 4 ranks at 100 GB/s, α 5 us: 2·3·5 us + 2·3/4 · 1e9/1e11 s = 0.03 + 15 ms
+    assert P.ring_allreduce_ms(1e9, 4, 100, 5) == pytest.approx(15.03)
+    # 800 MB over 2 ranks at 50 GB/s, α 1 us: 2 us + 1 · 16 ms
+    assert P.ring_allreduce_ms(8e8, 2, 50, 1) == pytest.approx(16.002)
+    # latency only: 8 ranks, 0 bytes: 14 steps of α
+    assert P.ring_allreduce_ms(0, 8, 1, 2.5) == pytest.approx(0.035)
+    assert P.ring_allreduce_ms(1e9, 1, 100, 5) == 0.0
+
+
+@pytest.mark.parametrize("framework", P.FRAMEWORKS)
+def test_one_device_has_no_communication(framework):
+    row = P.curve(BD, setup(framework), [1], "weak", BD.batch)[0]
+    assert row["comm_ms"] == row["exposed_comm_ms"] == 0.0
+    assert row["step_ms"] == pytest.approx(BD.step_ms)
+    assert row["efficiency"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("link", sorted(P.PRESETS))
+@pytest.mark.parametrize("framework", P.FRAMEWORKS)
+def test_weak_scaling_efficiency_never_rises_with_n_on_a_fixed_link(framework, link):
+    rows = P.curve(BD, setup(framework, link), [1, 2, 3, 4, 8, 16, 32, 64], "weak", BD.batch)
+    eff = [r["efficiency"] for r in rows]
+    assert all(b <= a + 1e-12 for a, b in zip(eff, eff[1:])), eff
+    assert eff[-1] < 1.0
+
+
+def test_bucketed_ddp_pays_more_latency_than_one_combined_allreduce():
+    grad = [t * 4 for t in P.MODELS["resnet18"].tensors]
+    free_bytes = P.Link(1e12, 10.0, "latency only", "test")  # the bandwidth term ~ 0
+    n = 8
+    ddp = P.allreduce_comm(P.messages("torch-ddp", grad), n, free_bytes)
+    one = P.allreduce_comm([sum(grad)], n, free_bytes)
+    per_key = P.allreduce_comm(P.messages("mxnet-gluon", grad), n, free_bytes)
+    step_alpha = 2 * (n - 1) * 10.0e-3  # ms: one all-reduce's latency term
+    assert ddp.count == 3 and one.count == 1 and per_key.count == 62
+    assert ddp.total_ms - one.total_ms == pytest.approx(2 * step_alpha, rel=1e-3)
+    assert per_key.total_ms > ddp.total_ms > one.total_ms
+    assert sum(P.messages("torch-ddp", grad)) == sum(P.messages("jax-pmap", grad)) == sum(grad)
+
+
+def test_ddp_buckets_are_the_ones_torch_builds():
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    cases = {m: P.MODELS[m].tensors for m in ("resnet18", "wideresnet", "resnet50")}
+    cases["edge"] = (20, 10, 25 * 2**18, 2**18)  # buckets that reach their limits exactly
+    for name, sizes in cases.items():
+        ready = [torch.empty(n) for n in reversed(sizes)]  # float32, in backward order
+        limits = [P.DDP_FIRST_BUCKET, P.DDP_BUCKET_CAP]
+        buckets, _ = dist._compute_bucket_assignment_by_size(ready, limits)
+        torch_bytes = [sum(ready[i].numel() * 4 for i in b) for b in buckets]
+        assert P.ddp_buckets([n * 4 for n in sizes]) == torch_bytes, name
+
+
+def test_the_models_tensors_are_the_frameworks_models():
+    pytest.importorskip("torch")
+    from frameworks.torch_models import create_model
+
+    for name in ("resnet18", "wideresnet"):
+        model = create_model(name, 3, 10)
+        got = [p.numel() for p in model.parameters() if p.requires_grad]
+        assert list(P.MODELS[name].tensors) == got, name
+    torchvision = pytest.importorskip("torchvision")
+    r50 = [p.numel() for p in torchvision.models.resnet50().parameters()]
+    assert list(P.MODELS["resnet50"].tensors) == r50
+    # MXNet's symbol (issue 14516), counted by hand from its resnet.py: torch's ResNet18 with
+    # 1000 classes, minus its BN (9,600 = stem 128, stages 512 + 1,280 + 2,560 + 5,120), plus
+    # the pre-activation BN (7,814 = bn_data 6, stages 512 + 896 + 1,792 + 3,584, bn1 1,024),
+    # plus stage 1's 1x1 shortcut (4,096); 2 + 1 + 4 x 7 + 4 x 6 + 2 + 2 = 59 keys.
+    torch_1000 = sum(P.resnet18_cifar(1000))
+    assert sum(P.MODELS["resnet18-mxnet"].tensors) == torch_1000 - 9_600 + 7_814 + 4_096
+    assert len(P.MODELS["resnet18-mxnet"].tensors) == 59
+
+
+@pytest.mark.parametrize("framework", ["torch-ddp", "mxnet-gluon", "jax-pmap"])
+def test_full_overlap_and_no_overlap_bracket_the_step(framework):
+    full, default, none = (
+        P.curve(BD, setup(framework, overlap=o), [8], "weak", BD.batch)[0] for o in (1.0, None, 0.0)
+    )
+    assert full["step_ms"] <= default["step_ms"] <= none["step_ms"]
+    base = BD.host_ms + BD.compute  # at the 1-device batch
+    assert none["step_ms"] == pytest.approx(base + none["comm_ms"])  # nothing hidden
+    last = P.step_comm(setup(framework), 8, BD.batch).last_ms
+    assert full["step_ms"] >= base + last - 1e-12  # the last collective never hides
+    assert full["step_ms"] < none["step_ms"]
+
+
+def test_a_measured_breakdown_sets_the_overlap():
+    bd = replace(BD, backward_ms=6.0, comm_ms=2.0, exposed_comm_ms=0.5)
+    assert P.overlap_for("jax-pmap", bd, None) == (0.25, "from a measured breakdown")
+    assert P.overlap_for("jax-pmap", BD, None)[0] == 0.0
+    assert P.overlap_for("jax-pmap", bd, 0.7)[0] == 0.7
+
+
+def test_strong_scaling_shrinks_the_per_device_batch():
+    rows = P.curve(BD, setup("torch-ddp", "h100-nvlink"), [1, 8], "strong", 512)
+    assert [r["per_device_batch"] for r in rows] == [512, 64]
+    assert rows[1]["images_per_sec"] > rows[0]["images_per_sec"]
+    assert rows[1]["efficiency"] < 1.0  # host time does not shrink with the batch
+
+
+def test_dp_is_one_process_and_stops_at_one_node():
+    rows = P.curve(BD, setup("torch-dp", gpus_per_node=8), [8, 16], "weak", BD.batch)
+    assert "efficiency" in rows[0] and "n/a" in rows[1]["note"]
+
+
+def test_the_committed_h100_tables_are_read_as_they_say():
+    got = {
+        (fw, mode): bd for fw, mode, bd in P.read_throughput_table(H100 / "run4-throughput-bf16.md")
+    }
+    assert set(got) == {("torch-ddp", "eager"), ("torch-dp", "eager"), ("jax-pmap", "XLA"),
+                        ("jax-shard", "XLA")}  # fmt: skip
+    assert got["jax-pmap", "XLA"].step_ms == pytest.approx(512 / 71493.8 * 1e3)
+    assert got["jax-pmap", "XLA"].compute == pytest.approx(512 / 75369.7 * 1e3)
+    run7 = P.read_throughput_table(H100 / "run7-throughput-bf16-reduce-overhead.md")
+    assert {(fw, mode) for fw, mode, _ in run7} == {("torch-ddp", "CUDA graphs"),
+                                                    ("torch-dp", "CUDA graphs")}  # fmt: skip
+
+
+def test_the_command_writes_a_labelled_prediction(tmp_path):
+    out = tmp_path / "p"
+    table = str(H100 / "run4-throughput-bf16.md")
+    args = ["--throughput-table", table, "--frameworks", "jax-pmap", "-N", "1,8,16"]
+    assert P.main([*args, "--interconnect", "h100-nvlink,pcie5", "--out", str(out)]) == 0
+    md = (out / "predicted-weak.md").read_text()
+    assert md.startswith("# Predicted") and "PREDICTED" in md and "460 GB/s" in md
+    record = json.loads((out / "predicted-weak.json").read_text())
+    assert record["predicted"] is True and len(record["rows"]) == 6
+    assert (out / "predicted-weak.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--bus-bandwidth", "-5", "--latency-us", "1"], "--bus-bandwidth must be a positive"),
+        (["--interconnect", "nvlink9"], "unknown --interconnect nvlink9"),
+        (["-N", "0,8"], "GPU counts >= 1"),
+        (["--overlap", "1.5"], "--overlap must be in [0, 1]"),
+        (["--compute-ms", "20"], "exceed the step"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    proc = run_module("benchmarks.predict", "--step-ms", "10", "--batch-per-device", "512", *args)
+    assert "Traceback" not in proc.stderr
+    one_line_error(proc, "predict: error:", fragment)
+
+
+def test_no_measurement_and_an_unreadable_breakdown_are_one_line(tmp_path):
+    one_line_error(run_module("benchmarks.predict"), "give one 1-device measurement")
+    bad = tmp_path / "b.json"
+    bad.write_text(json.dumps({"step_ms": 10, "batch": 512, "gpu_util": 0.9}))
+    one_line_error(run_module("benchmarks.predict", "--breakdown", str(bad)), "unknown keys")
+
+
+def test_validation_rows_tune_nothing_to_the_published_rows():
+    # A row holds what was published and what the hardware is, nothing else: no overlap, no
+    # bandwidth, no efficiency of its own.
+    assert {f.name for f in fields(P.Published)} == {
+        "name", "framework", "model", "grad_dtype", "batch", "scaling", "link",
+        "images_per_sec", "source", "left_out", "why",
+    }  # fmt: skip
+    rows = P.validate()
+    assert {r["name"] for r in rows} == {p.name for p in P.PUBLISHED}
+    for r in rows:  # the framework's default overlap, the preset's link, for every row
+        assert r["overlap"] == P.OVERLAP[r["framework"]][0], r["name"]
+        assert r["link"] in P.PRESETS
+    # The prediction reads the 1-GPU figure only: other published values change nothing.
+    halved = lambda d: {n: v if n == 1 else v / 2 for n, v in d.items()}
+    moved = [replace(p, images_per_sec=halved(p.images_per_sec)) for p in P.PUBLISHED]
+    again = P.validate(moved)
+    assert [r["predicted"]["images_per_sec"] for r in again] == [
+        r["predicted"]["images_per_sec"] for r in rows
+    ]
+
+
+def test_validate_prints_predicted_beside_published(tmp_path):
+    assert P.main(["--validate", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "validation.md").read_text()
+    assert "Predicted against published" in md and "7,248" in md and "9,128" in md
+    assert json.loads((tmp_path / "validation.json").read_text())["predicted"] is True
+
+
+def test_presets_cite_a_source():
+    for name, link in {**P.PRESETS, **P.INTER_NODE}.items():
+        assert link.busbw_gbps > 0 and link.latency_us > 0 and link.source, name
+    assert Path(P.__file__).read_text().count("https://") >= 6
