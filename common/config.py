@@ -82,7 +82,7 @@ class Config:
     verify: bool = opt(
         True,
         "check dataset files on disk against the published MD5 checksums (each hashed once, then "
-        "cached by size and mtime); --no-verify skips it with a warning",
+        "remembered until the file changes); --no-verify skips it with a warning",
     )
     image_size: int = opt(0, "resize images to this side (0 = native size)")
     augment: bool = opt(True, "random pad-and-crop (+ horizontal flip where it makes sense)")
@@ -512,6 +512,13 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.synthetic_classes >= 2, "synthetic-classes", ">= 2", cfg.synthetic_classes)
 
 
+def data_dims(cfg: Config) -> tuple[int, int]:
+    """(channels, classes) of `cfg`'s dataset, known before any file is read."""
+    if cfg.dataset not in DATA_SHAPES:
+        return cfg.synthetic_channels, cfg.synthetic_classes
+    return DATA_SHAPES[cfg.dataset][2], 100 if cfg.dataset == "cifar100" else 10
+
+
 def image_side(cfg: Config) -> int:
     """The side of the images a run trains on: --image-size, else the dataset's own."""
     return cfg.image_size or DATA_SHAPES.get(cfg.dataset, (0, 32, 0))[1]
@@ -602,10 +609,14 @@ __all__ = [
 
 
 # Settings that make a checkpoint belong to a run: resuming with any of them changed is refused
-# (the model, the data and its order, every hyper-parameter of the update and of the LR
-# schedule: a resumed run must be the run it continues, and its record says so). --epochs may
-# grow, except under the cosine schedule, which spans --epochs.
+# (the trainer, the model, the data and its order, the devices, every hyper-parameter of the
+# update and of the LR schedule, the test set, and every setting that changes how fast a step
+# runs: a resumed run must be the run it continues, and its record says so; the devices' kind,
+# the library versions and the execution mode are checked at load time, common/trainer.py).
+# --epochs may grow, except under the cosine schedule, which spans --epochs. Where results go,
+# when to log or stop, and the caches (the first epoch of every process is untimed) may change.
 RESUME_KEYS = (
+    "framework",
     "model",
     "width",
     "dropout",
@@ -613,10 +624,14 @@ RESUME_KEYS = (
     "image_size",
     "augment",
     "train_limit",
+    "test_limit",
     "synthetic_train",
+    "synthetic_test",
     "synthetic_classes",
     "synthetic_channels",
+    "gpus",
     "batch_size",
+    "eval_batch_size",
     "max_steps_per_epoch",
     "seed",
     "init",
@@ -637,22 +652,33 @@ RESUME_KEYS = (
     "bn",
     "bn_momentum",
     "bn_eps",
+    "precision",
+    "tf32",
+    "channels_last",
+    "compile",
+    "compile_mode",
+    "xla_cpu_ynn",
+    "pipeline",
+    "prefetch",
+    "phase_timing",
 )
 
 
 def check_same_run(saved: dict[str, Any], cfg: Config, path: str) -> None:
-    """Raise ConfigError if checkpoint `path` (its saved config `saved`) is from another run."""
+    """Raise ConfigError if checkpoint `path` (its saved config `saved`) is from another run,
+    naming every setting that differs (a setting it lacks differs too)."""
 
     def same(value: Any, now: Any) -> bool:  # JSON keeps tuples as lists
         return (tuple(value) if isinstance(value, list) else value) == now
 
-    keys = [k for k in RESUME_KEYS if k in saved]
-    if cfg.lr_schedule == "cosine" and "epochs" in saved:
+    keys = list(RESUME_KEYS)
+    if cfg.lr_schedule == "cosine":
         keys.append("epochs")
+    missing = object()
     diff = [
-        f"--{k.replace('_', '-')} {saved[k]!r} (now {getattr(cfg, k)!r})"
+        f"--{k.replace('_', '-')} {saved.get(k, 'unset')!r} (now {getattr(cfg, k)!r})"
         for k in keys
-        if not same(saved[k], getattr(cfg, k))
+        if saved.get(k, missing) is missing or not same(saved[k], getattr(cfg, k))
     ]
     if diff:
         raise ConfigError(

@@ -2,8 +2,9 @@
 
 Real files are read in their official formats, never by executing code from them, and never
 by inflating more than the official file holds: every file on disk is checked against the
-published MD5 checksum (once; the result is cached by size and mtime in `<dir>/.verified.json`;
-`--no-verify` skips it with a warning), and the readers are bounded whether it was or not.
+published MD5 checksum (once; `<dir>/.verified.json` remembers it by size, mtime, ctime, inode
+and a sample of its bytes; `--no-verify` skips it with a warning), and the readers are bounded
+whether it was or not.
 CIFAR's pickles go through a restricted unpickler that builds plain integer arrays, lists, bytes
 and dicts only (nothing it reads is called); archives are read member by member in memory,
 each member's size checked against the official one before it is read (nothing is extracted,
@@ -23,7 +24,6 @@ import json
 import math
 import os
 import pickle
-import stat
 import struct
 import sys
 import tarfile
@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from common.safe_io import open_regular, read_regular, regular_file
 
 
 class DatasetError(RuntimeError):
@@ -124,12 +126,13 @@ STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 PER_IMAGE_EXTRA, PER_MEMBER_EXTRA = 128, 64 << 10
 OTHER_MEMBER_MAX = 1 << 20  # an archive member the reader does not use (readme, meta)
 MAX_MEMBERS = 32  # the official archives hold 9 (CIFAR-10) and 5 (CIFAR-100), folders included
-VERIFIED = ".verified.json"  # per dataset directory: {file: [size, mtime_ns, md5]} checked
+VERIFIED = ".verified.json"  # per dataset directory: {file: _marker(...)} of the files checked
+SAMPLES, SAMPLE_BYTES = 16, 64 << 10  # the blocks of a verified file re-read on every load
 
 
 def md5sum(path: Path) -> str:
     digest = hashlib.md5()
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -164,36 +167,39 @@ def fetch(url: str, md5: str, dest: Path, timeout: float = 30.0) -> Path:
             os.unlink(tmp)
 
 
-def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):  # fmt: skip
-        if test(mode):
-            return kind
-    return "not a regular file"
-
-
 def _check_regular(path: Path) -> os.stat_result:
     """A dataset file must be a regular file (symlinks followed): a FIFO or device in its place
-    would block or never end, so it is refused before it is opened."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise DatasetError(
-            f"{path} is {_file_kind(st.st_mode)}, not a file; put the official {path.name} there"
-        )
-    return st
+    would block or never end, so it is refused before it is opened (common/safe_io.py)."""
+    return regular_file(path, None, "", f"put the official {path.name} there", DatasetError)
+
+
+def _open_regular(path: Path) -> Any:
+    """`path` open for reading if it is a regular file (common/safe_io.py), else DatasetError."""
+    return open_regular(path, None, "", f"put the official {path.name} there", DatasetError)
 
 
 def _read_verified(root: Path) -> dict[str, Any]:
-    """The verification cache of `root` ({} when absent or unreadable: verify again)."""
+    """The verification marker of `root` ({} when absent, unreadable or not a small regular
+    file: verify again)."""
     try:
-        path = root / VERIFIED
-        if not stat.S_ISREG(os.stat(path).st_mode) or os.stat(path).st_size > 1 << 16:
-            return {}
-        cache = json.loads(path.read_text())
+        cache = json.loads(read_regular(root / VERIFIED, 1 << 16, "", "", DatasetError))
         return cache if isinstance(cache, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, DatasetError):
         return {}
+
+
+def _marker(path: Path, st: os.stat_result, md5: str) -> list[Any]:
+    """What `.verified.json` records of a verified file: its size, mtime, ctime and inode (a
+    file rewritten, or replaced and its mtime set back, has another ctime or inode; ctime
+    cannot be set back), its MD5, and the sha256 of SAMPLES blocks spread over it (read on
+    every load: a file rewritten in place within one tick of the ctime clock, or a marker
+    written by hand, does not match it)."""
+    digest = hashlib.sha256()
+    with _open_regular(path) as f:
+        for i in range(SAMPLES):
+            f.seek(max(0, st.st_size - SAMPLE_BYTES) * i // (SAMPLES - 1))
+            digest.update(f.read(SAMPLE_BYTES))
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, md5, digest.hexdigest()]
 
 
 def _write_verified(root: Path, cache: dict[str, Any]) -> None:
@@ -211,7 +217,8 @@ def _write_verified(root: Path, cache: dict[str, Any]) -> None:
 
 def verify_files(name: str, paths: dict[str, Path]) -> None:
     """Check every file of dataset `name` against its published MD5 (size first); each file is
-    hashed once and remembered by (size, mtime) in `<dir>/.verified.json`."""
+    hashed once and remembered in `<dir>/.verified.json` (`_marker`: size, mtime, ctime, inode,
+    MD5 and a sample of its bytes); a file that no longer matches its marker is hashed again."""
     if not paths:
         return
     root = next(iter(paths.values())).parent
@@ -220,9 +227,11 @@ def verify_files(name: str, paths: dict[str, Path]) -> None:
     for filename, path in paths.items():
         md5 = SOURCES[name][filename][1]
         st = _check_regular(path)
-        key = [st.st_size, st.st_mtime_ns, md5]
-        if cache.get(filename) == key:
-            continue
+        seen = cache.get(filename)
+        if isinstance(seen, list) and seen[:5] == [st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                                    st.st_ino, md5]:  # fmt: skip
+            if seen == _marker(path, st, md5):
+                continue
         size = SIZES.get(md5)
         if size is not None and st.st_size != size:
             raise DatasetError(
@@ -237,7 +246,7 @@ def verify_files(name: str, paths: dict[str, Path]) -> None:
                 "not the official file; delete it and download it again (--no-verify skips "
                 "this check)"
             )
-        cache[filename] = key
+        cache[filename] = _marker(path, st, md5)
     if cache != before:
         _write_verified(root, cache)
 
@@ -490,7 +499,7 @@ def read_members(archive: Path, wanted: dict[str, int]) -> dict[str, bytes]:
     limit = sum(wanted.values()) + (MAX_MEMBERS + 1) * (OTHER_MEMBER_MAX + 1024)
     out: dict[str, bytes] = {}
     try:
-        with gzip.open(archive, "rb") as gz:
+        with _open_regular(archive) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz:
             with tarfile.open(fileobj=_Capped(gz, limit, per_read, archive.name), mode="r:") as tar:
                 for count, info in enumerate(tar, 1):
                     if count > MAX_MEMBERS:
@@ -566,7 +575,7 @@ def _read_idx(path: Path, shape: tuple[int, ...] | None = None) -> np.ndarray:
     shape = shape or IDX_SHAPES[path.name]
     fix = "the file is damaged or not the official one; delete it and download it again"
     try:
-        with gzip.open(path, "rb") as f:
+        with _open_regular(path) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
             head = f.read(4)
             if len(head) < 4:
                 raise DatasetError(f"{path} is too short to be an idx file ({len(head)} bytes)")
@@ -763,7 +772,7 @@ def check_dataset(ds: Dataset) -> None:
 def check_available(cfg) -> None:  # type: ignore[no-untyped-def]
     """Raise DatasetError before any run starts (in the parent, before any worker process) if
     `cfg`'s dataset cannot be had offline or its files are not the official ones: each must be
-    a regular file with the published MD5 (hashed once, then cached by size and mtime). With
+    a regular file with the published MD5 (hashed once, then remembered until it changes). With
     `--no-verify` the files are parsed and checked here in full instead, and a warning says
     that they were not verified."""
     if cfg.dataset in SOURCES:

@@ -17,9 +17,16 @@ The initialisers (the same as in torch_models.py, jax_models.py, mxnet_models.py
 
 Every tensor is drawn from its own stream, seeded by (seed, crc32 of its name), so a tensor's
 values depend on the seed and its name only, not on the order in which a framework lists its
-parameters. The arrays are cached as `.npz` under `<data_dir>/init/`, keyed by (model, width,
+parameters. The arrays are cached as `.npz` under `<data_dir>/init/`, named by (model, width,
 input channels, classes, seed); `sha256` is a digest of the arrays themselves (names, dtypes,
-shapes, bytes), not of the file.
+shapes, bytes), not of the file. The name is not trusted: the file also holds its key (those
+fields and the digest of its arrays, as the zip's comment: np.load sees the arrays alone), and
+is used only if it holds exactly the arrays of the spec (read bounded, common/safe_io.py), its
+key is this configuration's, its arrays match the key's digest and no weight is non-finite or
+all zeros; otherwise it is drawn again and replaced (a file of the wrong kind or size, or with
+a member no cache has, is refused: exit 2). No
+library version is in the key: numpy's streams draw the same arrays in both environments, and
+the cache keeps every framework on the same arrays should a numpy ever draw others.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import json
 import math
+import sys
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -36,8 +46,9 @@ import numpy as np
 
 from common.config import Config
 from common.runtime import atomic_write_bytes
+from common.safe_io import Mismatch, load_npz, weights_problem
 
-VERSION = 1  # part of the cache file name: bump it when an initialiser changes
+VERSION = 2  # part of the cache file name and key: bump it when an initialiser changes
 
 # (name, shape, kind): kind is one of conv, linear_weight, linear_bias, bn_weight, bn_bias,
 # bn_mean, bn_var, bn_count.
@@ -105,6 +116,11 @@ def trainable_count(spec: Spec) -> int:
     return sum(math.prod(shape) for _, shape, kind in spec if kind in trainable)
 
 
+def state_bytes(spec: Spec) -> int:
+    """Bytes of every parameter and BN buffer of `spec` (float32; num_batches_tracked int64)."""
+    return sum(math.prod(shape) * (8 if kind == "bn_count" else 4) for _, shape, kind in spec)
+
+
 def draw(spec: Spec, seed: int) -> dict[str, np.ndarray]:
     """The initial arrays of `spec` for `seed` (float32; num_batches_tracked int64)."""
     out: dict[str, np.ndarray] = {}
@@ -158,8 +174,9 @@ def initial_state(
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The shared initial arrays of `cfg`'s model (torch names and layouts) and the record's
     `init` entry {mode, sha256, file}. Drawn once, then read from the cache (written atomically,
-    so concurrent runs may share it); a cache file that does not hold what the spec draws is
-    replaced. Callers must not modify the arrays (they are shared within the process)."""
+    so concurrent runs may share it); a cache file that is not this configuration's (see the
+    module docstring) is drawn again and replaced. Callers must not modify the arrays (they are
+    shared within the process)."""
     path = cache_path(cfg, in_channels, num_classes)
     return _initial_state(cfg.model, cfg.width, in_channels, num_classes, cfg.seed, path)
 
@@ -169,26 +186,57 @@ def _initial_state(
     model: str, width: float, in_channels: int, num_classes: int, seed: int, path: Path
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     spec = parameter_spec(model, width, in_channels, num_classes)
+    key = functools.partial(cache_key, model, width, in_channels, num_classes, seed)
     arrays: dict[str, np.ndarray] | None = None
     if path.exists():
         try:
-            with np.load(path, allow_pickle=False) as f:
-                arrays = {k: f[k] for k in f.files}
-        except (OSError, ValueError):
-            arrays = None
-        if arrays is not None and {n: tuple(s) for n, s, _ in spec} != {
-            k: tuple(v.shape) for k, v in arrays.items()
-        }:
-            arrays = None
+            arrays = read_cache(path, spec, key)
+        except (Mismatch, OSError) as exc:
+            print(f"note: init cache {path} drawn again ({exc})", file=sys.stderr)
     if arrays is None:
         arrays = draw(spec, seed)
         buf = io.BytesIO()
         np.savez(buf, **arrays)
+        with zipfile.ZipFile(buf, "a") as archive:  # the key: the archive's comment
+            archive.comment = key(digest(arrays))
         try:
             atomic_write_bytes(path, buf.getvalue())
         except OSError:
             pass  # a read-only data directory: draw again next time
     return arrays, {"mode": "shared", "sha256": digest(arrays), "file": str(path)}
+
+
+def cache_key(
+    model: str, width: float, in_channels: int, num_classes: int, seed: int, sha256: str
+) -> bytes:
+    """The key an init cache file holds (its zip comment, so that np.load sees the arrays
+    only): what it was drawn for and the digest of its arrays."""
+    fields = {"version": VERSION, "model": model, "width": width, "in_channels": in_channels,
+              "num_classes": num_classes, "seed": seed, "sha256": sha256}  # fmt: skip
+    return json.dumps(fields, sort_keys=True).encode()
+
+
+def read_cache(path: Path, spec: Spec, key: Any) -> dict[str, np.ndarray]:
+    """The arrays of init cache `path` if it is this configuration's (`key(sha256)` gives its
+    key); Mismatch when it holds anything else, ConfigError when it is no such file at all."""
+    expected: dict[str, tuple[tuple[int, ...], Any]] = {
+        name: (shape, np.int64 if kind == "bn_count" else np.float32) for name, shape, kind in spec
+    }
+    arrays, saved = load_npz(path, expected, "init cache", "delete it (it is drawn again)")
+    if saved != key(digest(arrays)):
+        try:
+            claimed = key(str(json.loads(saved)["sha256"]))
+        except (ValueError, KeyError, TypeError):
+            claimed = b""
+        if not saved:
+            raise Mismatch("it holds no key: written by hand, or by an older dp-bench")
+        if saved == claimed:  # this configuration's key, other arrays
+            raise Mismatch("its arrays are not the ones its key's sha256 names")
+        raise Mismatch(f"it was drawn for another configuration: {saved.decode(errors='replace')}")
+    why = weights_problem(arrays)
+    if why:
+        raise Mismatch(why)
+    return arrays
 
 
 def init_record(cfg: Config, in_channels: int, num_classes: int) -> dict[str, Any]:

@@ -13,8 +13,10 @@ behave the same wherever the framework is not the reason:
 - `should_log`: `--log-every N` counts the global step (the step number since the run began,
   resumed runs included) in every trainer.
 - `checkpoint_meta` / `restore_meta`: what every checkpoint holds besides the framework's
-  tensors (epoch, step, the recorder's state, the config), and `check_resume`: a checkpoint of
-  another run (other hyper-parameters, or past `--epochs`) is refused with one line.
+  tensors (its format, epoch, step, the recorder's state, the config, how the run executed),
+  and `check_resume`: a checkpoint of another run (other settings, device count, device kind,
+  library versions), past `--epochs`, or whose counters disagree with its record, is refused
+  with one line. Checkpoint files are opened bounded (`open_checkpoint`, common/safe_io.py).
 - `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir` (an exclusive flock held for
   the whole process); a second is refused with one line.
 - SIGTERM / SIGINT (a cancelled job, Ctrl-C) raise `Interrupted` in the main thread: the record
@@ -39,15 +41,17 @@ from typing import Any
 import numpy as np
 
 from common import cli, devices, tensorboard
-from common.config import Config, ConfigError, check_same_run
+from common.config import Config, ConfigError, check_same_run, data_dims
 from common.datasets import DatasetError
-from common.results import RunRecorder
+from common.init import parameter_spec, state_bytes
+from common.results import RunRecorder, versions
 from common.runtime import (
     atomic_write_bytes,
     remove_stale_temp_files,
     stop_with_harness,
     unwritable,
 )
+from common.safe_io import open_regular, read_regular, regular_file, weights_problem
 
 BAD_INPUT = (ConfigError, DatasetError)
 
@@ -278,9 +282,12 @@ def keep_measured_epochs(recorder: RunRecorder, reraise: bool = False) -> Iterat
     so far (the record is still written). `reraise` for a rank of a multi-process job, which
     must exit so that the launcher stops the others (they would wait in a collective): the
     record is written first and RunFailed raised. An interruption (SIGTERM, SIGINT) writes the
-    record as "interrupted" and goes on up to `run_main`."""
+    record as "interrupted" and goes on up to `run_main`, as does bad input found on the way (a
+    cache file that is a FIFO, say: one line, exit 2, no record)."""
     try:
         yield
+    except BAD_INPUT:
+        raise
     except Interrupted as exc:
         recorder.interrupt(str(exc))
         recorder.finish()
@@ -299,15 +306,129 @@ def should_log(cfg: Config, step: int) -> bool:
     return cfg.log_every > 0 and step % cfg.log_every == 0
 
 
+CHECKPOINT_FORMAT = 2  # what checkpoint_meta writes; a checkpoint without it predates the checks
+CHECKPOINT_FIX = "delete it or drop --resume"
+
+
 def checkpoint_meta(cfg: Config, recorder: RunRecorder, epoch: int, step: int) -> dict[str, Any]:
     """What every checkpoint holds besides the framework's tensors, after `epoch` (0-based)."""
-    return {"epoch": epoch + 1, "step": step, "recorder": recorder.state(), "config": cfg.to_dict()}
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "epoch": epoch + 1,
+        "step": step,
+        "recorder": recorder.state(),
+        "config": cfg.to_dict(),
+        "run": run_binding(recorder),
+    }
 
 
-def restore_meta(meta: dict[str, Any], recorder: RunRecorder) -> tuple[int, int]:
-    """Restore the recorder from checkpoint metadata; return (epoch to continue from, step)."""
+def run_binding(recorder: RunRecorder) -> dict[str, Any]:
+    """How a run executes beyond its config, as its record says (JSON-plain): devices and their
+    kind, the execution mode, float32 precision, where batches are made, threads, the versions
+    of Python, numpy and the framework. A resume that would execute otherwise is refused: its
+    timings (and, for some, its results) would not be the same run's."""
+    threads = recorder.threads or {}
+    return {
+        "devices": recorder.devices,
+        "device kind": recorder.device_kind,
+        "execution": recorder.execution,
+        "float32 precision": recorder.float32_precision,
+        "pipeline": recorder.pipeline,
+        "threads": [threads.get("total"), threads.get("per_device")],
+        "versions": versions(recorder.packages),
+    }
+
+
+def restore_meta(meta: dict[str, Any], recorder: RunRecorder, path: Path) -> tuple[int, int]:
+    """Check the metadata of checkpoint `path` against this run (`check_meta`, and
+    `run_binding`: the same devices, versions, execution), restore the recorder from it;
+    return (epoch to continue from, step)."""
+    where = f"checkpoint {path}"
+    check_meta(recorder.cfg, meta, where)
+    now, saved = run_binding(recorder), meta.get("run")
+    saved = saved if isinstance(saved, dict) else {}
+    diff = [f"{k} {saved.get(k)!r} (now {v!r})" for k, v in now.items() if saved.get(k) != v]
+    if diff:
+        raise ConfigError(
+            f"{where} is from another run: {'; '.join(diff)}; resume where it was made, or use "
+            "a new --checkpoint-dir"
+        )
     recorder.load_state(meta["recorder"])
     return int(meta["epoch"]), int(meta["step"])
+
+
+def check_meta(cfg: Config, meta: Any, where: str) -> None:
+    """Checkpoint metadata that belongs to this run: the current format, the same settings
+    (check_same_run), an epoch counter in 0..--epochs that agrees with the record's rows
+    (numbered 1..epoch) and a step counter that agrees with their steps. ConfigError (one line)
+    otherwise."""
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        got = f"format {meta['format']!r}" if isinstance(meta, dict) and "format" in meta else None
+        raise ConfigError(
+            f"{where} has {got or 'no format'}, not checkpoint format {CHECKPOINT_FORMAT} (written "
+            "by another version of dp-bench, or not a checkpoint); use a new --checkpoint-dir"
+        )
+    if not isinstance(meta.get("config"), dict):
+        raise ConfigError(f"{where} holds no run configuration; {CHECKPOINT_FIX}")
+    epoch, step, record = meta.get("epoch"), meta.get("step"), meta.get("recorder")
+    if type(epoch) is not int or not 0 <= epoch <= cfg.epochs:
+        if type(epoch) is int and epoch > cfg.epochs:
+            raise ConfigError(
+                f"{where} is after epoch {epoch} but --epochs is {cfg.epochs}; resume with "
+                f"--epochs {epoch} or more, or use a new --checkpoint-dir"
+            )
+        raise ConfigError(
+            f"{where}: its epoch counter {epoch!r} is outside 0..{cfg.epochs}; {CHECKPOINT_FIX}"
+        )
+    check_same_run(meta["config"], cfg, where.removeprefix("checkpoint "))
+    rows = record.get("epochs") if isinstance(record, dict) else None
+    rows = rows if isinstance(rows, list) and all(isinstance(r, dict) for r in rows) else []
+    numbers = [r.get("epoch") for r in rows]
+    if numbers != list(range(1, epoch + 1)):
+        raise ConfigError(
+            f"{where}: its epoch counter {epoch} disagrees with the epochs its record holds "
+            f"({', '.join(map(str, numbers[:8])) or 'none'}): edited or damaged; {CHECKPOINT_FIX}"
+        )
+    images = [r.get("images") for r in rows]
+    steps = sum(n // cfg.batch_size for n in images if type(n) is int)
+    if type(step) is not int or step != steps or any(type(n) is not int for n in images):
+        raise ConfigError(
+            f"{where}: its step counter {step!r} disagrees with the {steps} steps of its "
+            f"{epoch} epochs: edited or damaged; {CHECKPOINT_FIX}"
+        )
+
+
+def checkpoint_limit(cfg: Config) -> int:
+    """The most bytes one checkpoint file of `cfg` can need: the weights and BN statistics, an
+    optimiser state of at most twice as much (SGD's momentum; NovoGrad's moments), the
+    framework's framing and the metadata (a record row per epoch, the config)."""
+    weights = state_bytes(parameter_spec(cfg.model, cfg.width, *data_dims(cfg)))
+    return 4 * weights + (16 << 20) + cfg.epochs * (4 << 10)
+
+
+def open_checkpoint(path: Path, limit: int | None) -> Any:
+    """A checkpoint file open for reading: a regular file of at most `limit` bytes (None: as
+    checked before, `check_resume`), else one line (common/safe_io.py)."""
+    return open_regular(path, limit, "checkpoint", CHECKPOINT_FIX)
+
+
+def read_checkpoint(path: Path, limit: int | None) -> bytes:
+    """The bytes of a checkpoint file (`open_checkpoint`)."""
+    return read_regular(path, limit, "checkpoint", CHECKPOINT_FIX)
+
+
+def check_checkpoint_file(path: Path, limit: int | None) -> None:
+    """A file a checkpoint names (MXNet's weights and optimiser states) is a regular file of at
+    most `limit` bytes, checked before the framework opens it by name."""
+    regular_file(path, limit, "checkpoint", CHECKPOINT_FIX)
+
+
+def check_weights(arrays: dict[str, Any], path: Path) -> None:
+    """A checkpoint's weights (numpy, any framework's names and layouts) as training leaves
+    them: finite, no weight tensor all zeros (common/safe_io.weights_problem)."""
+    why = weights_problem(arrays)
+    if why:
+        raise ConfigError(f"checkpoint {path} cannot be a trained model: {why}; {CHECKPOINT_FIX}")
 
 
 def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
@@ -359,20 +480,17 @@ def reading_checkpoint(path: Path) -> Iterator[None]:
         ) from None
 
 
-def check_resume(cfg: Config, path: Path, read_meta: Callable[[Path], dict[str, Any]]) -> None:
-    """Refuse to resume from checkpoint `path` of a different run, or one already past
-    `--epochs` (one clear error). `read_meta(path)` returns the metadata saved in it
-    (`checkpoint_meta`: config, epoch; the framework knows the format)."""
+def check_resume(
+    cfg: Config, path: Path, read_meta: Callable[[Path, int | None], dict[str, Any]]
+) -> None:
+    """Refuse to resume from checkpoint `path` unless it belongs to this run (`check_meta`:
+    format, settings, counters; one clear error). `path` must be a regular file no larger than
+    the configuration can need; `read_meta(path, limit)` returns the metadata saved in it
+    (`checkpoint_meta`; the framework knows the format)."""
     if not (cfg.resume and path.exists()):
         return
+    limit = checkpoint_limit(cfg)
+    regular_file(path, limit, "checkpoint", CHECKPOINT_FIX)  # a FIFO would block the read
     with reading_checkpoint(path):
-        meta = read_meta(path)
-        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-            raise ValueError("no run configuration in it")
-        saved, done = meta["config"], int(meta["epoch"])
-    if done > cfg.epochs:
-        raise ConfigError(
-            f"checkpoint {path} is after epoch {done} but --epochs is {cfg.epochs}; resume "
-            f"with --epochs {done} or more, or use a new --checkpoint-dir"
-        )
-    check_same_run(saved, cfg, str(path))
+        meta = read_meta(path, limit)
+    check_meta(cfg, meta, f"checkpoint {path}")

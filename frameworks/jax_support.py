@@ -47,12 +47,17 @@ from common.runtime import (
     xla_cpu_execution,
     xla_cpu_ynn_wanted,
 )
+from common.safe_io import read_regular
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from common.trainer import (
+    CHECKPOINT_FIX,
     check_resume,
+    check_weights,
+    checkpoint_limit,
     checkpoint_meta,
     first_line,
+    read_checkpoint,
     reading_checkpoint,
     restore_meta,
 )
@@ -214,19 +219,43 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
 def load_checkpoint(
     cfg: Config, state: TrainState, recorder: RunRecorder
 ) -> tuple[TrainState, int]:
-    """Restore the latest checkpoint (msgpack holds arrays and plain values only) into the host
-    template `state`; return the host state (the trainer replicates it) and the epoch to
-    continue from."""
-    with reading_checkpoint(checkpoint_path(cfg)):  # corrupt or foreign: one line, exit 2
-        ckpt = serialization.msgpack_restore(checkpoint_path(cfg).read_bytes())
+    """Restore the latest checkpoint (msgpack holds arrays and plain values only; the file read
+    bounded) into the host template `state`; return the host state (the trainer replicates it)
+    and the epoch to continue from. Refused (one line): another run's metadata, arrays of other
+    shapes or dtypes than the template's, weights no training leaves, a step counter that is
+    not the optimiser's."""
+    path = checkpoint_path(cfg)
+    with reading_checkpoint(path):  # corrupt or foreign: one line, exit 2
+        ckpt = serialization.msgpack_restore(read_checkpoint(path, checkpoint_limit(cfg)))
         restored = serialization.from_state_dict(state, ckpt["state"])
-        if jax.tree.map(np.shape, restored) != jax.tree.map(np.shape, state):
+        want, got = leaf_types(state), leaf_types(restored)
+        for name in want:
+            if got.get(name) != want[name]:
+                kind, shape = got.get(name, ("nothing", ()))
+                raise ConfigError(
+                    f"checkpoint {path}: {name} is {kind}{list(shape)} where this model has "
+                    f"{want[name][0]}{list(want[name][1])}; {CHECKPOINT_FIX}"
+                )
+        weights = {**traverse_util.flatten_dict(restored.params, sep="/"),
+                   **traverse_util.flatten_dict(restored.batch_stats or {}, sep="/")}  # fmt: skip
+        check_weights({k: np.asarray(v) for k, v in weights.items()}, path)
+        epoch, step = restore_meta(json.loads(ckpt["meta"]), recorder, path)
+        if int(restored.step) != step:
             raise ConfigError(
-                f"checkpoint {checkpoint_path(cfg)} holds other shapes than this "
-                "model; resume with the same settings or use a new --checkpoint-dir"
+                f"checkpoint {path}: its step counter {step} is not its optimiser's "
+                f"({int(restored.step)}): edited or damaged; {CHECKPOINT_FIX}"
             )
-        epoch, _ = restore_meta(json.loads(ckpt["meta"]), recorder)
     return restored, epoch
+
+
+def leaf_types(tree: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{path: (dtype, shape)} of every array of a state (flax's checkpoint restores any dtype
+    into the template: a float16 or int32 parameter would train, or fail inside the step)."""
+    return {
+        jax.tree_util.keystr(p): (np.dtype(getattr(x, "dtype", None) or np.asarray(x).dtype).name,
+                                  tuple(np.shape(x)))
+        for p, x in jax.tree_util.tree_leaves_with_path(tree)
+    }  # fmt: skip
 
 
 def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
@@ -246,9 +275,10 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return out
 
 
-def checkpoint_meta_of(path: Path) -> dict[str, Any]:
-    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume)."""
-    return json.loads(serialization.msgpack_restore(path.read_bytes())["meta"])
+def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
+    the file read bounded: at most `limit` bytes."""
+    return json.loads(serialization.msgpack_restore(read_checkpoint(path, limit))["meta"])
 
 
 # -- devices ------------------------------------------------------------------------------------
@@ -417,7 +447,11 @@ NOT_IN_STEP = frozenset(
     }
 )
 STEP_CACHE_FILES = 64  # exported steps kept per cache directory (100 KB-1 MB each), newest first
-STEP_FILE_MAGIC = b"dp-bench exported step 1\n"  # then the payload's sha256, then the payload
+# An exported step's file: the magic line, the key it was stored under (a line), the sha256 of
+# key and payload, the payload. The key inside binds the file to its configuration: a file
+# copied under another configuration's name is intact but not that configuration's step.
+STEP_FILE_MAGIC = b"dp-bench exported step 2\n"
+STEP_FILE_MAX = 64 << 20  # the program (100 KB-1 MB measured) beside its LR table's bytes
 
 
 def cached_step(
@@ -459,7 +493,7 @@ def cached_step(
         leaves, treedef = jax.tree.flatten(state)  # the state's functions stay out of the file
         path = folder / f"train_step-{step_key(cfg, table, (leaves, batch))}.jaxexport"
         start = time.perf_counter()
-        exported = load_exported(path, (leaves, batch))
+        exported = load_exported(path, (leaves, batch), STEP_FILE_MAX + 2 * table.nbytes)
         meter.sec += time.perf_counter() - start  # a load is part of what compiling costs
         if exported is None:  # trace and lower once, here (the meter counts both)
             exported = jax.export.export(jax.jit(flat_step))(leaves, batch)
@@ -481,6 +515,8 @@ def cached_step(
             try:  # the first execution compiles: a failure there falls back too
                 call = first_call(state, batch)
                 return run(state, batch)
+            except ConfigError:
+                raise  # a cache file that is no file (a FIFO, a device) or too large: exit 2
             except Exception as exc:  # the cache must never cost a run: trace as without it
                 if any(x.is_deleted() for x in jax.tree.leaves(state)):
                     raise  # the step ran on donated buffers and failed: not the cache's doing
@@ -544,18 +580,27 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
-def load_exported(path: Path, args: Any) -> jax.export.Exported | None:
-    """The exported step stored at `path`, or None: missing, damaged (removed), or not for
-    `args`."""
+def load_exported(path: Path, args: Any, limit: int = STEP_FILE_MAX) -> jax.export.Exported | None:
+    """The exported step stored at `path` (`train_step-<key>.jaxexport`), or None: missing,
+    damaged or stored under another key (removed: traced again and replaced), or not for
+    `args`. A file that is no regular file or is larger than `limit` is refused (ConfigError)."""
+    key = path.stem.removeprefix("train_step-").encode()
     try:
-        data = path.read_bytes()
-        n = len(STEP_FILE_MAGIC)
-        head, digest, payload = data[:n], data[n : n + 32], data[n + 32 :]
-        if head != STEP_FILE_MAGIC or hashlib.sha256(payload).digest() != digest:
+        data = read_regular(path, limit, "exported train step", "delete it (it is traced again)")
+        head, _, rest = data.partition(b"\n")
+        stored, _, rest = rest.partition(b"\n")
+        digest, payload = rest[:32], rest[32:]
+        if head + b"\n" != STEP_FILE_MAGIC or hashlib.sha256(stored + payload).digest() != digest:
             raise ValueError("not a dp-bench exported step, or damaged")
+        if stored != key:
+            raise ValueError(
+                f"its key {stored[:64].decode('ascii', 'replace')} is another configuration's"
+            )
         exported = jax.export.deserialize(bytearray(payload))
     except FileNotFoundError:
         return None
+    except ConfigError:
+        raise
     except Exception as exc:  # a damaged or foreign file: traced again and replaced
         print(f"note: ignoring the exported step {path} ({first_line(exc)})", file=sys.stderr)
         with contextlib.suppress(OSError):
@@ -570,14 +615,16 @@ def load_exported(path: Path, args: Any) -> jax.export.Exported | None:
 
 
 def store_exported(path: Path, exported: jax.export.Exported) -> None:
-    """Write the exported step atomically (concurrent runs may write the same file), with a
-    checksum, and keep the STEP_CACHE_FILES most recently used. A failed write costs only the
-    next run's trace."""
+    """Write the exported step atomically (concurrent runs may write the same file), with its
+    key and a checksum, and keep the STEP_CACHE_FILES most recently used. A failed write costs
+    only the next run's trace."""
     try:
         payload = exported.serialize()
+        key = path.stem.removeprefix("train_step-").encode()
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temp_files(path.parent, "train_step-")  # writers killed mid-write
-        atomic_write_bytes(path, STEP_FILE_MAGIC + hashlib.sha256(payload).digest() + payload)
+        digest = hashlib.sha256(key + payload).digest()
+        atomic_write_bytes(path, STEP_FILE_MAGIC + key + b"\n" + digest + payload)
         files = sorted(path.parent.glob("*.jaxexport"), key=mtime, reverse=True)
         for old in files[STEP_CACHE_FILES:]:
             old.unlink(missing_ok=True)

@@ -34,7 +34,15 @@ from common.pipeline import TrainLoader
 from common.results import RunRecorder, write_json_atomic
 from common.runtime import atomic_write_with
 from common.timing import PhaseTimer
-from common.trainer import checkpoint_meta, reading_checkpoint, restore_meta
+from common.trainer import (
+    check_checkpoint_file,
+    check_weights,
+    checkpoint_limit,
+    checkpoint_meta,
+    read_checkpoint,
+    reading_checkpoint,
+    restore_meta,
+)
 from frameworks.mxnet_models import structural_params, torch_key
 
 
@@ -340,17 +348,33 @@ def load_checkpoint(
     cfg: Config, state: TrainState, recorder: RunRecorder
 ) -> tuple[TrainState, int]:
     """Restore the latest checkpoint into every context; return the state and the epoch to
-    continue from. A corrupt or foreign file is bad input (one line, exit 2)."""
-    index = checkpoint_path(cfg)
+    continue from. A corrupt or foreign file is bad input (one line, exit 2), as are another
+    run's metadata, weights of other shapes or dtypes (Gluon's load_parameters refuses them)
+    and weights no training leaves; every file is read bounded."""
+    index, limit = checkpoint_path(cfg), checkpoint_limit(cfg)
     with reading_checkpoint(index):
-        ckpt = json.loads(index.read_text())
-        state.model.load_parameters(str(index.with_name(ckpt["params"])), ctx=state.ctx)
-        states = mx.nd.load(str(index.with_name(ckpt["states"])))
+        ckpt = json.loads(read_checkpoint(index, limit))
+        epoch, state.step = restore_meta(ckpt, recorder, index)
+        params, states_file = (named_file(index, ckpt, key, limit) for key in ("params", "states"))
+        state.model.load_parameters(str(params), ctx=state.ctx)
+        weights = structural_params(state.model)
+        check_weights({n: p.data(state.ctx[0]).asnumpy() for n, p in weights.items()}, index)
+        states = mx.nd.load(str(states_file))
         if not isinstance(states, dict):
             raise ValueError("the optimiser states are not named arrays")
         load_optimizer_arrays(state.trainer, state.model, states)
-        epoch, state.step = restore_meta(ckpt, recorder)
     return state, epoch
+
+
+def named_file(index: Path, ckpt: Any, key: str, limit: int | None) -> Path:
+    """The weights or optimiser file a checkpoint's index names: beside the index, a regular
+    file of at most `limit` bytes (MXNet opens it by name)."""
+    name = Path(str(ckpt[key]))
+    if name.name != str(name):
+        raise ValueError(f"{key} file {name} is not beside the index")
+    path = index.with_name(name.name)
+    check_checkpoint_file(path, limit)
+    return path
 
 
 def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
@@ -360,14 +384,11 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return {torch_key(n): p.data(state.ctx[0]).asnumpy() for n, p in params.items()}
 
 
-def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
     """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
     the weights and optimiser files it names must parse too, so that a corrupt one is refused
-    before the run."""
-    ckpt = json.loads(path.read_text())
+    before the run. Every file read bounded: at most `limit` bytes."""
+    ckpt = json.loads(read_checkpoint(path, limit))
     for key in ("params", "states"):
-        name = Path(str(ckpt[key]))
-        if name.name != str(name):
-            raise ValueError(f"{key} file {name} is not beside the index")
-        mx.nd.load(str(path.with_name(name.name)))
+        mx.nd.load(str(named_file(path, ckpt, key, limit)))
     return ckpt

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -26,7 +26,15 @@ from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.runtime import atomic_write_bytes
 from common.timing import PhaseTimer
-from common.trainer import checkpoint_meta, reading_checkpoint, restore_meta
+from common.trainer import (
+    CHECKPOINT_FIX,
+    check_weights,
+    checkpoint_limit,
+    checkpoint_meta,
+    open_checkpoint,
+    reading_checkpoint,
+    restore_meta,
+)
 from frameworks.torch_models import decay_parameters
 
 
@@ -348,15 +356,34 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
 def load_checkpoint(
     cfg: Config, state: TrainState, recorder: RunRecorder
 ) -> tuple[TrainState, int]:
-    """Restore the latest checkpoint (tensors and plain containers only: weights_only=True);
-    return the state and the epoch to continue from."""
-    with reading_checkpoint(checkpoint_path(cfg)):  # corrupt or foreign: one line, exit 2
-        ckpt = load_tensors(checkpoint_path(cfg), state.device)
-        state.module.load_state_dict(ckpt["model"])
+    """Restore the latest checkpoint (tensors and plain containers only: weights_only=True; the
+    file read bounded); return the state and the epoch to continue from. Refused (one line):
+    another run's metadata, tensors of other dtypes or shapes than the model's (load_state_dict
+    would cast them), weights no training leaves."""
+    path = checkpoint_path(cfg)
+    with reading_checkpoint(path):  # corrupt or foreign: one line, exit 2
+        with open_checkpoint(path, checkpoint_limit(cfg)) as f:
+            ckpt = load_tensors(f, state.device)
+        epoch, step = restore_meta(ckpt, recorder, path)
+        weights = ckpt["model"]
+        for name, want in state.module.state_dict().items():
+            got = weights.get(name)
+            if tensor_type(got) != tensor_type(want):
+                raise ConfigError(
+                    f"checkpoint {path}: {name} is {tensor_type(got)} where this model has "
+                    f"{tensor_type(want)}; {CHECKPOINT_FIX}"
+                )
+        check_weights({k: v.detach().cpu().numpy() for k, v in weights.items()}, path)
+        state.module.load_state_dict(weights)
         state.optimizer.load_state_dict(ckpt["optimizer"])
         state.scaler.load_state_dict(ckpt["scaler"])
-        epoch, state.step = restore_meta(ckpt, recorder)
+        state.step = step
     return state, epoch
+
+
+def tensor_type(t: Any) -> str:
+    """dtype and shape, for comparing a checkpoint's tensor with the model's ("nothing": none)."""
+    return f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else "nothing"
 
 
 def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
@@ -364,12 +391,14 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() for k, v in state.module.state_dict().items()}
 
 
-def checkpoint_meta_of(path: Path) -> dict[str, Any]:
-    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume)."""
-    return load_tensors(path, "cpu")
+def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
+    the file read bounded: at most `limit` bytes."""
+    with open_checkpoint(path, limit) as f:
+        return load_tensors(f, "cpu")
 
 
-def load_tensors(path: Path, device: Any) -> Any:
+def load_tensors(path: Path | IO[bytes], device: Any) -> Any:
     """torch.load of tensors and plain containers only (weights_only=True: nothing in the file
     can run code). torch's refusal of anything else is several lines that end in the advice to
     load with weights_only=False; it becomes one ValueError naming what was found instead."""

@@ -426,7 +426,14 @@ def test_default_plan_is_every_framework_at_1_and_2_on_digits(
     no_probe: None, tmp_path: Path
 ) -> None:
     plan = compare.make_plan(["--out", str(tmp_path / "out")])
-    assert plan.frameworks == ["torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "mxnet-gluon"]
+    assert plan.frameworks == [
+        "torch-dp",
+        "torch-ddp",
+        "jax-pmap",
+        "jax-shard",
+        "jax-shardmap",
+        "mxnet-gluon",
+    ]
     assert plan.counts == [1, 2] and plan.base.preset == "digits" and plan.base.width == 0.25
     assert plan.scaling == "strong" and plan.expected_kind == "cpu-simulated"
     # torch-dp without CUDA: only the 1-device cell, and the table says why

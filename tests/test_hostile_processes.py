@@ -333,8 +333,14 @@ def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(tmp_path):
         with os.fdopen(read) as f:
             return tuple(json.loads(f.read()))
 
+    # What the child must get back: the handlers from before, whatever they are. From a
+    # terminal, SIG_DFL and Python's default_int_handler; in a background job of a
+    # non-interactive shell (`(bash scripts/test.sh &)`) SIGINT comes ignored, and the child
+    # keeps it ignored as its shell meant.
+    before = tuple(repr(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGINT))
+    assert "_raise_interrupted" not in str(before)
     with interruptible():
-        assert child_handlers() == (repr(signal.SIG_DFL), repr(signal.default_int_handler))
+        assert child_handlers() == before
         # A real pool: its terminate() ends a worker idle in the task queue, and returns.
         pool = multiprocessing.get_context("fork").Pool(2)
         assert pool.apply(os.getpid) != os.getpid()
@@ -381,16 +387,17 @@ def test_a_second_run_on_a_locked_checkpoint_dir_is_refused(tmp_path, monkeypatc
 
 
 def test_resume_refuses_other_hyper_parameters_and_fewer_epochs(tmp_path):
-    from common.trainer import check_resume
+    from common.trainer import CHECKPOINT_FORMAT, check_resume
 
     ck = tmp_path / "ck.pt"
     ck.write_text("")
     base = preset("smoke", checkpoint_dir=str(tmp_path), resume=True, epochs=4)
     saved = json.loads(json.dumps(base.to_dict()))  # as a JSON checkpoint keeps it: lists
-    meta = {"config": saved, "epoch": 2}
-    check_resume(base, ck, lambda p: meta)  # the same run (tuples saved as lists): accepted
-    check_resume(base.replace(epochs=7), ck, lambda p: meta)  # constant schedule: may grow
-    check_resume(base.replace(gpus=2), ck, lambda p: meta)  # another device count: allowed
+    rows = [{"epoch": e, "images": 96} for e in (1, 2)]  # 4 steps of 24 per epoch
+    meta = {"format": CHECKPOINT_FORMAT, "config": saved, "epoch": 2, "step": 8,
+            "recorder": {"epochs": rows}}  # fmt: skip
+    check_resume(base, ck, lambda p, limit: meta)  # the same run (tuples as lists): accepted
+    check_resume(base.replace(epochs=7), ck, lambda p, limit: meta)  # constant: may grow
     for change, flag in [
         (dict(lr=0.5), "--lr 0.05 (now 0.5)"),
         (dict(momentum=0.0), "--momentum"),
@@ -400,18 +407,22 @@ def test_resume_refuses_other_hyper_parameters_and_fewer_epochs(tmp_path):
         (dict(label_smoothing=0.1), "--label-smoothing"),
         (dict(max_steps_per_epoch=1), "--max-steps-per-epoch"),
         (dict(batch_size=48, lr_base_batch=48), "--batch-size"),
+        (dict(gpus=2), "--gpus 1 (now 2)"),  # the record would mix two device counts' timings
+        (dict(precision="bf16"), "--precision"),
+        (dict(prefetch=3), "--prefetch"),
+        (dict(framework="jax-shard"), "--framework"),
     ]:
         with pytest.raises(ConfigError, match=f"is from another run: .*{re.escape(flag)}"):
-            check_resume(base.replace(**change), ck, lambda p: meta)
+            check_resume(base.replace(**change), ck, lambda p, limit: meta)
     with pytest.raises(
         ConfigError, match="after epoch 2 but --epochs is 1; resume with --epochs 2"
     ):
-        check_resume(base.replace(epochs=1), ck, lambda p: meta)
+        check_resume(base.replace(epochs=1), ck, lambda p, limit: meta)
     cosine = base.replace(lr_schedule="cosine")
-    cos_meta = {"config": {**saved, "lr_schedule": "cosine"}, "epoch": 2}
-    check_resume(cosine, ck, lambda p: cos_meta)
+    cos_meta = {**meta, "config": {**saved, "lr_schedule": "cosine"}}
+    check_resume(cosine, ck, lambda p, limit: cos_meta)
     with pytest.raises(ConfigError, match="--epochs 4 \\(now 6\\)"):  # cosine spans --epochs
-        check_resume(cosine.replace(epochs=6), ck, lambda p: cos_meta)
+        check_resume(cosine.replace(epochs=6), ck, lambda p, limit: cos_meta)
 
 
 def test_a_resumed_record_is_true(tmp_path, capsys):

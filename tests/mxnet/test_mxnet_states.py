@@ -5,6 +5,7 @@ refused. Kill-and-resume of the whole trainer: tests/test_trainer_contract.py.""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -24,8 +25,13 @@ def make_state(cfg, n: int) -> G.TrainState:
     return G.create_train_state(cfg, model, [mx.cpu(i) for i in range(n)], steps_per_epoch=4)
 
 
-def recorder(cfg) -> RunRecorder:
-    return RunRecorder(cfg, devices=cfg.gpus, device_kind="cpu", params=0, is_main=False)
+def recorder(cfg, steps: tuple[int, ...] = ()) -> RunRecorder:
+    """A recorder with one row per epoch of `steps` (that epoch's steps): what a checkpoint
+    after those epochs holds, counters included (common.trainer.check_meta)."""
+    rec = RunRecorder(cfg, devices=cfg.gpus, device_kind="cpu", params=0, is_main=False)
+    for epoch, n in enumerate(steps):
+        rec.end_epoch(epoch, 1.0, n * cfg.batch_size, 2.3, 1, 10, 23.0)
+    return rec
 
 
 def batch(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -50,7 +56,7 @@ def test_states_round_trip_bit_exactly_without_pickle(tmp_path: Path, optimizer:
     for seed in (1, 2):  # momentum buffers and TorchSGD's previous LR are now non-trivial
         a, _ = G.train_step(a, G.to_device(batch(seed), a))
     G.sync_batch_stats(a)  # as the trainer does at the end of an epoch, before its checkpoint
-    save_checkpoint(cfg, a, recorder(cfg), epoch=0)
+    save_checkpoint(cfg, a, recorder(cfg, (2,)), epoch=0)
     index = checkpoint_path(cfg)
     states_file = next(index.parent.glob("*.states"))
     assert not states_file.read_bytes().startswith(b"\x80")  # not a pickle (protocol 2+)
@@ -97,7 +103,7 @@ def test_a_planted_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
     )
     state = make_state(cfg, 1)
     state, _ = G.train_step(state, G.to_device(batch(1), state))
-    save_checkpoint(cfg, state, recorder(cfg), epoch=1)
+    save_checkpoint(cfg, state, recorder(cfg, (0, 1)), epoch=1)
     states_file = next(checkpoint_path(cfg).parent.glob("*.states"))
     marker = tmp_path / "pwned"
     states_file.write_bytes(pickle.dumps(Payload(marker)))
@@ -116,12 +122,15 @@ def test_states_of_another_model_are_refused(tmp_path: Path) -> None:
     )
     state = make_state(wide, 1)
     state, _ = G.train_step(state, G.to_device(batch(1), state))
-    save_checkpoint(wide, state, recorder(wide), epoch=0)
-    # Same index and weights file names, this model's parameters but the other's states.
+    save_checkpoint(wide, state, recorder(wide, (1,)), epoch=0)
+    # Same index and weights file names, this model's parameters and config but the other's
+    # states.
     narrow = wide.replace(width=0.125)
     other = make_state(narrow, 1)
     other, _ = G.train_step(other, G.to_device(batch(1), other))
     params = next(tmp_path.glob("*.params"))
     other.model.save_parameters(str(params))
+    index = json.loads(checkpoint_path(narrow).read_text())
+    checkpoint_path(narrow).write_text(json.dumps({**index, "config": narrow.to_dict()}))
     with pytest.raises(ConfigError, match="optimiser state"):
         load_checkpoint(narrow, make_state(narrow, 1), recorder(narrow))
