@@ -105,9 +105,10 @@ def test_same_seed_same_losses() -> None:
     assert max_diff(a.params, b.params) == 0.0
 
 
+@pytest.mark.parametrize("framework", sorted(MODULES))
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_evaluation_counts_every_test_image_once(n: int) -> None:
-    got = evaluated("jax-pmap", n)
+def test_evaluation_counts_every_test_image_once(framework: str, n: int) -> None:
+    got = evaluated(framework, n)  # jax-shard, jax-shardmap: their own transforms and meshes
     want = evaluated("jax-pmap", 1)
     assert got["count"] == 10  # 4 + 4 + 2 images, padded to 4 / 4 / 6 rows: padding weighs 0
     assert got["correct"] == want["correct"]
