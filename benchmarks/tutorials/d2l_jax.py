@@ -44,10 +44,11 @@ from benchmarks.tutorials.record import (
     TutorialRecorder,
     failure_recorder,
     refuse_options,
+    tutorial_steps,
 )
-from common.config import Config, ConfigError
+from common.config import Config
 from common.datasets import Dataset, load_for
-from common.pipeline import Normalizer, epoch_permutation, steps_per_epoch
+from common.pipeline import Normalizer, epoch_permutation
 from common.trainer import keep_measured_epochs, run_main
 from frameworks.jax_models import initial_variables
 from frameworks.jax_pmap import build_model
@@ -186,10 +187,7 @@ def check_supported(cfg: Config) -> None:
 def train(cfg: Config) -> dict:
     """The tutorial's train(num_devices, batch_size, lr) on our data, model and config."""
     ds = load_for(cfg)
-    try:
-        steps = steps_per_epoch(len(ds.train_x), cfg.batch_size, cfg.max_steps_per_epoch)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    steps = tutorial_steps(cfg, len(ds.train_x))  # a batch larger than the data: one line
     devices, kind = select_devices(cfg.gpus)  # the first device query: JAX's backend starts
     set_float32_precision(cfg, devices[0].platform)  # as jax-pmap (see DEVIATIONS)
     num_devices = len(devices)

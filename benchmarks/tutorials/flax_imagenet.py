@@ -61,10 +61,11 @@ from benchmarks.tutorials.record import (
     TutorialRecorder,
     failure_recorder,
     refuse_options,
+    tutorial_steps,
 )
 from common.config import Config, ConfigError
 from common.datasets import Dataset, load_for
-from common.pipeline import Normalizer, Prefetcher, epoch_permutation, steps_per_epoch
+from common.pipeline import Normalizer, Prefetcher, epoch_permutation
 from common.runtime import printer
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
@@ -251,10 +252,7 @@ def check_supported(cfg: Config) -> None:
 def train(cfg: Config) -> dict:
     """The example's train_and_evaluate on our work; returns the tutorial record."""
     ds = load_for(cfg)
-    try:
-        steps = steps_per_epoch(len(ds.train_x), cfg.batch_size, cfg.max_steps_per_epoch)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    steps = tutorial_steps(cfg, len(ds.train_x))  # a batch larger than the data: one line
     steps_per_eval = len(ds.test_x) // cfg.batch_size  # the example's steps_per_eval = -1
     if steps_per_eval < 1:
         raise ConfigError(

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from common.config import Config, ConfigError
 from common.datasets import Dataset, check_available
 from common.init import init_record
+from common.pipeline import steps_per_epoch
 from common.results import RunRecorder
 from common.trainer import process_rank
 
@@ -125,6 +126,15 @@ def failure_recorder(
         rec.finish()
 
     return write
+
+
+def tutorial_steps(cfg: Config, n_train: int) -> int:
+    """Training steps per epoch of a tutorial loop (common.pipeline.steps_per_epoch); a global
+    batch larger than the training set is one line (ConfigError), not a traceback."""
+    try:
+        return steps_per_epoch(n_train, cfg.batch_size, cfg.max_steps_per_epoch)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def refuse_options(
