@@ -35,7 +35,7 @@ from common import cli
 from common.config import FRAMEWORKS, Config, ConfigError, preset, resolve
 from common.datasets import DatasetError, check_available, train_size
 from common.results import host_info, write_json_atomic
-from common.runtime import ROOT
+from common.runtime import MIN_FREE_BYTES, ROOT
 from common.schedule import scaled_lr
 
 PROG = "python -m benchmarks.compare"
@@ -209,6 +209,12 @@ def make_plan(argv: list[str]) -> Plan:
     shared = vars(cli.build_parser("compare", exclude=RUNNER_OWNED).parse_args(rest))
     preset_name = shared.pop("preset")
     per_device_given = "batch_per_device" in shared
+    given, per_device = shared.get("batch_size"), shared.get("batch_per_device", 0)
+    if given is not None and per_device > 0 and given != per_device:  # as cli.resolved
+        raise UsageError(
+            f"--batch-size {given} disagrees with --batch-per-device {per_device} (the "
+            "1-device batch of a weak-scaling sweep): give only one of the two flags"
+        )
     if "batch_size" in shared:  # an explicit batch wins over a per-device preset (as in cli)
         shared.setdefault("batch_per_device", 0)
     for key in ("data_dir", "checkpoint_dir"):  # runs start in the project root
@@ -220,7 +226,7 @@ def make_plan(argv: list[str]) -> Plan:
         raise UsageError(str(exc)) from None
 
     frameworks = harness.parse_frameworks(ns.frameworks, variants=True)
-    counts = harness.parse_gpus(ns.gpus or DEFAULT_GPUS)
+    counts = harness.parse_gpus(DEFAULT_GPUS if ns.gpus is None else ns.gpus)
     harness.check_positive(repeat=ns.repeat, timeout=ns.timeout)
     gpus = harness.machine_gpus(ns.devices)
     if gpus and ns.gpus is None:  # the default must run on a 1-GPU machine too
@@ -262,7 +268,7 @@ def make_plan(argv: list[str]) -> Plan:
     chosen = harness.choose_devices(ns.devices, [f for f in frameworks if f not in skipped])
     skipped.update(chosen.skipped)
     base = base.replace(devices=chosen.choice)
-    out = harness.output_dir(ns.out, "", "config.json")
+    out = harness.output_dir(ns.out, "", "config.json", MIN_FREE_BYTES + RESERVE_BYTES)
 
     plan = Plan(
         base=base,

@@ -60,6 +60,7 @@ from common.config import (
 from common.devices import CHOICES as DEVICE_CHOICES
 from common.runtime import (
     ENTRY_POINTS,
+    MIN_FREE_BYTES,
     PARENT_ENV,
     ROOT,
     atomic_write_bytes,
@@ -274,6 +275,10 @@ def use_interpreter(path: str) -> None:
 
 def parse_gpus(text: str) -> list[int]:
     """'4' -> [1, 2, 4]; '6' -> [1, 2, 4, 6]; '1,2,3' -> [1, 2, 3]; '2,' -> [2]."""
+    if not text.strip():
+        raise UsageError(
+            "--gpus is empty; give a count or a list of counts (e.g. --gpus 4 or --gpus 1,2,3)"
+        )
     try:
         values = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
@@ -677,17 +682,19 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def output_dir(given: str | None, prefix: str, marker: str) -> Path:
+def output_dir(given: str | None, prefix: str, marker: str, need: int = MIN_FREE_BYTES) -> Path:
     """--out DIR, or results/<prefix><UTC timestamp>/; a directory already holding `marker` (a
     finished result of the same tool) is refused rather than overwritten, as is one that cannot
     be written (checked now, not after the runs). `run_tool` then claims it (`claim`)."""
+    if given is not None and not given.strip():  # `--out ""` (an unset variable) is no default
+        raise UsageError("--out is empty; give a directory, or leave --out out for results/")
     if given:
         out = Path(given).expanduser().resolve()
     else:
         out = ROOT / "results" / (prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
     if (out / marker).exists():
         raise UsageError(f"{out} already holds a result ({marker}); choose a new --out")
-    why = unwritable(out, "dir")
+    why = unwritable(out, "dir", need)  # need: the bytes free the tool's own files want
     if why:
         raise UsageError(f"--out {out}: {why}; choose another --out")
     _CLAIMS.append((out, marker))

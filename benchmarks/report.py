@@ -749,13 +749,29 @@ def sweep_from_config(config: dict[str, Any]) -> Sweep:
     )
 
 
+def damaged_record(run: dict[str, Any]) -> dict[str, Any]:
+    """The stand-in for a run whose record file is there but cannot be read (truncated, not
+    JSON, not a run record): status "damaged" and a note naming the file, not "not run"."""
+    return {
+        "framework": run["framework"],
+        "devices": run["devices"],
+        "global_batch_size": run.get("global_batch_size"),
+        "config": run.get("config"),
+        "status": "damaged",
+        "error": f"{run['output']} is damaged (truncated or not a run record); rerun this run",
+    }
+
+
 def records_of(out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every planned run's record, in the sweep's order; a run without one was not run. A record
+    """Every planned run's record, in the sweep's order; a run without one was not run, one whose
+    file cannot be read is "damaged" (`damaged_record`). A record
     the runner did not finish (it was killed while the run went on: the trainer's own record
     has no `runner` part) gets the runner facts config.json has."""
     records = []
     for run in config["runs"]:
         record = harness.read_record(out / run["output"])
+        if record is None and (out / run["output"]).exists():  # truncated / not a record
+            record = damaged_record(run)
         if record is None:
             continue
         record.setdefault(

@@ -175,6 +175,16 @@ def make_plan(argv: list[str]) -> Plan:
     chosen = harness.choose_devices(ns.devices, [f for f in frameworks if f not in skipped])
     skipped.update(chosen.skipped)
     ns.devices = chosen.choice  # what workload() gives every child
+    not_applicable = {
+        f"{fw} x{n}": why
+        for fw in frameworks
+        if fw not in skipped
+        for n in counts
+        if (why := harness.not_applicable(fw, n, gpus))
+    }
+    if len(not_applicable) == len(counts) * len([f for f in frameworks if f not in skipped]):
+        why = "; ".join(f"{k}: {v}" for k, v in {**skipped, **not_applicable}.items())
+        raise UsageError(f"nothing can run ({why})")  # as compare: a sweep of nothing is no run
     out = harness.output_dir(ns.out, "throughput-", "throughput.json")
     return Plan(ns, frameworks, counts, gpus, skipped, out, [*PROG.split(), *argv], chosen)
 

@@ -74,7 +74,7 @@ def check_args(argv: Sequence[str], framework: str) -> Config:
     parser = build_parser(f"python -m frameworks.{framework.replace('-', '_')}")
     parser.__class__ = _Checking
     ns = parser.parse_args(list(argv))
-    return preset(ns.preset, framework=framework, **overrides_of(ns))
+    return resolved(ns, framework)
 
 
 def overrides_of(ns: argparse.Namespace) -> dict[str, Any]:
@@ -93,12 +93,26 @@ def overrides_of(ns: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+def resolved(ns: argparse.Namespace, framework: str) -> Config:
+    """The Config of parsed flags `ns`. --batch-size and --batch-per-device both given (not by a
+    preset) and disagreeing is refused: --batch-per-device used to win silently."""
+    overrides = overrides_of(ns)
+    cfg = preset(ns.preset, framework=framework, **overrides)
+    given, per_device = overrides.get("batch_size"), overrides.get("batch_per_device", 0)
+    if given is not None and per_device > 0 and given != cfg.batch_size:
+        raise ConfigError(
+            f"--batch-size {given} disagrees with --batch-per-device {per_device} x --gpus "
+            f"{cfg.gpus} = {cfg.batch_size}: give only one of the two flags"
+        )
+    return cfg
+
+
 def parse_args(argv: Sequence[str] | None, framework: str, prog: str | None = None) -> Config:
     """Parse the shared command line into a resolved Config (exit 2 with one line on bad input)."""
     prog = prog or f"python -m frameworks.{framework.replace('-', '_')}"
     parser = build_parser(prog)
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        return preset(ns.preset, framework=framework, **overrides_of(ns))
+        return resolved(ns, framework)
     except ConfigError as exc:
         parser.error(str(exc))

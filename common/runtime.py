@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -20,6 +21,8 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
+
+from common.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,6 +72,39 @@ def set_xla_flag(name: str, value: str) -> None:
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(f"--{name}=")]
     flags.append(f"--{name}={value}")
     os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
+OWN_XLA_FLAGS = ("xla_force_host_platform_device_count", "xla_cpu_experimental_ynn_fusion_type")
+
+
+def check_xla_flags() -> None:
+    """XLA_FLAGS as the user set it, before a JAX backend starts: XLA aborts the process on a
+    word that is no `--flag` (it takes the value for a file name) or a flag it does not know,
+    with exit 1 and no record. Here either is one ConfigError. Unknown names are found by
+    starting XLA:CPU in a child process with these flags, only when the variable holds a flag
+    the project does not set itself (a run without XLA_FLAGS pays nothing)."""
+    raw = os.environ.get("XLA_FLAGS", "")
+    words = raw.split()
+    bad = next((w for w in words if not re.fullmatch(r"--\w+(=\S*)?", w)), None)
+    if bad is not None:
+        raise ConfigError(
+            f"XLA_FLAGS={raw!r}: {bad!r} is not an XLA flag (each word must be --name or "
+            "--name=value): fix it or `unset XLA_FLAGS`"
+        )
+    if all(w[2:].split("=", 1)[0] in OWN_XLA_FLAGS for w in words):
+        return
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    probe = "import jax; jax.devices('cpu')"
+    try:
+        proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return  # no verdict: the run itself will tell
+    if proc.returncode == 0:
+        return
+    unknown = re.search(r"Unknown flags? in XLA_FLAGS: (.*)", proc.stderr)
+    why = f"XLA does not know {unknown.group(1).strip()}" if unknown else "XLA refused them"
+    raise ConfigError(f"XLA_FLAGS={raw!r}: {why}: fix it or `unset XLA_FLAGS`")
 
 
 def xla_flag(name: str) -> str | None:
@@ -192,14 +228,33 @@ def process_state(pid: int) -> str:
         return ""
 
 
+def env_int(name: str, default: int, minimum: int = 0) -> int:
+    """The integer environment variable `name` (`default` when unset or empty): a value that is
+    no integer >= `minimum` (WORLD_SIZE=abc) is one ConfigError naming the variable, not a bare
+    int() error from deep inside a launch."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ConfigError(
+            f"environment variable {name}={raw!r} must be an integer >= {minimum}: "
+            f"fix it or `unset {name}`"
+        )
+    return value
+
+
 def stale_launch_env() -> str | None:
     """Why the SLURM variables of this environment do not describe a launch of this process
     (None: they do, or there are none). srun gives every task SLURM_PROCID and SLURM_STEP_ID;
     SLURM_NTASKS > 1 without them (a salloc shell, variables copied from another job) would make
     the run wait for tasks that never start."""
     env = os.environ
-    ntasks = env.get("SLURM_NTASKS", "1")
-    if not ntasks.isdigit() or int(ntasks) <= 1:
+    ntasks = env_int("SLURM_NTASKS", 1)
+    if ntasks <= 1:
         return None
     if "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
         return None
@@ -302,10 +357,13 @@ def physical_memory() -> int:
 MIN_FREE_BYTES = 1 << 20  # an output file system with less free space than this is "full"
 
 
-def unwritable(path: str | os.PathLike[str], kind: str = "file") -> str | None:
+def unwritable(
+    path: str | os.PathLike[str], kind: str = "file", need: int = MIN_FREE_BYTES
+) -> str | None:
     """Why `path` (a file, or a directory with kind="dir") cannot be written, or None when it
     can: it is the wrong kind of thing, its nearest existing directory is not writable (a
-    read-only file system included) or that file system is full. Checked before a run starts,
+    read-only file system included) or that file system has less than `need` bytes free
+    (the line says both numbers). Checked before a run starts,
     so that a run does not train for an hour and then lose its result. Creates nothing."""
     path = Path(path).expanduser().absolute()
     if path.exists():
@@ -314,16 +372,16 @@ def unwritable(path: str | os.PathLike[str], kind: str = "file") -> str | None:
         if kind == "dir" and not path.is_dir():
             return f"{path} exists and is not a directory"
         if kind == "dir":
-            return _unwritable_dir(path)
+            return _unwritable_dir(path, need)
     parent = path if kind == "dir" else path.parent
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
         return f"{parent} is not a directory, so {path} cannot be created"
-    return _unwritable_dir(parent)
+    return _unwritable_dir(parent, need)
 
 
-def _unwritable_dir(d: Path) -> str | None:
+def _unwritable_dir(d: Path, need: int) -> str | None:
     if not os.access(d, os.W_OK | os.X_OK):
         return f"{d} is not writable (permissions or a read-only file system)"
     try:
@@ -332,8 +390,9 @@ def _unwritable_dir(d: Path) -> str | None:
         return None
     if getattr(st, "f_blocks", 1) == 0:  # /proc, /sys: no storage, whatever the permissions
         return f"{d} is on a virtual file system (no storage for files)"
-    if st.f_bavail * st.f_frsize < MIN_FREE_BYTES:
-        return f"the file system of {d} is full"
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        return f"the file system of {d} is full ({free} bytes free, {need} needed)"
     return None
 
 

@@ -39,6 +39,8 @@ from common.results import RunRecorder
 from common.runtime import (
     INJECT_ENV,
     atomic_write_bytes,
+    check_xla_flags,
+    env_int,
     remove_stale_temp_files,
     simulate_host_devices,
     stale_launch_env,
@@ -323,6 +325,7 @@ def setup_xla(cfg: Config) -> None:
     import): `--gpus` simulated CPU devices (on a GPU machine only the unused CPU backend sees
     them) and XLA:CPU's kernels (--xla-cpu-ynn). The JAX trainers and the JAX tutorial loops
     both start here, so the two sides of a comparison run the same XLA programs the same way."""
+    check_xla_flags()  # the user's XLA_FLAGS: one line, not XLA's abort
     simulate_host_devices(cfg.gpus)
     use_xla_cpu_ynn(xla_cpu_ynn_wanted(cfg.xla_cpu_ynn, image_side(cfg), cfg.gpus))
     if cfg.devices != "auto":  # JAX read JAX_PLATFORMS when imported: devices.pin is too late
@@ -662,7 +665,7 @@ def init_distributed(timeout: float = 300.0) -> None:
     stale = None if explicit else stale_launch_env()
     if stale:
         raise ConfigError(stale)
-    slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    slurm = env_int("SLURM_NTASKS", 1) > 1
     if not (explicit or slurm):
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -36,7 +36,13 @@ import torch.multiprocessing as mp
 
 from common.config import Config, ConfigError
 from common.results import write_json_atomic
-from common.runtime import die_with_parent, free_port, process_state, stale_launch_env
+from common.runtime import (
+    die_with_parent,
+    env_int,
+    free_port,
+    process_state,
+    stale_launch_env,
+)
 from common.trainer import BAD_INPUT, Interrupted, RunFailed, describe, shield_interrupts
 
 
@@ -58,21 +64,22 @@ def launch_env() -> Launch | None:
     if stale:
         raise ConfigError(stale)
     if "RANK" in env and "WORLD_SIZE" in env:
-        world = int(env["WORLD_SIZE"])
+        world = env_int("WORLD_SIZE", 1, minimum=1)
         return Launch(
-            int(env["RANK"]),
+            env_int("RANK", 0),
             world,
-            int(env.get("LOCAL_RANK", 0)),
-            int(env.get("LOCAL_WORLD_SIZE", world)),
+            env_int("LOCAL_RANK", 0),
+            env_int("LOCAL_WORLD_SIZE", world, minimum=1),
         )
-    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+    if "SLURM_PROCID" in env and env_int("SLURM_NTASKS", 1) > 1:
         if not ("MASTER_ADDR" in env and "MASTER_PORT" in env):
             raise ConfigError(
                 "under srun, export MASTER_ADDR (the first node's host name) and "
                 "MASTER_PORT (a free port) in the batch script"
             )
         check_master_addr(env["MASTER_ADDR"], env["SLURM_PROCID"] == "0")
-        world = int(env["SLURM_NTASKS"])
+        world = env_int("SLURM_NTASKS", 1)
+        rank, local_rank = env_int("SLURM_PROCID", 0), env_int("SLURM_LOCALID", 0)
         per_node = re.match(r"\d+", env.get("SLURM_NTASKS_PER_NODE", ""))  # "8" or "8(x2)"
         tasks_per_node = int(per_node.group()) if per_node else world
         os.environ.update(
@@ -80,9 +87,7 @@ def launch_env() -> Launch | None:
             WORLD_SIZE=str(world),
             LOCAL_RANK=env.get("SLURM_LOCALID", "0"),
         )
-        return Launch(
-            int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)), tasks_per_node
-        )
+        return Launch(rank, world, local_rank, tasks_per_node)
     return None
 
 
