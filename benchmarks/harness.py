@@ -692,9 +692,13 @@ def output_dir(given: str | None, prefix: str, marker: str, need: int = MIN_FREE
         out = Path(given).expanduser().resolve()
     else:
         out = ROOT / "results" / (prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
-    if (out / marker).exists():
+    try:
+        held = (out / marker).exists()
+        why = unwritable(out, "dir", need)  # need: the bytes free the tool's own files want
+    except OSError as exc:  # a name too long for the file system, a component that is a file
+        raise UsageError(f"--out {given}: {exc.strerror or exc}; choose another --out") from None
+    if held:
         raise UsageError(f"{out} already holds a result ({marker}); choose a new --out")
-    why = unwritable(out, "dir", need)  # need: the bytes free the tool's own files want
     if why:
         raise UsageError(f"--out {out}: {why}; choose another --out")
     _CLAIMS.append((out, marker))

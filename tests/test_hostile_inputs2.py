@@ -135,6 +135,19 @@ def test_empty_gpus_or_out_is_refused(tool, flag, fragment, no_probe, monkeypatc
     assert rc == 2 and len(err) == 1 and fragment in err[0], err
 
 
+@pytest.mark.parametrize("tool", ["compare", "throughput", "parity"])
+def test_an_out_the_file_system_cannot_name_is_one_line(
+    tool, tmp_path, no_probe, monkeypatch, capsys
+):
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{tool}")
+    monkeypatch.setattr(module, "execute", lambda plan: pytest.fail("the tool started"))
+    rc = module.main(["--frameworks", "torch-dp", "--out", str(tmp_path / ("a" * 300))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "File name too long; choose another --out" in err[0], err
+
+
 # ---- a small disk: the refusal says the bytes needed and free --------------------------------
 
 
