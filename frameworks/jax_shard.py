@@ -11,10 +11,9 @@ batch into an all-reduce over the mesh. With several processes (`jax.distributed
 the devices PER PROCESS, each feeds its part of every global batch, and process 0 alone prints,
 records and checkpoints.
 
-BatchNorm: under jit its statistics are those of the global batch by construction (the mean over
-a sharded axis is a cross-device reduction), i.e. `--bn sync`. `--bn local` (the default, as in
-torch-ddp) runs the forward pass under `jax.shard_map`, so each device normalises with its own
-statistics (`per_device_bn`: why no pmean of the gradients may be added there).
+BatchNorm under jit normalises over the global batch (a mean over a sharded axis is a cross-device
+reduction): `--bn sync`. `--bn local` runs the forward pass under `jax.shard_map`, each device with
+its own statistics (`per_device_bn`: why no pmean of the gradients may be added there).
 
 Known differences from the other frameworks (BN variance, test loss): docs/fairness.md.
 """
@@ -37,6 +36,7 @@ from common.run import Run
 from common.trainer import run_main, should_log
 from frameworks.jax_models import compute_dtype, count_params, create_model, initial_variables
 from frameworks.jax_support import (
+    PHASE_NOTE,
     CompileMeter,
     TrainState,
     cached_step,
@@ -308,15 +308,9 @@ def train(cfg: Config) -> dict:
             test = evaluate(p_eval_step, state, run.evals, run.eval_steps, put, unreplicate)
             if run.end_epoch(epoch, state, sec, batches.wait_sec, train_sums, test):
                 break  # the target held, or diverged
-    note = (
-        "forward_backward = the whole compiled step (forward, backward, gradient "
-        "all-reduce, update: one XLA program); allreduce = a separate all-reduce of a "
-        "gradient-sized tree, also contained in forward_backward; optimizer is not "
-        "separable (0)"
-    )
     return run.finish(
         lambda: canonical_state(unreplicate(state)),  # --save-state
-        **({"phase_note": note} if cfg.phase_timing else {}),
+        **({"phase_note": PHASE_NOTE} if cfg.phase_timing else {}),
         **compiles.record(),  # compile_sec, compile_cache
     )
 

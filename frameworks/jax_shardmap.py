@@ -39,6 +39,7 @@ from common.run import Run
 from common.trainer import run_main, should_log
 from frameworks.jax_models import compute_dtype, count_params, create_model, initial_variables
 from frameworks.jax_support import (
+    PHASE_NOTE,
     CompileMeter,
     TrainState,
     cached_step,
@@ -277,15 +278,9 @@ def train(cfg: Config) -> dict:
             test = evaluate(p_eval_step, state, run.evals, run.eval_steps, put, unreplicate)
             if run.end_epoch(epoch, state, sec, batches.wait_sec, train_sums, test):
                 break  # the target held, or diverged
-    note = (
-        "forward_backward = the whole compiled step (forward, backward, gradient "
-        "all-reduce, update: one XLA program); allreduce = a separate all-reduce of a "
-        "gradient-sized tree, also contained in forward_backward; optimizer is not "
-        "separable (0)"
-    )
     return run.finish(
         lambda: canonical_state(unreplicate(state)),  # --save-state
-        **({"phase_note": note} if cfg.phase_timing else {}),
+        **({"phase_note": PHASE_NOTE} if cfg.phase_timing else {}),
         **compiles.record(),  # compile_sec, compile_cache
     )
 

@@ -413,6 +413,14 @@ class CompileMeter:
         }
 
 
+# What --phase-timing's phases mean in a JAX trainer, for its record: the step is one program.
+PHASE_NOTE = (
+    "forward_backward = the whole compiled step (forward, backward, gradient all-reduce, "
+    "update: one XLA program); allreduce = a separate all-reduce of a gradient-sized tree, "
+    "also contained in forward_backward; optimizer is not separable (0)"
+)
+
+
 def pmap_lowering() -> str:
     """How this JAX runs `jax.pmap`: since 0.8 through `jax.jit` and `jax.shard_map` (so jax-pmap
     and jax-shardmap compile through the same path); until the flag's removal after 0.9.2,
