@@ -24,9 +24,9 @@ fields and the digest of its arrays, as the zip's comment: np.load sees the arra
 is used only if it holds exactly the arrays of the spec (read bounded, common/safe_io.py), its
 key is this configuration's, its arrays match the key's digest and no weight is non-finite or
 all zeros; otherwise it is drawn again and replaced (a file of the wrong kind or size, or with
-a member no cache has, is refused: exit 2). No
-library version is in the key: numpy's streams draw the same arrays in both environments, and
-the cache keeps every framework on the same arrays should a numpy ever draw others.
+a member no cache has, is refused: exit 2). No library version is in the key: numpy's streams
+draw the same arrays in both environments, and the cache keeps every framework on the same
+arrays should a numpy ever draw others.
 """
 
 from __future__ import annotations
