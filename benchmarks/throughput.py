@@ -103,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="one extra real-loop run per cell with --phase-timing (its syncs slow "
         "the step, so it never feeds the images/s columns)",
     )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="profile STEPS steps of each real loop's first (untimed) epoch with the "
+        "framework's profiler: the step's breakdown joins the cell (docs/profiling.md)",
+    )
     harness.add_flags(p, python=True, out="results/throughput-", timeout=900.0, wait_load=True)
     return p
 
@@ -140,6 +148,7 @@ def make_plan(argv: list[str]) -> Plan:
         ("--warmup", ns.warmup, 1),
         ("--repeat", ns.repeat, 1),
         ("--batch-size", ns.batch_size, 1),
+        ("--profile", ns.profile, 0),
     ):
         if value < least:
             why = " (the first epoch is not timed)" if name == "--epochs" else ""
@@ -240,6 +249,8 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
     ]
     if phases:
         command.append("--phase-timing")
+    elif ns.profile:  # in the untimed first epoch: the images/s columns stay unprofiled
+        command += ["--profile", str(ns.profile)]
     child, out = measure(plan, command, tag)
     out["peak_rss_bytes"] = child.peak_rss_bytes
     record = harness.read_record(output) or {}
@@ -259,6 +270,9 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
     )
     if "peak_memory_bytes" in record:  # a trainer that reports its device's allocator peak
         out["peak_memory_bytes"] = record["peak_memory_bytes"]
+    if "breakdown" in record:  # --profile: where the step's time went (common/breakdown.py)
+        out["breakdown"] = {k: v for k, v in record["breakdown"].items() if k != "devices"}
+        out["trace"] = record["profile"]["trace"]
     if phases:
         out["phases_ms_per_step"] = record.get("phases_ms_per_step", {})
         out["phase_note"] = record.get("phase_note", "")

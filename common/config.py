@@ -176,6 +176,18 @@ class Config:
     phase_timing: bool = opt(
         False, "measure data / transfer / compute / communication / update time per phase"
     )
+    profile: int = opt(
+        0,
+        "record STEPS training steps of the first epoch (after 3 warm-up steps) with the "
+        "framework's own profiler; the trace's path and the step's breakdown (compute, "
+        "communication, exposed communication, input wait, host gaps) go into the record "
+        "(0 = off; docs/profiling.md)",
+    )
+    profile_dir: str = opt(
+        "",
+        "where --profile writes its traces (default: beside --output, <name>.profile/, else "
+        "./profile/<framework>-<gpus>gpu/)",
+    )
     prefetch: int = opt(2, "batches prepared ahead by the background loader")
     pipeline: str = opt(
         "auto",
@@ -387,6 +399,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
     if cfg.compile_mode != "default" and not cfg.compile:
         raise ConfigError(f"--compile-mode {cfg.compile_mode} needs --compile")
+    if cfg.profile and cfg.phase_timing:
+        raise ConfigError(
+            "--profile and --phase-timing contradict each other: phase timing syncs the device "
+            "at every phase, so the trace would show a serialised step; give only one"
+        )
     if cfg.nesterov and cfg.momentum <= 0 and cfg.optimizer == "sgd":
         raise ConfigError("--nesterov needs --momentum > 0")
     if not (math.isfinite(cfg.collective_timeout) and 1 <= cfg.collective_timeout <= 86400):
@@ -400,6 +417,7 @@ def validate(cfg: Config) -> None:
 # Hard caps, far above any sensible run and low enough that a typo fails at once rather than in
 # a MemoryError (or 1000 started processes) minutes later.
 MAX_DEVICES = 64
+MAX_PROFILE = 1000  # profiled steps: a trace of more is too big to read
 MAX_WIDTH = 8.0  # ResNet-18 at width 8: 0.7G parameters
 MAX_IMAGE_SIZE = 512
 MAX_EPOCHS = 100_000
@@ -426,6 +444,7 @@ def _check_ranges(cfg: Config) -> None:
 
     need(cfg.gpus >= 1, "gpus", ">= 1; use --gpus 1 for one device", cfg.gpus)
     need(cfg.gpus <= MAX_DEVICES, "gpus", f"<= {MAX_DEVICES}", cfg.gpus)
+    need(0 <= cfg.profile <= MAX_PROFILE, "profile", f"in [0, {MAX_PROFILE}] steps", cfg.profile)
     need(1 <= cfg.epochs <= MAX_EPOCHS, "epochs", f"in [1, {MAX_EPOCHS}]", cfg.epochs)
     need(cfg.batch_size >= 1, "batch-size", ">= 1", cfg.batch_size)
     need(cfg.eval_batch_size >= 1, "eval-batch-size", ">= 1", cfg.eval_batch_size)

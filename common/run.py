@@ -41,7 +41,8 @@ from common.pipeline import (
     crops_on_device,
     pipeline_record,
 )
-from common.results import RunRecorder
+from common.profiling import ProfileWindow, profiler_for
+from common.results import RunRecorder, timing_summary
 from common.runtime import injected_failure, printer
 from common.timing import PhaseTimer, Timer
 from common.trainer import keep_measured_epochs, save_final_state
@@ -60,7 +61,8 @@ class Run:
     to a multiple of it (static shapes). `device_bytes`: the most training-set bytes the
     framework's device arrays hold. torch-ddp's spawned ranks give the parent's `report` pipe
     (rank 0 sends its record after every epoch, and the parent writes --output) and a `barrier`
-    (every rank waits until rank 0's checkpoint is on disk)."""
+    (every rank waits until rank 0's checkpoint is on disk). --profile: the framework's
+    profiler (frameworks/profilers.py) records a few steps (common/profiling.py)."""
 
     def __init__(
         self,
@@ -104,6 +106,12 @@ class Run:
         )
         self.timer = Timer(sync)  # the epoch's time (common/timing.py, TIMING_RULE)
         self.phases = PhaseTimer(sync, cfg.phase_timing)  # --phase-timing
+        self.profile: ProfileWindow | None = None  # --profile STEPS: the framework's profiler
+        if cfg.profile:
+            make = profiler_for(framework)
+            self.profile = ProfileWindow(cfg, make, sync, rank, self.is_main, self.log)
+            self.profile.phases = self.phases
+            self.loader.profile = self.profile
         self.recorder: RunRecorder | None = None
         self.start = 0  # the first epoch this process trains (after --resume: the next one)
         self._save: Callable[[Any, int], None] = lambda state, epoch: None  # see resume()
@@ -170,7 +178,11 @@ class Run:
         record; a rank of a multi-process run then exits, so that the others are stopped."""
         assert self.recorder is not None
         with keep_measured_epochs(self.recorder, reraise=self.world > 1):
-            yield
+            try:
+                yield
+            finally:
+                if self.profile is not None:  # a step failed inside the window: stop there
+                    self.profile.close()
 
     def end_epoch(
         self,
@@ -212,6 +224,12 @@ class Run:
         assert self.recorder is not None
         if self.cfg.phase_timing:
             self.recorder.phases = self.phases.per_step_ms()
+        if self.profile is not None:  # the trace read into a breakdown, beside the timed step
+            timed = timing_summary(self.recorder.epochs)
+            per_epoch = timed["sec_per_epoch"] if timed["timed_epochs"] else None
+            self.recorder.extra.update(
+                self.profile.record(per_epoch / len(self.loader) if per_epoch else None)
+            )
         self.recorder.extra.update(extra)
         if self.is_main and self.cfg.save_state:
             save_final_state(self.cfg, final_state())  # --save-state

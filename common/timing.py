@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 
 class Timer:
@@ -47,12 +48,14 @@ class PhaseTimer:
 
     The syncs serialise work that would otherwise overlap, so phase timing is opt-in
     (`--phase-timing`) and never used for the headline sec/epoch. When disabled, `phase()` is a
-    no-op that adds no sync.
+    no-op that adds no sync; inside a --profile window (common/profiling.py) it marks the
+    phase as a named range in the trace (`annotate`), still without a sync.
     """
 
     def __init__(self, sync: Callable[[], None], enabled: bool):
         self.sync = sync
         self.enabled = enabled
+        self.annotate: Callable[[str], AbstractContextManager[Any]] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -63,7 +66,11 @@ class PhaseTimer:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         if not self.enabled:
-            yield
+            if self.annotate is None:
+                yield
+                return
+            with self.annotate(name):
+                yield
             return
         self.sync()
         t0 = time.perf_counter()

@@ -1,0 +1,98 @@
+"""compare's report on `--profile` runs: where each framework's step went, per device count.
+
+Every record made with --profile holds a "breakdown" (common/breakdown.py): per step, compute,
+exposed communication, input wait and host gaps, which add up to the profiled step, and all
+communication (hidden or not) beside them. This module turns a sweep's records into a table
+(`section`) and a stacked bar per framework and device count (`plot`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.harness import mode_label
+
+TITLE = "Where the step's time goes (--profile)"
+PARTS = (  # (record key, label, colour): stacked bottom to top
+    ("compute_ms", "compute", "C0"),
+    ("exposed_comm_ms", "exposed communication", "C3"),
+    ("input_wait_ms", "input wait", "C2"),
+    ("host_gap_ms", "host gap", "C7"),
+)
+
+
+def profiled(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ok records that hold a breakdown, by framework then device count."""
+    have = [r for r in records if r.get("status") == "ok" and r.get("breakdown")]
+    return sorted(have, key=lambda r: (_name(r), r.get("devices", 0)))
+
+
+def _name(r: dict[str, Any]) -> str:
+    return str(r.get("runner", {}).get("framework") or r.get("framework", "?"))
+
+
+def _ms(x: Any) -> str:
+    return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
+
+
+def section(records: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: the breakdown table and how to read it (none without profiled runs)."""
+    rows = profiled(records)
+    if not rows:
+        return []
+    lines = [
+        "",
+        f"## {TITLE}",
+        "",
+        "Per step, in ms, from each run's trace (its first epoch's profiled steps, after 3 "
+        "warm-up steps; the mean over the devices). compute + exposed comm + input wait + host "
+        "gap = profiled step; comm = all communication, hidden behind compute or not; "
+        "overlap = hidden / comm; measured step = the same run's timed epochs without the "
+        "profiler (their ratio: the profiler's cost). Traces: `profile` in each run's record.",
+        "",
+        "| framework | mode | devices | profiled step | compute | exposed comm | input wait "
+        "| host gap | comm | overlap | measured step | parts / measured |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        b = r["breakdown"]
+        comm = b.get("comm_ms") or 0.0
+        overlap = f"{(comm - b['exposed_comm_ms']) / comm:.0%}" if comm > 0 else "-"
+        ratio = b.get("parts_vs_measured")
+        mode = mode_label(r.get("execution"))
+        lines.append(
+            f"| {_name(r)} | {mode} | {r.get('devices')} | {_ms(b['step_ms'])} "
+            f"| {_ms(b['compute_ms'])} | {_ms(b['exposed_comm_ms'])} | {_ms(b['input_wait_ms'])} "
+            f"| {_ms(b['host_gap_ms'])} | {_ms(comm)} | {overlap} "
+            f"| {_ms(b.get('measured_step_ms'))} | {f'{ratio:.2f}' if ratio else '-'} |"
+        )
+    return lines
+
+
+def plot(plt: Any, records: list[dict[str, Any]], title: str) -> Any:
+    """A stacked bar per (framework, devices): the four parts of the profiled step (None
+    without profiled runs)."""
+    rows = profiled(records)
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.8))
+    ax.set_title(f"{TITLE}: per step, the mean over the devices\n{title}", fontsize=8)
+    xs = range(len(rows))
+    bottom = [0.0] * len(rows)
+    for key, label, colour in PARTS:
+        hs = [float(r["breakdown"].get(key) or 0.0) for r in rows]
+        ax.bar(xs, hs, bottom=bottom, color=colour, label=label)
+        bottom = [b + h for b, h in zip(bottom, hs)]
+    measured = [r["breakdown"].get("measured_step_ms") for r in rows]
+    if any(m is not None for m in measured):
+        ax.scatter(
+            [x for x, m in zip(xs, measured) if m is not None],
+            [m for m in measured if m is not None],
+            marker="_", s=400, color="k", zorder=3, label="measured step (unprofiled)",
+        )  # fmt: skip
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{_name(r)}\nx{r.get('devices')}" for r in rows], fontsize=7)
+    ax.set_ylabel("ms per step")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig

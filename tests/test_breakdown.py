@@ -1,0 +1,256 @@
+"""--profile's arithmetic and window, without a framework (common/breakdown.py,
+common/profiling.py, benchmarks/breakdowns.py): hand-made traces whose breakdown is worked out
+by hand, and a fake profiler driving the window."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from common import breakdown as bd
+from common.breakdown import INPUT_WAIT, WINDOW, TraceError, read_trace
+from common.config import ConfigError, preset
+from common.profiling import MARGIN, WARMUP, ProfileWindow, trace_dir, window_of
+from common.timing import PhaseTimer
+
+
+def x(name, ts, dur, pid=1, tid=1, **kw):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, **kw}
+
+
+def write(tmp_path: Path, events, name="trace.json") -> Path:
+    path = tmp_path / name
+    data = json.dumps({"traceEvents": events}).encode()
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    return path
+
+
+# ---- intervals -------------------------------------------------------------------------------
+
+
+def test_interval_arithmetic() -> None:
+    assert bd.union([(5, 7), (0, 2), (1, 3), (7, 8)]) == [(0, 3), (5, 8)]
+    assert bd.subtract([(0, 10)], [(2, 3), (5, 6), (9, 12)]) == [(0, 2), (3, 5), (6, 9)]
+    assert bd.intersect([(0, 4), (6, 10)], [(3, 7)]) == [(3, 4), (6, 7)]
+    assert bd.clip([(0, 4), (6, 10), (11, 12)], (2, 8)) == [(2, 4), (6, 8)]
+    assert bd.length([(0, 4), (2, 6)]) == 6
+
+
+# ---- one trace per flavour, worked out by hand ------------------------------------------------
+# Window [0, 25000) us, 1 step: compute [0,10) and [12,20) ms; communication [8,15) ms, of which
+# only [10,12) is not hidden by compute; the host waits for input [20,22) ms, then idles to 25.
+HAND = {
+    "step_ms": 25.0,
+    "compute_ms": 18.0,
+    "comm_ms": 7.0,
+    "exposed_comm_ms": 2.0,
+    "overlapped_comm_ms": 5.0,
+    "input_wait_ms": 2.0,
+    "host_gap_ms": 3.0,
+}
+
+
+def host(pid=1, tid=1):
+    return [x(WINDOW, 0, 25000, pid, tid), x(INPUT_WAIT, 20000, 2000, pid, tid)]
+
+
+def check_hand(result: dict) -> None:
+    for key, value in HAND.items():
+        assert result[key] == pytest.approx(value), (key, result)
+    parts = sum(result[k] for k in bd.PARTS)
+    assert parts == pytest.approx(result["step_ms"])
+
+
+def test_torch_cpu_trace(tmp_path: Path) -> None:
+    events = host(7, 7) + [
+        x("aten::conv2d", 0, 10000, 7, 7, cat="cpu_op"),
+        x("aten::addmm", 2000, 3000, 7, 7, cat="cpu_op"),  # nested: counted once
+        x("aten::add_", 12000, 8000, 7, 7, cat="cpu_op"),
+        x("c10d::allreduce_", 10000, 1000, 7, 7, cat="cpu_op"),  # the enqueue: not compute
+        x("gloo:all_reduce", 8000, 7000, 7, 99, cat="user_annotation"),  # gloo's thread
+        x("aten::mul", 0, 30000, 7, 55, cat="cpu_op"),  # another thread: not the device
+    ]
+    check_hand(read_trace(write(tmp_path, events), "torch", 1))
+
+
+def test_torch_cuda_trace(tmp_path: Path) -> None:
+    events = host(7, 7) + [
+        x("volta_sgemm", 0, 10000, 0, 7, cat="kernel", args={"device": 0}),
+        x("elementwise_kernel", 12000, 8000, 0, 7, cat="kernel", args={"device": 0}),
+        x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8000, 7000, 0, 20, cat="kernel",
+          args={"device": 0}),
+        x("aten::conv2d", 0, 25000, 7, 7, cat="cpu_op"),  # host side: not the GPU's time
+    ]  # fmt: skip
+    result = read_trace(write(tmp_path, events), "torch", 1)
+    check_hand(result)
+    assert list(result["devices"]) == ["gpu:0"]
+
+
+def test_jax_trace_two_devices(tmp_path: Path) -> None:
+    def op(name, ts, dur, device):
+        return x(name, ts, dur, 1, 10 + device, args={"hlo_op": name, "device_ordinal": device})
+
+    events = host() + [
+        e
+        for d in (0, 1)
+        for e in (
+            op("convolution.3", 0, 10000, d),
+            op("fusion.7", 12000, 8000, d),
+            op("all-reduce.1", 8000, 7000, d),
+        )
+    ]
+    events.append(x("PjitFunction(step)", 0, 25000))  # no hlo_op: host dispatch
+    result = read_trace(write(tmp_path, events, "t.trace.json.gz"), "jax", 1)
+    check_hand(result)
+    assert sorted(result["devices"]) == ["device:0", "device:1"]
+
+
+def test_mxnet_trace_with_begin_end_pairs(tmp_path: Path) -> None:
+    def be(name, ts, dur, pid, tid=3, ph="B", cat="operator"):
+        return [
+            {"ph": ph, "name": name, "ts": ts, "pid": pid, "tid": tid, "cat": cat},
+            {"ph": "e" if ph == "b" else "E", "name": name, "ts": ts + dur, "pid": pid,
+             "tid": tid, "cat": cat},
+        ]  # fmt: skip
+
+    meta = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "cpu/0"}},
+            {"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "dpbench"}}]  # fmt: skip
+    events = meta + [
+        *be(WINDOW, 0, 25000, 9, ph="b", cat="dpbench"),  # MXNet's Task: async b/e
+        *be(INPUT_WAIT, 20000, 2000, 9, ph="b", cat="dpbench"),
+        *be("Convolution", 0, 10000, 0),
+        *be("sgd_mom_update", 12000, 8000, 0),
+        *be("CopyCPU2CPU", 8000, 3000, 0, tid=4),
+        *be("ElementwiseSum", 11000, 4000, 0, tid=4),
+        *be("DeleteVariable", 20000, 5000, 0),  # engine bookkeeping, not work
+    ]
+    check_hand(read_trace(write(tmp_path, events), "mxnet", 1))
+
+
+def test_per_step_figures_divide_by_the_steps(tmp_path: Path) -> None:
+    events = host(7, 7) + [x("aten::conv2d", 0, 10000, 7, 7, cat="cpu_op")]
+    one, five = (read_trace(write(tmp_path, events), "torch", n) for n in (1, 5))
+    assert five["compute_ms"] == pytest.approx(one["compute_ms"] / 5) == pytest.approx(2.0)
+
+
+def test_a_trace_without_the_window_or_the_files_it_should_be_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="no dpbench_window"):
+        read_trace(write(tmp_path, [x("aten::add", 0, 5, cat="cpu_op")]), "torch", 1)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(TraceError, match="not Chrome trace JSON"):
+        read_trace(tmp_path / "bad.json", "torch", 1)
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(TraceError, match="a FIFO"):
+        read_trace(tmp_path / "fifo.json", "torch", 1)
+
+
+def test_a_gzip_that_inflates_past_the_limit_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(bd, "TRACE_LIMIT", 10_000)
+    path = tmp_path / "big.trace.json.gz"
+    path.write_bytes(gzip.compress(b" " * 100_000))  # 100 kB of blanks, ~100 bytes on disk
+    with pytest.raises(TraceError, match="inflates past"):
+        read_trace(path, "jax", 1)
+
+
+# ---- the window -----------------------------------------------------------------------------
+
+
+class FakeProfiler:
+    flavour, viewer = "torch", "a test"
+    log: list[str] = []
+
+    def start(self, trace_dir: Path) -> None:
+        self.dir = trace_dir
+        self.log.append("start")
+
+    def stop(self) -> Path:
+        self.log.append("stop")
+        return write(self.dir, [])
+
+    @contextmanager
+    def annotate(self, name):
+        self.log.append(f"<{name}")
+        yield
+        self.log.append(f"{name}>")
+
+
+class Batches:
+    def __init__(self, n: int):
+        self.it, self.wait_sec = iter(range(n)), 0.25
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.it)
+
+
+def drive(tmp_path: Path, steps_per_epoch: int, profile: int, fail_at: int = -1):
+    FakeProfiler.log = []
+    cfg = preset("digits", framework="torch-ddp", profile=profile, profile_dir=str(tmp_path))
+    syncs: list[int] = []
+    phases = PhaseTimer(lambda: None, False)
+    window = ProfileWindow(cfg, FakeProfiler, lambda: syncs.append(1), 0, True, lambda s: None)
+    window.phases = phases
+    batches = window.wrap(Batches(steps_per_epoch), steps_per_epoch)
+    seen, annotated = [], []
+    for b in batches:
+        if b == fail_at:
+            raise RuntimeError("a step failed")
+        with phases.phase("forward_backward"):
+            annotated.append(phases.annotate is not None)
+        seen.append(b)
+    assert window.wrap(Batches(3), 3).__class__ is Batches  # only the first epoch
+    return window, seen, annotated, syncs, batches
+
+
+def test_the_window_profiles_the_steps_after_warm_up(tmp_path: Path) -> None:
+    window, seen, annotated, syncs, batches = drive(tmp_path, 20, 5)
+    assert seen == list(range(20))  # every batch still reaches the loop, in order
+    assert (window.first, window.count) == (3, 5)  # after 3 warm-up steps, as --help says
+    assert annotated == [False] * WARMUP + [True] * 5 + [False] * (20 - WARMUP - 5)
+    log = FakeProfiler.log
+    assert log[:2] == ["start", f"<{WINDOW}"] and log[-2:] == [f"{WINDOW}>", "stop"]
+    assert log.count(f"<{INPUT_WAIT}") == 5 and log.count("<forward_backward") == 5
+    assert len(syncs) == 2  # one host sync at each end of the window, none in between
+    assert batches.wait_sec == 0.25  # the loader's input wait still reaches the record
+    assert window.record(0.01)["profile"]["steps"] == 5
+
+
+def test_the_window_is_cut_to_the_epoch_and_skipped_where_none_fits() -> None:
+    assert window_of(100, 10) == (WARMUP, 10)
+    assert window_of(10, 50) == (WARMUP, 10 - WARMUP - MARGIN)
+    assert window_of(WARMUP + MARGIN, 5)[1] == 0
+
+
+def test_a_step_that_fails_inside_the_window_still_stops_the_profiler(tmp_path: Path) -> None:
+    cfg = preset("digits", framework="torch-ddp", profile=10, profile_dir=str(tmp_path))
+    FakeProfiler.log = []
+    window = ProfileWindow(cfg, FakeProfiler, lambda: None, 0, True, lambda s: None)
+    with pytest.raises(RuntimeError):
+        for b in window.wrap(Batches(20), 20):
+            if b == 6:
+                raise RuntimeError("a step failed")
+    assert FakeProfiler.log[-1] != "stop"
+    window.close()  # what Run.measured does on the way out
+    assert FakeProfiler.log[-1] == "stop" and window.count == 6 - WARMUP + 1
+    window.close()  # once only
+    assert FakeProfiler.log.count("stop") == 1
+
+
+def test_trace_dirs_are_per_run_and_rank(tmp_path: Path) -> None:
+    cfg = preset("digits", framework="jax-pmap", output=str(tmp_path / "runs" / "a.json"))
+    assert trace_dir(cfg, 1) == tmp_path / "runs" / "a.profile" / "rank1"
+    assert trace_dir(cfg.replace(output=""), 0) == Path("profile/jax-pmap-1gpu/rank0")
+
+
+def test_profile_flags_are_checked() -> None:
+    with pytest.raises(ConfigError, match="--profile must be"):
+        preset("digits", framework="torch-ddp", profile=-1)
+    with pytest.raises(ConfigError, match="contradict"):
+        preset("digits", framework="torch-ddp", profile=5, phase_timing=True)
