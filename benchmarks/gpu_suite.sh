@@ -100,9 +100,11 @@ HEADLINE=torch-ddp,torch-ddp+reduce-overhead,torch-dp,torch-dp+reduce-overhead,j
 #    eager and with CUDA graphs (a row each, the mode column says which), beside JAX: torch
 #    autocast bf16 + channels_last + cudnn.benchmark; JAX bf16 activations. The input pipeline is
 #    --pipeline auto: on a GPU the training set is resident there and each step's crops are
-#    gathered there.
+#    gathered there. --profile 8: each run's first (untimed) epoch traces 8 steps with its
+#    framework's profiler; the cells get the step's breakdown (issue 30), the timed epochs stay
+#    unprofiled.
 want 1 && run "$PY" -m benchmarks.throughput --frameworks "$HEADLINE" \
-    "${COMMON[@]}" --precision bf16 --channels-last --out "$OUT/throughput-bf16"
+    "${COMMON[@]}" --precision bf16 --channels-last --profile 8 --out "$OUT/throughput-bf16"
 # 2. The same with the host pipeline (numpy crops on a prefetch thread, copied every step): what
 #    the device pipeline is worth.
 want 2 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
@@ -119,12 +121,13 @@ want 4 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax
 TB=()
 "$PY" -c 'import tensorboardX' 2>/dev/null || TB=(--no-tensorboard)
 # 5. The compare runner on real data (the digits preset: ResNet-18 at width 0.25) at 1 GPU,
-#    torch-ddp eager and with CUDA graphs beside JAX, as in 1; MXNet is absent.
+#    torch-ddp eager and with CUDA graphs beside JAX, as in 1; MXNet is absent. --profile 8: the
+#    report's breakdown table and stacked bars at 1 GPU (traces under runs/*.profile/).
 want 5 && run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
     DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" DPBENCH_PYTHON_JAX_SHARDMAP="$PY" \
     "$PY" -m benchmarks.compare --gpus 1 \
     --frameworks torch-ddp,torch-ddp+reduce-overhead,torch-dp,jax-pmap,jax-shard,jax-shardmap \
-    --preset digits --timeout 180 ${TB[@]+"${TB[@]}"} --out "$OUT/compare-digits"
+    --preset digits --profile 8 --timeout 180 ${TB[@]+"${TB[@]}"} --out "$OUT/compare-digits"
 # 6. Our loops against the seed tutorials' loops (d2l's PyTorch and JAX loops, the NVIDIA course,
 #    the Flax example) on the same work: full-width ResNet-18 on 8192 CIFAR-shaped synthetic
 #    images, batch 256, 1 GPU.

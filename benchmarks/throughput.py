@@ -508,6 +508,16 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
                 f"phases {c['framework']} x{c['devices']} (ms/step, --phase-timing run): {ph}"
                 + (f" ({note})" if note else "")
             )
+    for c in cells:  # --profile: the first repetition's trace, read (common/breakdown.py)
+        b = next((r["breakdown"] for r in c.get("real", []) if r.get("breakdown")), None)
+        if b:
+            out.append(
+                f"breakdown {c['framework']} x{c['devices']} (ms/step over {b['steps']} "
+                f"profiled steps of the untimed first epoch): step {b['step_ms']:.2f} = compute "
+                f"{b['compute_ms']:.2f} + exposed comm {b['exposed_comm_ms']:.2f} + input wait "
+                f"{b['input_wait_ms']:.2f} + host gap {b['host_gap_ms']:.2f}; comm "
+                f"{b['comm_ms']:.2f}; unprofiled step {b.get('measured_step_ms', 0):.2f}"
+            )
     return [line for line in out if line]
 
 

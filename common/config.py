@@ -185,8 +185,8 @@ class Config:
     )
     profile_dir: str = opt(
         "",
-        "where --profile writes its traces (default: beside --output, <name>.profile/, else "
-        "./profile/<framework>-<gpus>gpu/)",
+        "where --profile writes its traces (default: beside the run's record, <name>.profile/, "
+        "else ./profile/<framework>-<gpus>gpu/)",
     )
     prefetch: int = opt(2, "batches prepared ahead by the background loader")
     pipeline: str = opt(

@@ -111,6 +111,7 @@ class ProfileWindow:
         self.wall_sec = 0.0
         self.flavour = self.viewer = ""
         self.active: _Profiled | None = None
+        self.error = ""
         self.phases: Any = None  # the run's PhaseTimer: its phases become ranges in the trace
 
     def wrap(self, batches: Any, steps_per_epoch: int) -> Any:
@@ -127,6 +128,11 @@ class ProfileWindow:
         self.active = _Profiled(batches, self)
         return self.active
 
+    def failed(self, why: str) -> None:
+        """The profiler failed: the run goes on, unprofiled, and its record says why."""
+        self.error = why
+        self.log(f"note: --profile: {why}; training goes on without a trace")
+
     def close(self) -> None:
         """Stop the profiler if a step failed inside the window (the trace keeps what ran)."""
         if self.active is not None:
@@ -137,7 +143,7 @@ class ProfileWindow:
         step, with the timed epochs' step time (`step_sec`, None without timed epochs) beside
         them."""
         if self.trace is None:
-            return {"profile": {"steps": 0, "note": "no step was profiled"}}
+            return {"profile": {"steps": 0, "note": self.error or "no step was profiled"}}
         prof: dict[str, Any] = {
             "trace": str(self.trace),
             "trace_dir": str(self.dir),
@@ -198,6 +204,11 @@ class _Profiled:
         finally:
             self.fetched += 1
 
+    def failed(self, why: str) -> None:
+        """The profiler failed: the run goes on, unprofiled, and its record says why."""
+        self.error = why
+        self.log(f"note: --profile: {why}; training goes on without a trace")
+
     def close(self) -> None:
         close = getattr(self.batches, "close", None)
         if close is not None:
@@ -206,10 +217,15 @@ class _Profiled:
     def _start(self) -> None:
         w = self.w
         w.sync()  # host sync: the window starts with no queued work
-        w.dir.mkdir(parents=True, exist_ok=True)
-        self.profiler = w.make()
-        w.flavour, w.viewer = self.profiler.flavour, self.profiler.viewer
-        self.profiler.start(w.dir)
+        try:  # a profiler that cannot start (no CUPTI, a read-only folder) costs the trace only
+            w.dir.mkdir(parents=True, exist_ok=True)
+            profiler = w.make()
+            w.flavour, w.viewer = profiler.flavour, profiler.viewer
+            profiler.start(w.dir)
+        except Exception as exc:
+            w.failed(f"the profiler did not start ({type(exc).__name__}: {exc})")
+            return
+        self.profiler = profiler
         self.stack.enter_context(self.profiler.annotate(WINDOW))
         if w.phases is not None:
             w.phases.annotate = self.profiler.annotate
@@ -225,5 +241,9 @@ class _Profiled:
         if w.phases is not None:
             w.phases.annotate = None
         self.stack.close()
-        w.trace = profiler.stop()
+        try:
+            w.trace = profiler.stop()
+        except Exception as exc:
+            w.failed(f"the profiler did not write its trace ({type(exc).__name__}: {exc})")
+            return
         w.log(f"profile: {w.count} steps from step {w.first + 1} -> {w.trace} ({w.viewer})")

@@ -243,6 +243,22 @@ def test_a_step_that_fails_inside_the_window_still_stops_the_profiler(tmp_path: 
     assert FakeProfiler.log.count("stop") == 1
 
 
+class BrokenProfiler(FakeProfiler):
+    def start(self, trace_dir: Path) -> None:
+        raise RuntimeError("CUPTI not found")
+
+
+def test_a_profiler_that_cannot_start_costs_the_trace_not_the_run(tmp_path: Path) -> None:
+    cfg = preset("digits", framework="torch-ddp", profile=5, profile_dir=str(tmp_path))
+    lines: list[str] = []
+    window = ProfileWindow(cfg, BrokenProfiler, lambda: None, 0, True, lines.append)
+    assert list(window.wrap(Batches(20), 20)) == list(range(20))
+    assert lines == ["note: --profile: the profiler did not start (RuntimeError: CUPTI not "
+                     "found); training goes on without a trace"]  # fmt: skip
+    note = window.record(0.01)["profile"]
+    assert note["steps"] == 0 and note["note"].startswith("the profiler did not start")
+
+
 def test_trace_dirs_are_per_run_and_rank(tmp_path: Path) -> None:
     cfg = preset("digits", framework="jax-pmap", output=str(tmp_path / "runs" / "a.json"))
     assert trace_dir(cfg, 1) == tmp_path / "runs" / "a.profile" / "rank1"
