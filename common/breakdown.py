@@ -21,7 +21,8 @@ What counts as a device and as communication, per trace flavour (documented in d
 - torch: on CUDA, the kernels and memory copies of each GPU; NCCL kernels and peer-to-peer
   copies are communication. On the CPU the "device" is the process's main thread: its `cpu_op`
   events are compute, gloo's `gloo:*` ranges (on gloo's own threads) are communication.
-- jax: the XLA executions of each device: events with an `hlo_op` (CPU thunks, GPU kernels);
+- jax: the XLA executions of each device: events with an `hlo_op` (CPU thunks; on GPUs the
+  kernels of the device's "Stream #" threads, not its summary lines "XLA Ops" / "XLA Modules");
   collectives (all-reduce, psum, all-gather, reduce-scatter, collective-permute, all-to-all)
   are communication.
 - mxnet: the operators each engine device lane (`cpu/0`, `gpu/1`, ...) ran; the kvstore's
@@ -221,7 +222,7 @@ def read_jax(events: list[dict[str, Any]]) -> Lanes:
     lanes = Lanes()
     done = complete(events)
     _host_ranges(lanes, done)
-    procs = _names(events, "process_name")
+    procs, threads = _names(events, "process_name"), _names(events, "thread_name")
     for e in done:
         args = e.get("args") or {}
         op = args.get("hlo_op")
@@ -229,7 +230,12 @@ def read_jax(events: list[dict[str, Any]]) -> Lanes:
             continue
         device = args.get("device_ordinal")
         pname = procs.get(e.get("pid"), "")
-        lane = f"device:{device}" if device is not None else pname or str(e.get("pid"))
+        if pname.startswith("/device:"):  # a GPU: its streams' kernels, not the summary lines
+            if not threads.get((e.get("pid"), e.get("tid")), "").startswith("Stream"):
+                continue  # ("XLA Ops", "XLA Modules", "Steps" repeat the kernels' time)
+            lane = pname
+        else:  # the CPU client: each device's thunks, on its own threads
+            lane = f"device:{device}" if device is not None else pname or str(e.get("pid"))
         is_comm = bool(COMM_JAX.search(str(op)) or COMM_JAX.search(str(e.get("name", ""))))
         (lanes.comm if is_comm else lanes.compute)[lane].append(_span(e))
     return lanes

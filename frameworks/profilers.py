@@ -40,7 +40,9 @@ class TorchProfiler:
 
     def stop(self) -> Path:
         self.prof.stop()
-        path = self.dir / f"{socket.gethostname()}.pt.trace.json"  # the plugin's file name
+        # <worker>.pt.trace.json: the name TensorBoard's plugin and HTA look for; unique per
+        # rank (the folder's name), so that every rank's trace can be gathered in one folder
+        path = self.dir / f"{socket.gethostname()}_{self.dir.name}.pt.trace.json"
         self.prof.export_chrome_trace(str(path))
         return path
 

@@ -110,6 +110,34 @@ def test_jax_trace_two_devices(tmp_path: Path) -> None:
     assert sorted(result["devices"]) == ["device:0", "device:1"]
 
 
+def test_jax_gpu_trace_reads_the_streams_not_the_summary_lines(tmp_path: Path) -> None:
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 13,
+             "args": {"name": "Stream #13(Compute)"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 14,
+             "args": {"name": "Stream #14(Nccl)"}},
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "XLA Ops"}},
+            {"ph": "M", "name": "process_name", "pid": 701,
+             "args": {"name": "/host:CPU"}}]  # fmt: skip
+
+    def k(name, ts, dur, tid, op):
+        return x(name, ts, dur, 1, tid, args={"hlo_op": op})
+
+    events = (
+        meta
+        + host(701, 5)
+        + [
+            k("loop_convolution_kernel", 0, 10000, 13, "convolution.3"),
+            k("loop_add_fusion", 12000, 8000, 13, "fusion.7"),
+            k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8000, 7000, 14, "all-reduce-start.1"),
+            k("all-reduce-start.1", 8000, 17000, 2, "all-reduce-start.1"),  # the summary line
+        ]
+    )
+    result = read_trace(write(tmp_path, events, "t.trace.json.gz"), "jax", 1)
+    check_hand(result)
+    assert list(result["devices"]) == ["/device:GPU:0"]
+
+
 def test_mxnet_trace_with_begin_end_pairs(tmp_path: Path) -> None:
     def be(name, ts, dur, pid, tid=3, ph="B", cat="operator"):
         return [
