@@ -8,6 +8,7 @@ communication (hidden or not) beside them. This module turns a sweep's records i
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from benchmarks.harness import mode_label
@@ -21,10 +22,27 @@ PARTS = (  # (record key, label, colour): stacked bottom to top
 )
 
 
+KEYS = ("step_ms", "compute_ms", "exposed_comm_ms", "input_wait_ms", "host_gap_ms", "comm_ms",
+        "measured_step_ms", "parts_vs_measured")  # fmt: skip
+
+
 def profiled(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ok records that hold a breakdown, by framework then device count."""
-    have = [r for r in records if r.get("status") == "ok" and r.get("breakdown")]
-    return sorted(have, key=lambda r: (_name(r), r.get("devices", 0)))
+    """One row per (framework, devices) with a profiled ok run: each figure the median over its
+    runs (seeds), by framework then device count."""
+    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("status") == "ok" and r.get("breakdown"):
+            cells.setdefault((_name(r), int(r.get("devices", 0))), []).append(r)
+    rows = []
+    for (name, devices), runs in sorted(cells.items()):
+        b = {}
+        for key in KEYS:
+            values = [r["breakdown"][key] for r in runs if r["breakdown"].get(key) is not None]
+            if values:
+                b[key] = statistics.median(values)
+        rows.append({"framework": name, "devices": devices, "runs": len(runs),
+                     "execution": runs[0].get("execution"), "breakdown": b})  # fmt: skip
+    return rows
 
 
 def _name(r: dict[str, Any]) -> str:
@@ -45,14 +63,15 @@ def section(records: list[dict[str, Any]]) -> list[str]:
         f"## {TITLE}",
         "",
         "Per step, in ms, from each run's trace (its first epoch's profiled steps, after 3 "
-        "warm-up steps; the mean over the devices). compute + exposed comm + input wait + host "
+        "warm-up steps; the mean over the devices; with several runs per cell, the median of "
+        "each figure over them). compute + exposed comm + input wait + host "
         "gap = profiled step; comm = all communication, hidden behind compute or not; "
         "overlap = hidden / comm; measured step = the same run's timed epochs without the "
         "profiler (their ratio: the profiler's cost). Traces: `profile` in each run's record.",
         "",
-        "| framework | mode | devices | profiled step | compute | exposed comm | input wait "
-        "| host gap | comm | overlap | measured step | parts / measured |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| framework | mode | devices | runs | profiled step | compute | exposed comm "
+        "| input wait | host gap | comm | overlap | measured step | parts / measured |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         b = r["breakdown"]
@@ -61,7 +80,7 @@ def section(records: list[dict[str, Any]]) -> list[str]:
         ratio = b.get("parts_vs_measured")
         mode = mode_label(r.get("execution"))
         lines.append(
-            f"| {_name(r)} | {mode} | {r.get('devices')} | {_ms(b['step_ms'])} "
+            f"| {r['framework']} | {mode} | {r['devices']} | {r['runs']} | {_ms(b['step_ms'])} "
             f"| {_ms(b['compute_ms'])} | {_ms(b['exposed_comm_ms'])} | {_ms(b['input_wait_ms'])} "
             f"| {_ms(b['host_gap_ms'])} | {_ms(comm)} | {overlap} "
             f"| {_ms(b.get('measured_step_ms'))} | {f'{ratio:.2f}' if ratio else '-'} |"
@@ -76,7 +95,9 @@ def plot(plt: Any, records: list[dict[str, Any]], title: str) -> Any:
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.8))
-    ax.set_title(f"{TITLE}: per step, the mean over the devices\n{title}", fontsize=8)
+    ax.set_title(
+        f"{TITLE}: per step, the mean over the devices, median over runs\n{title}", fontsize=8
+    )
     xs = range(len(rows))
     bottom = [0.0] * len(rows)
     for key, label, colour in PARTS:
@@ -91,7 +112,7 @@ def plot(plt: Any, records: list[dict[str, Any]], title: str) -> Any:
             marker="_", s=400, color="k", zorder=3, label="measured step (unprofiled)",
         )  # fmt: skip
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{_name(r)}\nx{r.get('devices')}" for r in rows], fontsize=7)
+    ax.set_xticklabels([f"{r['framework']}\nx{r['devices']}" for r in rows], fontsize=7)
     ax.set_ylabel("ms per step")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)

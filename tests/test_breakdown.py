@@ -298,3 +298,50 @@ def test_profile_flags_are_checked() -> None:
         preset("digits", framework="torch-ddp", profile=-1)
     with pytest.raises(ConfigError, match="contradict"):
         preset("digits", framework="torch-ddp", profile=5, phase_timing=True)
+
+
+# ---- compare's report ---------------------------------------------------------------------------
+
+
+def record(framework: str, devices: int, compute: float, status: str = "ok") -> dict:
+    parts = {"compute_ms": compute, "exposed_comm_ms": 1.0, "input_wait_ms": 0.5,
+             "host_gap_ms": 0.5}  # fmt: skip
+    step = sum(parts.values())
+    return {"status": status, "devices": devices, "execution": "eager",
+            "runner": {"framework": framework},
+            "breakdown": {**parts, "step_ms": step, "comm_ms": 4.0, "measured_step_ms": step,
+                          "parts_vs_measured": 1.0}}  # fmt: skip
+
+
+def test_the_report_shows_one_row_per_cell_with_the_median_over_its_runs() -> None:
+    from benchmarks import breakdowns
+
+    records = [record("torch-ddp", 2, c) for c in (10.0, 30.0, 12.0)]
+    records += [record("jax-pmap", 1, 5.0), record("jax-pmap", 1, 99.0, status="failed")]
+    records.append({"status": "ok", "devices": 1, "runner": {"framework": "mxnet-gluon"}})
+    lines = breakdowns.section(records)
+    rows = [line for line in lines if line.startswith("| torch-ddp") or line.startswith("| jax")]
+    assert [row.replace(" ", "") for row in rows] == [
+        "|jax-pmap|eager|1|1|7.00|5.00|1.00|0.50|0.50|4.00|75%|7.00|1.00|",
+        "|torch-ddp|eager|2|3|14.00|12.00|1.00|0.50|0.50|4.00|75%|14.00|1.00|",
+    ]  # medians over the three torch-ddp runs; the failed and unprofiled runs are left out
+    assert breakdowns.section([records[-1]]) == []  # nothing profiled: no section
+
+
+def test_the_report_draws_a_stacked_bar_per_cell() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks import breakdowns
+
+    fig = breakdowns.plot(plt, [record("torch-ddp", 2, 10.0), record("jax-pmap", 2, 6.0)], "t")
+    bars = fig.axes[0].patches
+    assert len(bars) == 2 * 4  # two cells x four parts
+    tops: dict[float, float] = {}
+    for p in bars:
+        tops[p.get_x()] = max(tops.get(p.get_x(), 0.0), p.get_y() + p.get_height())
+    assert sorted(tops.values()) == pytest.approx([8.0, 12.0])  # each stack adds up to its step
+    plt.close(fig)
+    assert breakdowns.plot(plt, [], "t") is None
