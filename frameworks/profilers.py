@@ -14,6 +14,7 @@ reads. The framework is imported when its profiler is made, so every trainer imp
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import time
@@ -23,19 +24,30 @@ from pathlib import Path
 from typing import Any
 
 
-class TorchProfiler:
-    flavour = "torch"
+class _Profiler:
+    """What every profiler here shares: its framework's profiler module, imported when made."""
+
+    flavour = viewer = module = ""
+    annotation = ""  # the module's named-range context manager
+
+    def __init__(self) -> None:
+        self.profiler: Any = importlib.import_module(self.module)
+
+    def annotate(self, name: str) -> Any:
+        return getattr(self.profiler, self.annotation)(name)
+
+
+class TorchProfiler(_Profiler):
+    flavour, module, annotation = "torch", "torch.profiler", "record_function"
     viewer = "Perfetto (ui.perfetto.dev), chrome://tracing or TensorBoard's torch profiler plugin"
 
     def start(self, trace_dir: Path) -> None:
         os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # not kineto's "no GPU" ERROR on CPUs
-        import torch
-
         self.dir = trace_dir
-        acts = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            acts.append(torch.profiler.ProfilerActivity.CUDA)
-        self.prof = torch.profiler.profile(activities=acts)
+        acts = [self.profiler.ProfilerActivity.CPU]
+        if importlib.import_module("torch").cuda.is_available():
+            acts.append(self.profiler.ProfilerActivity.CUDA)
+        self.prof = self.profiler.profile(activities=acts)
         self.prof.start()
 
     def stop(self) -> Path:
@@ -46,67 +58,47 @@ class TorchProfiler:
         self.prof.export_chrome_trace(str(path))
         return path
 
-    def annotate(self, name: str) -> Any:
-        import torch
 
-        return torch.profiler.record_function(name)
-
-
-class JaxProfiler:
-    flavour = "jax"
+class JaxProfiler(_Profiler):
+    flavour, module, annotation = "jax", "jax.profiler", "TraceAnnotation"
     viewer = "TensorBoard's profile plugin / XProf (the folder), or Perfetto (*.trace.json.gz)"
 
     def start(self, trace_dir: Path) -> None:
-        import jax
-
         self.dir, self.t0 = trace_dir, time.time()
-        options = jax.profiler.ProfileOptions()
+        options = self.profiler.ProfileOptions()
         options.python_tracer_level = 0  # XLA's events, not every Python call
-        jax.profiler.start_trace(str(trace_dir), profiler_options=options)
+        self.profiler.start_trace(str(trace_dir), profiler_options=options)
 
     def stop(self) -> Path:
-        import jax
-
-        jax.profiler.stop_trace()
+        self.profiler.stop_trace()
         found = self.dir.glob("plugins/profile/*/*.trace.json.gz")
         traces = sorted((p for p in found if _mtime(p) >= self.t0 - 1), key=_mtime)
         if not traces:  # an older run's trace in the same folder is not this run's
             raise OSError(f"jax.profiler wrote no *.trace.json.gz under {self.dir}")
         return traces[-1]  # this run's: the newest
 
-    def annotate(self, name: str) -> Any:
-        import jax
 
-        return jax.profiler.TraceAnnotation(name)
-
-
-class MxnetProfiler:
-    flavour = "mxnet"
+class MxnetProfiler(_Profiler):
+    flavour, module = "mxnet", "mxnet.profiler"
     viewer = "Perfetto (ui.perfetto.dev) or chrome://tracing"
 
     def start(self, trace_dir: Path) -> None:
-        import mxnet as mx
-
         self.path = trace_dir / "trace.json"
-        mx.profiler.set_config(
+        self.profiler.set_config(
             profile_symbolic=True, profile_imperative=True, profile_memory=False,
             profile_api=False, aggregate_stats=False, filename=str(self.path),
         )  # fmt: skip
-        self.domain = mx.profiler.Domain("dpbench")
-        mx.profiler.set_state("run")
+        self.domain = self.profiler.Domain("dpbench")
+        self.profiler.set_state("run")
 
     def stop(self) -> Path:
-        import mxnet as mx
-
-        mx.profiler.set_state("stop")
-        mx.profiler.dump()
+        self.profiler.set_state("stop")
+        self.profiler.dump()
         return self.path
 
     @contextmanager
-    def annotate(self, name: str) -> Iterator[None]:
-        import mxnet as mx
-
-        task = mx.profiler.Task(self.domain, name)
+    def annotate(self, name: str) -> Iterator[None]:  # a Task: MXNet has no context manager
+        task = self.profiler.Task(self.domain, name)
         task.start()
         try:
             yield
