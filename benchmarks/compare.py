@@ -37,6 +37,7 @@ from common.datasets import DatasetError, check_available, train_size
 from common.results import host_info, write_json_atomic
 from common.runtime import MIN_FREE_BYTES, ROOT
 from common.schedule import scaled_lr
+from common.trainer import check_outputs
 
 PROG = "python -m benchmarks.compare"
 DEFAULT_TIMEOUT = 900.0
@@ -57,6 +58,7 @@ examples:
 outputs (in --out DIR): config.json (resolved config, every run's command), runs/*.json (every
 run's record, written when it ends), logs/*.log, results.csv (one row per framework x devices),
 runs.csv (one row per run), results.md, throughput.png, efficiency.png, accuracy_vs_time.png,
+predicted_efficiency.png (measured vs PREDICTED from the 1-device run, docs/scaling.md),
 tensorboard/<run id>/ (every run's curves: `tensorboard --logdir DIR/tensorboard` overlays them).
 exit code: 0 all runs ok, 1 a run failed / diverged / timed out, 2 bad input (nothing ran).
 """
@@ -222,6 +224,7 @@ def make_plan(argv: list[str]) -> Plan:
             shared[key] = str(Path(shared[key]).resolve())
     try:
         base = preset(preset_name, **shared)  # gpus=1: the 1-device configuration
+        check_outputs(base)  # --checkpoint-dir, --save-state, --data-dir: now, not in every run
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -311,7 +314,7 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
     args = ["--preset", plan.base.preset]
     variant = harness.variant_settings(fw)  # NAME+VARIANT: its mode over the sweep's flags
     for key, value in plan.passthrough.items():
-        if key == "checkpoint_dir":  # one checkpoint directory per run
+        if key in ("checkpoint_dir", "profile_dir"):  # one directory per run
             value = str(Path(value) / run_id)
         if key not in PER_RUN and key not in variant:
             args += harness.flag(key, value)
@@ -333,8 +336,9 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
         seed=seed,
         tensorboard=tensorboard,
     )
-    if "checkpoint_dir" in plan.passthrough:
-        cfg = cfg.replace(checkpoint_dir=str(Path(plan.passthrough["checkpoint_dir"]) / run_id))
+    for key in ("checkpoint_dir", "profile_dir"):
+        if key in plan.passthrough:
+            cfg = cfg.replace(**{key: str(Path(plan.passthrough[key]) / run_id)})
     try:
         cfg = resolve(cfg.replace(output=str(output)))
     except ConfigError as exc:

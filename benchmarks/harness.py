@@ -56,6 +56,7 @@ from common.config import (
     MAX_WIDTH,
     PRECISIONS,
     Config,
+    ConfigError,
 )
 from common.devices import CHOICES as DEVICE_CHOICES
 from common.runtime import (
@@ -64,9 +65,11 @@ from common.runtime import (
     PARENT_ENV,
     ROOT,
     atomic_write_bytes,
+    check_xla_flags,
     cpu_threads,
     unwritable,
 )
+from common.safe_io import read_regular, regular_file
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
 TOOL = "python -m benchmarks.{}"  # how each tool is started
@@ -201,6 +204,11 @@ def parse_frameworks(text: str, variants: bool = False) -> list[str]:
             )
     if not names:
         raise UsageError(f"--frameworks is empty; give one or more of {', '.join(REGISTRY)}")
+    if any(n.startswith("jax") for n in names):  # the JAX children read the user's XLA_FLAGS
+        try:
+            check_xla_flags()  # child_env drops its device count: a typo there is not silent
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
     return names
 
 
@@ -261,7 +269,11 @@ def use_interpreter(path: str) -> None:
     DPBENCH_PYTHON_<NAME> variables). The path is made absolute but not resolved: a virtual
     environment's python is a symlink whose target would lose the environment."""
     python = Path(path).expanduser()
-    if not (python.is_file() and os.access(python, os.X_OK)):
+    try:
+        usable = python.is_file() and os.access(python, os.X_OK)
+    except OSError:  # a name too long for the file system: no interpreter either
+        usable = False
+    if not usable:
         raise UsageError(
             f"--python {path}: no executable interpreter there; give the path of "
             "a python that has torch and/or jax installed"
@@ -1062,12 +1074,28 @@ def mode_notes(table: Sequence[dict[str, Any]]) -> list[str]:
 # -- records and files --------------------------------------------------------------------------
 
 
+RECORD_LIMIT = 64 << 20  # a run record or a config.json: far above any the tools write (~100 KB)
+
+
+def read_json_file(path: Path, what: str, fix: str, limit: int = RECORD_LIMIT) -> Any:
+    """The JSON in `path`, read only if it is a regular file (links followed) of at most
+    `limit` bytes (common/safe_io.py): a FIFO, a device or an oversized file is UsageError at
+    once, not a hang or a read of gigabytes. OSError (missing) and ValueError (no JSON) pass."""
+    return json.loads(read_regular(path, limit, what, fix, UsageError))
+
+
+def check_record_file(path: Path) -> None:
+    """A run record that exists is a regular file of sane size (UsageError otherwise)."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        regular_file(path, RECORD_LIMIT, "run record", "delete it or rerun this run", UsageError)
+
+
 def read_record(path: Path) -> dict[str, Any] | None:
-    """A run's JSON record, or None when it is missing or is not a record (a crashed run)."""
+    """A run's JSON record, or None when it is missing or is not a record (a crashed run; a
+    FIFO, a device or an oversized file in its place: read_json_file)."""
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        data = read_json_file(path, "run record", "delete it or rerun this run")
+    except (OSError, ValueError, UsageError):
         return None
     return data if isinstance(data, dict) and "status" in data else None
 

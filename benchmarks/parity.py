@@ -49,10 +49,12 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.harness import REGISTRY, UsageError
-from common.config import BN_MODES, FRAMEWORKS, MODELS, ConfigError, preset
+from common.config import BN_MODES, FRAMEWORKS, MODELS, ConfigError, data_dims, preset
 from common.datasets import train_size
+from common.init import parameter_spec, state_bytes
 from common.results import host_info, write_json_atomic
 from common.runtime import ROOT
+from common.safe_io import open_regular
 
 PROG = "python -m benchmarks.parity"
 REFERENCE = "torch-ddp"
@@ -320,8 +322,19 @@ def run_all(plan: Plan, rows: list[dict[str, Any]], say: Any) -> dict[str, dict[
 # -- the comparison -----------------------------------------------------------------------------
 
 
-def load_state(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as f:
+def state_limit(config: dict[str, Any]) -> int:
+    """The most bytes a saved state (or the init cache) of a run's `config` can need."""
+    cfg = preset(BASE, model=config["model"], width=float(config["width"]))
+    return 4 * state_bytes(parameter_spec(cfg.model, cfg.width, *data_dims(cfg))) + (16 << 20)
+
+
+def load_state(path: Path, limit: int) -> dict[str, np.ndarray]:
+    """A saved state: a regular file of at most `limit` bytes, no member inflating past it
+    (common/safe_io.py; a FIFO or a link to /dev/zero is a ConfigError, not a hang)."""
+    with open_regular(path, limit, "saved state", "rerun parity") as raw, np.load(raw) as f:
+        big = next((i for i in f.zip.infolist() if i.file_size > limit), None)
+        if big is not None:
+            raise ConfigError(f"saved state {path}: {big.filename} inflates past {limit} bytes")
         return {
             k: f[k].astype(np.float64) for k in f.files if not k.endswith("num_batches_tracked")
         }
@@ -365,9 +378,9 @@ def evaluate(plan: Plan, rows: list[dict[str, Any]], runs: dict[str, dict[str, A
     """Fill every planned row from its run and its reference run."""
     states: dict[str, dict[str, np.ndarray]] = {}
 
-    def state(tag: str) -> dict[str, np.ndarray]:
+    def state(tag: str, limit: int) -> dict[str, np.ndarray]:
         if tag not in states:
-            states[tag] = load_state(plan.out / "runs" / f"{tag}.npz")
+            states[tag] = load_state(plan.out / "runs" / f"{tag}.npz", limit)
         return states[tag]
 
     for r in rows:
@@ -386,8 +399,9 @@ def evaluate(plan: Plan, rows: list[dict[str, Any]], runs: dict[str, dict[str, A
             r.update(status="failed", ok=False, note="not the reference's initial state")
             continue
         try:
-            init = load_state(ROOT / init_info["file"])
-            numbers = compare(init, state(r["run"]), state(r["ref_run"]),
+            limit = state_limit(rec["config"])
+            init = load_state(ROOT / init_info["file"], limit)
+            numbers = compare(init, state(r["run"], limit), state(r["ref_run"], limit),
                               rec["config"]["bn_momentum"], r["steps"])  # fmt: skip
         except (OSError, KeyError, ValueError) as exc:
             r.update(status="failed", ok=False, note=f"cannot compare: {exc}")

@@ -21,7 +21,6 @@ preset of that machine; nothing is fitted to the rows.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
@@ -127,27 +126,34 @@ def conv(cin: int, cout: int, k: int) -> int:
     return cin * cout * k * k
 
 
-def resnet18_cifar(num_classes: int = 10) -> list[int]:
-    """frameworks/torch_models.py's ResNet18 (3x3 stride-1 stem, basic blocks 64..512 x 2),
-    its parameter tensors' sizes in the order model.parameters() lists them."""
-    sizes, cin = [conv(3, 64, 3), 64, 64], 64
-    for i, w in enumerate((64, 128, 256, 512)):
+def scaled(channels: int, width: float) -> int:
+    """frameworks/torch_models.py's width rule: channels x width, rounded, at least 1."""
+    return max(1, int(round(channels * width)))
+
+
+def resnet18_cifar(num_classes: int = 10, width: float = 1.0, in_channels: int = 3) -> list[int]:
+    """frameworks/torch_models.py's ResNet18 (3x3 stride-1 stem, basic blocks 64..512 x 2, each
+    x width), its parameter tensors' sizes in the order model.parameters() lists them."""
+    stem = scaled(64, width)
+    sizes, cin = [conv(in_channels, stem, 3), stem, stem], stem
+    for i, w in enumerate(scaled(c, width) for c in (64, 128, 256, 512)):
         for b in range(2):
             sizes += [conv(cin, w, 3), w, w, conv(w, w, 3), w, w]
             if b == 0 and (i > 0 or cin != w):
                 sizes += [conv(cin, w, 1), w, w]  # downsample: 1x1 conv + BN
             cin = w
-    return sizes + [512 * num_classes, num_classes]
+    return sizes + [cin * num_classes, num_classes]
 
 
-def wideresnet(num_classes: int = 10) -> list[int]:
+def wideresnet(num_classes: int = 10, width: float = 1.0, in_channels: int = 3) -> list[int]:
     """frameworks/torch_models.py's WideResNet (the NVIDIA course's): stem 16, six blocks."""
-    sizes, cin = [conv(3, 16, 3), 16, 16], 16
-    for w in (160, 160, 320, 320, 640, 640):
+    stem = scaled(16, width)
+    sizes, cin = [conv(in_channels, stem, 3), stem, stem], stem
+    for w in (scaled(c, width) for c in (160, 160, 320, 320, 640, 640)):
         sizes += [conv(cin, w, 3), w, w, conv(w, w, 3), w, w]
         sizes += [conv(cin, w, 1)] if cin != w else []  # 1x1 shortcut, no BN
         cin = w
-    return sizes + [640 * num_classes, num_classes]
+    return sizes + [cin * num_classes, num_classes]
 
 
 def resnet50_v15(num_classes: int = 1000) -> list[int]:
@@ -351,8 +357,9 @@ class Setup:
     overlap: float | None = None  # None: overlap_for decides
 
 
-def step_comm(s: Setup, n: int, per_device_batch: float) -> Comm:
-    model = MODELS[s.model]
+def step_comm(s: Setup, n: int, per_device_batch: float, model: Model | None = None) -> Comm:
+    """The step's communication at `n` devices; `model`: its tensors (default MODELS[s.model])."""
+    model = model or MODELS[s.model]
     grad = [t * GRAD_BYTES[s.grad_dtype] for t in model.tensors]
     link = link_at(n, s.gpus_per_node, s.intra_link, s.inter_link, s.nics_per_node)
     if s.framework == "torch-dp":
@@ -363,7 +370,9 @@ def step_comm(s: Setup, n: int, per_device_batch: float) -> Comm:
     return allreduce_comm(messages(s.framework, grad), n, link)
 
 
-def predict(bd: Breakdown, s: Setup, n: int, per_device_batch: float) -> dict[str, Any]:
+def predict(
+    bd: Breakdown, s: Setup, n: int, per_device_batch: float, model: Model | None = None
+) -> dict[str, Any]:
     """One predicted row: the step at `n` devices of `per_device_batch` images each. Compute,
     backward and input wait scale linearly with the per-device batch (this overstates small
     batches' speed: below a few hundred 32x32 images a GPU is launch-bound); host time does not."""
@@ -371,7 +380,7 @@ def predict(bd: Breakdown, s: Setup, n: int, per_device_batch: float) -> dict[st
         return {"devices": n, "per_device_batch": per_device_batch, "note": "n/a: one process"}
     scale = per_device_batch / bd.batch
     overlap, _ = overlap_for(s.framework, bd, s.overlap)
-    comm = step_comm(s, n, per_device_batch)
+    comm = step_comm(s, n, per_device_batch, model)
     hidden_room = overlap * bd.backward * scale
     exposed = exposed_ms(comm, hidden_room) if n > 1 else 0.0
     step = bd.host_ms + (bd.compute + bd.input_wait_ms) * scale + exposed
@@ -541,13 +550,249 @@ def validation_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- measured against predicted: a compare sweep ----
+
+# cpu-simulated devices have no interconnect preset: they exchange gradients as copies between
+# processes (torch-ddp: gloo over loopback TCP) or threads (JAX, MXNet) on one host. No compare
+# record carries a measured all-reduce, so this link is an ASSUMPTION, named as one wherever it
+# is used; `benchmarks.comm_probe` measures the real figure on a host (pass it as `link`).
+HOST_LINK = Link(
+    1.0,
+    50.0,
+    "cpu-simulated devices copy gradients between processes or threads of one host",
+    "ASSUMED: a round figure, of the order benchmarks.comm_probe reports for 2 cpu-simulated "
+    "devices (docs/results/cpu-2core-20261122/comm.md); not measured for this sweep",
+)
+GPU_LINK = "pcie4"  # a GPU sweep's records do not say how its GPUs are joined: ASSUMED
+
+
+def default_link(device_kind: str) -> tuple[str, Link, str]:
+    """(name, link, where it comes from) when the caller gives none: HOST_LINK for simulated
+    devices, else the GPU_LINK preset; both ASSUMED."""
+    if not device_kind.startswith("cuda"):
+        return "host memory", HOST_LINK, HOST_LINK.source
+    why = "ASSUMED: the records do not say how the GPUs are joined; preset " + GPU_LINK
+    return GPU_LINK, PRESETS[GPU_LINK], f"{why} ({PRESETS[GPU_LINK].source})"
+
+
+def model_of(record: dict[str, Any]) -> tuple[Model | None, str]:
+    """The gradient tensors of the model a run trained (its model, width, input channels and
+    classes, as frameworks/torch_models.py builds it) and a description; (None, why) when the
+    model is not one predict knows or the record's parameter count says otherwise."""
+    from types import SimpleNamespace
+
+    from common.config import data_dims, image_side
+
+    cfg = record.get("config") or {}
+    name = record.get("model") or cfg.get("model")
+    build = {"resnet18": resnet18_cifar, "wideresnet": wideresnet}.get(name or "")
+    if build is None:
+        return None, f"no gradient tensors modelled for model {name!r}"
+    keys = ("dataset", "synthetic_channels", "synthetic_classes", "image_size")
+    data = SimpleNamespace(**{k: cfg.get(k) for k in keys})
+    channels, classes = data_dims(data)
+    width = float(cfg.get("width") or 1.0)
+    tensors = tuple(build(classes, width, channels))
+    counted = record.get("params")
+    if counted is not None and int(counted) != sum(tensors):
+        return None, (
+            f"the record counts {int(counted):,} parameters, the modelled {name} (width "
+            f"{width:g}, {channels} channels, {classes} classes) {sum(tensors):,}"
+        )
+    side = image_side(data)
+    what = f"{name}, width {width:g}, {channels}x{side}x{side} inputs, {classes} classes"
+    return Model(tensors, (channels, side, side), classes, what), what
+
+
+def _median(values: Sequence[float]) -> float:
+    xs = sorted(values)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+BREAKDOWN_PARTS = ("step_ms", "compute_ms", "input_wait_ms")  # what the prediction takes from one
+ALL_COMPUTE = "no breakdown: the whole step is compute"
+
+
+def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, str]:
+    """The 1-device step of a cell's ok records: step = batch / median images/s (the timed
+    epochs, as the measured efficiency uses them). Where the records carry a measured
+    "breakdown", its compute and input wait (medians over the records) as fractions of its own
+    step; the rest is host time. Without one the whole step is compute (it scales with the
+    batch). Its communication is not used: at 1 device there is nothing to overlap (what a trace
+    counts there, such as JAX's psum over one device, says nothing about the overlap at N), so
+    the framework's default overlap stays; the N-device runs' breakdowns are not read."""
+    batch = int(records[0]["global_batch_size"])
+    step = batch / _median([float(r["images_per_sec"]) for r in records]) * 1e3
+    measured = [r["breakdown"] for r in records if isinstance(r.get("breakdown"), dict)]
+    timed = f"{len(records)} run(s)' timed epochs: {batch} / median images/s"
+    if not measured:
+        return Breakdown(step_ms=step, batch=batch, source=f"{timed}; {ALL_COMPUTE}"), ""
+
+    def med(key: str) -> float | None:
+        xs = [float(b[key]) for b in measured if b.get(key) is not None]
+        return _median(xs) if xs else None
+
+    bd_step, compute, wait = (med(k) for k in BREAKDOWN_PARTS)
+    if not bd_step or compute is None:
+        return Breakdown(step_ms=step, batch=batch, source=timed), "breakdown without step_ms"
+    share = step / bd_step  # the breakdown's parts, in proportion, on the timed step
+    bd = Breakdown(
+        step_ms=step,
+        batch=batch,
+        compute_ms=compute * share,
+        input_wait_ms=(wait or 0.0) * share,
+        source=f"{timed}; compute and input wait in the proportions of the measured breakdown "
+        f"({len(measured)} record(s): step {bd_step:.3f} ms, compute {compute:.3f} ms, input "
+        f"wait {wait or 0.0:.3f} ms)",
+    )
+    try:
+        check_breakdown(bd)
+    except UsageError as exc:
+        return Breakdown(step_ms=step, batch=batch, source=timed), f"breakdown not used: {exc}"
+    return bd, ""
+
+
+def shared_cores(bd: Breakdown, k: float) -> Breakdown:
+    """The same step with its compute (and backward) k times slower, host and input wait as
+    they were: N cpu-simulated devices split the cores that the 1-device run used alone."""
+    if k == 1:
+        return bd
+    return replace(bd, step_ms=bd.step_ms + bd.compute * (k - 1), compute_ms=bd.compute * k,
+                   backward_ms=bd.backward * k)  # fmt: skip
+
+
+SHARED_CORES = (
+    "cpu-simulated: the N devices share the cores the 1-device run used alone (THREADS RULE, "
+    "common/runtime.py), so each computes N x slower; host time and input wait as at 1 device"
+)
+OWN_DEVICE = "each GPU computes on its own, as fast as the 1-GPU run's"
+
+
+def _cells(records: Sequence[dict[str, Any]]) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """ok records with a throughput, by row (the name compare ran them as) and device count."""
+    cells: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for r in records:
+        if r.get("status") != "ok" or not all(
+            r.get(k) for k in ("images_per_sec", "devices", "global_batch_size")
+        ):
+            continue
+        key = (r.get("runner") or {}).get("framework") or r["framework"]
+        cells.setdefault(key, {}).setdefault(int(r["devices"]), []).append(r)
+    return cells
+
+
+def measured_vs_predicted(
+    records: Sequence[dict[str, Any]],
+    link: tuple[str, Link, str] | None = None,
+    overlap: float | None = None,
+    grad_dtype: str = "fp32",
+) -> list[dict[str, Any]]:
+    """Measured and PREDICTED scaling efficiency, one row per (framework, N > 1) of a compare
+    sweep that has an ok 1-device run and ok N-device runs. Pure: `records` are the run records
+    compare writes. The prediction reads ONLY the 1-device records (step time, per-device batch,
+    a measured breakdown if any, the model) and the stated inputs: the link (name, Link, its
+    source; default `default_link` of the device kind, ASSUMED), the overlap (default the
+    framework's), the gradient dtype (our trainers keep fp32 parameters and gradients). From an
+    N-device record it takes only how the sweep ran (devices, global batch: the scaling), never
+    its time. cpu-simulated devices share the host's cores (THREADS RULE, common/runtime.py), so
+    there each device's compute is predicted N times slower; GPUs have their own."""
+    out = []
+    for key, by_n in _cells(records).items():
+        if 1 not in by_n:
+            continue
+        ones = by_n[1]
+        first = ones[0]
+        framework, kind = first["framework"], first.get("device_kind") or ""
+        bd, bd_note = one_device_breakdown(ones)
+        model, model_what = model_of(first)
+        blocked = [] if model else [model_what]
+        if framework not in FRAMEWORKS:
+            blocked.append(f"no collectives modelled for framework {framework!r}")
+        name, lk, lk_source = link or default_link(kind)
+        ips1 = _median([float(r["images_per_sec"]) for r in ones])
+        for n in sorted(m for m in by_n if m > 1):
+            cell = by_n[n]
+            global_batch = int(cell[0]["global_batch_size"])
+            ips = _median([float(r["images_per_sec"]) for r in cell])
+            scaling = {bd.batch: "strong", bd.batch * n: "weak"}.get(global_batch, "")
+            row: dict[str, Any] = {
+                "framework": key,
+                "mode": harness.mode_label(first.get("execution")),
+                "devices": n,
+                "scaling": scaling or f"neither (global batch {global_batch} at {n})",
+                "device_kind": kind,
+                "global_batch": global_batch,
+                "per_device_batch": global_batch / n,
+                "runs_one_device": len(ones),
+                "runs": len(cell),
+                "measured_one_device_images_per_sec": ips1,
+                "measured_images_per_sec": ips,
+                "measured_step_ms": global_batch / ips * 1e3,
+                "measured_efficiency": ips / (n * ips1),
+                "predicted_step_ms": None,
+                "predicted_efficiency": None,
+                "difference_pp": None,
+            }
+            kinds = sorted({str(r.get("device_kind")) for r in cell})
+            why = [*blocked]
+            if kinds != [kind]:
+                why.append(f"device kinds differ: {kind} at 1 device, {', '.join(kinds)} at {n}")
+            if not scaling:
+                why.append("neither weak nor strong scaling")
+            row["note"] = "; ".join([bd_note, *why] if bd_note else why)
+            if why or model is None:
+                out.append(row)
+                continue
+            simulated = not kind.startswith("cuda")
+            k = n if simulated else 1
+            setup = Setup(framework, first.get("model") or "", grad_dtype, name, lk,
+                          INTER_NODE["ib-ndr"], gpus_per_node=n, overlap=overlap)  # fmt: skip
+            one = predict(bd, setup, 1, bd.batch, model)
+            got = predict(shared_cores(bd, k), setup, n, global_batch / n, model)
+            if "step_ms" not in got:
+                row["note"] = got.get("note", "")
+                out.append(row)
+                continue
+            over, over_source = overlap_for(framework, bd, overlap)
+            grads = [t * GRAD_BYTES[grad_dtype] for t in model.tensors]
+            msgs = [] if framework == "torch-dp" else messages(framework, grads)
+            eff = got["images_per_sec"] / (n * one["images_per_sec"])
+            row.update(
+                predicted_step_ms=got["step_ms"],
+                predicted_images_per_sec=got["images_per_sec"],
+                predicted_efficiency=eff,
+                difference_pp=100 * (row["measured_efficiency"] - eff),
+                predicted_comm_ms=got["comm_ms"],
+                predicted_exposed_comm_ms=got["exposed_comm_ms"],
+                inputs={
+                    "one_device": {**asdict(bd), "compute_ms": bd.compute,
+                                   "backward_ms": bd.backward, "host_ms": bd.host_ms},
+                    "compute_factor": k,
+                    "compute_factor_source": SHARED_CORES if simulated else OWN_DEVICE,
+                    "link": {"name": name, "busbw_gbps": lk.busbw_gbps,
+                             "latency_us": lk.latency_us, "what": lk.what, "source": lk_source},
+                    "overlap": over,
+                    "overlap_source": over_source,
+                    "model": model_what,
+                    "grad_dtype": grad_dtype,
+                    "grad_bytes": sum(grads),
+                    "collectives": got["collectives"],
+                    "collective_bytes": msgs,
+                    "comm_bytes": got["comm_bytes"],
+                },
+            )  # fmt: skip
+            out.append(row)
+    return out
+
+
 # ---- inputs ----
 
 
 def read_breakdown(path: str) -> Breakdown:
     """--breakdown FILE: a JSON object with Breakdown's keys (unknown keys are an error)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = harness.read_json_file(Path(path), "--breakdown", "give a JSON file", 1 << 20)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--breakdown {path}: cannot read it as JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -567,7 +812,10 @@ def read_throughput_table(path: str) -> list[tuple[str, str, Breakdown]]:
     becomes (framework, mode, breakdown): step = batch / real img/s, compute = batch / compute-
     only img/s (the same step without the loop), the rest the loop's host time."""
     try:
-        text = Path(path).read_text()
+        raw = harness.read_regular(
+            Path(path), 64 << 20, "--throughput-table", "give a table file", UsageError
+        )
+        text = raw.decode(errors="replace")  # a regular file of sane size: a FIFO is no hang
     except OSError as exc:
         raise UsageError(f"--throughput-table {path}: {exc.strerror}") from None
     lines = [ln for ln in text.splitlines() if ln.startswith("|")]

@@ -30,6 +30,8 @@ import tarfile
 import tempfile
 import urllib.request
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,12 +253,32 @@ def verify_files(name: str, paths: dict[str, Path]) -> None:
         _write_verified(root, cache)
 
 
+@contextmanager
+def dataset_io(name: str, root: Path) -> Iterator[None]:
+    """Around the file-system work on dataset `name` in `root`: an OSError (a directory that
+    cannot be read or listed, EACCES, EIO, ENAMETOOLONG) is one DatasetError naming the path,
+    exit 2, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or root
+        raise DatasetError(
+            f"dataset {name!r}: cannot read {where} ({exc.strerror or exc}); check that "
+            f"--data-dir holds {root.name}/ and that it is readable"
+        ) from None
+
+
 def ensure_files(
     name: str, data_dir: str | os.PathLike[str], download: bool, verify: bool = True
 ) -> dict[str, Path]:
     """Return the paths of `name`'s official files, downloading missing ones if allowed, each a
     regular file and (`verify`) checked against its published MD5."""
     root = Path(data_dir) / name
+    with dataset_io(name, root):
+        return _ensure_files(name, root, download, verify)
+
+
+def _ensure_files(name: str, root: Path, download: bool, verify: bool) -> dict[str, Path]:
     paths: dict[str, Path] = {}
     missing = []
     for filename, (url, md5) in SOURCES[name].items():
@@ -777,7 +799,8 @@ def check_available(cfg) -> None:  # type: ignore[no-untyped-def]
     that they were not verified."""
     if cfg.dataset in SOURCES:
         root = Path(cfg.data_dir) / cfg.dataset
-        missing = [f for f in SOURCES[cfg.dataset] if not (root / f).exists()]
+        with dataset_io(cfg.dataset, root):
+            missing = [f for f in SOURCES[cfg.dataset] if not (root / f).exists()]
         if missing and not cfg.download:
             raise DatasetError(
                 f"dataset {cfg.dataset!r} is not on disk: put {', '.join(missing)} in {root}/"

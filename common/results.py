@@ -23,7 +23,7 @@ import numpy as np
 
 from common import devices
 from common.config import Config
-from common.runtime import atomic_write_bytes
+from common.runtime import WriteFailed, atomic_write_bytes
 from common.schedule import lr_table_for
 from common.tensorboard import EventLog
 
@@ -329,5 +329,12 @@ class RunRecorder:
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.is_main and self.output:
-            write_json_atomic(self.output, record)
+            try:
+                write_json_atomic(self.output, record)
+            except OSError as exc:  # a full disk: one line (run_main), no traceback
+                raise WriteFailed(
+                    f"cannot write the record --output {self.output} ({exc.strerror or exc}): "
+                    f"free some space or give another --output (run status: {record['status']})",
+                    self.output,
+                ) from None
         return record

@@ -91,6 +91,15 @@ def check_xla_flags() -> None:
             f"XLA_FLAGS={raw!r}: {bad!r} is not an XLA flag (each word must be --name or "
             "--name=value): fix it or `unset XLA_FLAGS`"
         )
+    # the device count the trainer sets from --gpus replaces the user's: a value that is no
+    # positive integer (XLA would abort on it) was silently overridden, hiding the typo
+    count = next((w for w in words if w.split("=", 1)[0] == f"--{OWN_XLA_FLAGS[0]}"), None)
+    if count is not None and not re.fullmatch(r"--\w+=0*[1-9]\d{0,5}", count):
+        raise ConfigError(
+            f"XLA_FLAGS={raw!r}: {count!r} needs a positive integer device count "
+            f"(--{OWN_XLA_FLAGS[0]}=N; the trainers set it from --gpus): "
+            "fix it or `unset XLA_FLAGS`"
+        )
     if all(w[2:].split("=", 1)[0] in OWN_XLA_FLAGS for w in words):
         return
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -283,6 +292,16 @@ def file_mode() -> int:
     return 0o666 & ~mask
 
 
+class WriteFailed(RuntimeError):
+    """A file the run writes (a checkpoint, --save-state, the record) could not be written: a
+    full disk, a quota, a file-size limit. Its partial files are already removed; the run ends
+    "failed" with this one line and no traceback (common/trainer.py). `path`: the file."""
+
+    def __init__(self, message: str, path: str | os.PathLike[str] = ""):
+        super().__init__(message)
+        self.path = str(path)
+
+
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
     """`write(tmp)` fills a temporary file beside `path`, which is then synced and renamed onto
     `path`: a reader sees the old complete file or the new one. A write that fails (a full disk,
@@ -364,8 +383,32 @@ def unwritable(
     can: it is the wrong kind of thing, its nearest existing directory is not writable (a
     read-only file system included) or that file system has less than `need` bytes free
     (the line says both numbers). Checked before a run starts,
-    so that a run does not train for an hour and then lose its result. Creates nothing."""
+    so that a run does not train for an hour and then lose its result. Creates nothing. A
+    name the file system cannot hold (a component over 255 bytes, a loop of links) says so."""
     path = Path(path).expanduser().absolute()
+    try:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
+            os.stat(path)  # raises for a name too long or a loop of links
+        return _unwritable(path, kind, need)
+    except OSError as exc:  # ENAMETOOLONG, ELOOP: stat itself fails, not only the write
+        return f"{path} cannot be named on this file system ({exc.strerror or exc})"
+
+
+def unnamable(path: str | os.PathLike[str]) -> str | None:
+    """Why the file system cannot even look `path` up (a component over 255 bytes, a loop of
+    links, a component that is a file), or None: missing is fine."""
+    try:
+        os.stat(Path(path).expanduser())
+    except (FileNotFoundError, PermissionError):
+        return None
+    except NotADirectoryError:
+        return f"a component of {path} is a file, not a directory"
+    except OSError as exc:
+        return f"{path} cannot be named on this file system ({exc.strerror or exc})"
+    return None
+
+
+def _unwritable(path: Path, kind: str, need: int) -> str | None:
     if path.exists():
         if kind == "file" and not path.is_file():
             return f"{path} exists and is not a file"

@@ -14,15 +14,20 @@ The writer is tensorboardX's: framework-neutral (numpy and protobuf only), and t
 version installs in both environments (torch's `torch.utils.tensorboard` is missing from the
 MXNet one; TensorBoard's own package is the viewer, pinned in the main environment only). It is
 imported lazily, only by a process that writes, and without torch (`summary_writer_class`).
-Writing TensorBoard never costs the run its record: the first error is reported in one line and
-the run goes on without TensorBoard.
+Writing TensorBoard never costs the run its record: the first error (a full disk, say) is
+reported in one line and the run goes on without TensorBoard. The events are written in the
+calling thread (`EventFile`), so that every error reaches that one line: SummaryWriter's own
+writer thread and exit handler would print a traceback each. The event file keeps the epochs
+written before the error (TensorBoard reads a file that ends in a torn record).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +86,37 @@ def summary_writer_class() -> Any:
     return SummaryWriter
 
 
+class EventFile:
+    """A run's event file, written synchronously through tensorboardX's EventsWriter (the file
+    SummaryWriter writes, the same name and format): no thread, no exit handler, so that a
+    write error is raised here, in `EventLog.epoch`'s try, and nowhere else."""
+
+    def __init__(self, logdir: str):
+        summary_writer_class()  # tensorboardX imported without torch; the modules below with it
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar, text
+
+        Path(logdir).mkdir(parents=True, exist_ok=True)
+        self._events = EventsWriter(os.path.join(logdir, "events"))
+        self._event, self._scalar, self._text = Event, scalar, text
+
+    def _add(self, summary: Any, step: int) -> None:
+        self._events.write_event(self._event(summary=summary, step=step, wall_time=time.time()))
+
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        self._add(self._text(tag, text), step)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self._add(self._scalar(tag, value), step)
+
+    def flush(self) -> None:
+        self._events.flush()
+
+    def close(self) -> None:
+        self._events.close()
+
+
 def global_step(row: dict[str, Any], cfg: Config) -> tuple[int, int]:
     """(global step at the end of the epoch of `row`, steps per epoch): every trainer reports
     `images` = steps per epoch x the global batch."""
@@ -136,7 +172,7 @@ class EventLog:
                 raise OSError(f"injected TensorBoard write error in {self.logdir}")
             step, _ = global_step(row, cfg)
             if self._writer is None:
-                self._writer = summary_writer_class()(logdir=self.logdir)
+                self._writer = EventFile(self.logdir)
                 self._writer.add_text("config", _markdown_json(cfg.to_dict()), step)
                 self._writer.add_text("environment", _markdown_json(environment(recorder)), step)
             for tag, value in epoch_scalars(row).items():
@@ -144,6 +180,7 @@ class EventLog:
             self._writer.flush()  # on disk now: a run killed later keeps its curves
         except Exception as exc:
             self.failed = True
+            self.close()  # the file's handle released now; what was flushed stays readable
             print(
                 f"tensorboard: writing {self.logdir} failed ({type(exc).__name__}: {exc}); the "
                 "run goes on without TensorBoard (its record is unaffected)",

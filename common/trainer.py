@@ -46,9 +46,11 @@ from common.datasets import DatasetError
 from common.init import parameter_spec, state_bytes
 from common.results import RunRecorder, versions
 from common.runtime import (
+    WriteFailed,
     atomic_write_bytes,
     remove_stale_temp_files,
     stop_with_harness,
+    unnamable,
     unwritable,
 )
 from common.safe_io import open_regular, read_regular, regular_file, weights_problem
@@ -58,6 +60,24 @@ BAD_INPUT = (ConfigError, DatasetError)
 
 class RunFailed(RuntimeError):
     """Training failed and its record (with the epochs measured so far) is already written."""
+
+
+@contextmanager
+def writing_checkpoint(
+    path: Path, errors: tuple[type[BaseException], ...] = (OSError,)
+) -> Iterator[None]:
+    """Around a checkpoint write: an OSError (ENOSPC, EFBIG, EDQUOT, EROFS; or one of the
+    framework's `errors` that its C++ writer raises instead) is `WriteFailed`, one line naming
+    the file, what failed and the fix."""
+    try:
+        yield
+    except errors as exc:
+        why = getattr(exc, "strerror", None) or first_line(exc)
+        raise WriteFailed(
+            f"cannot write checkpoint {path} ({why}): free some space or give another "
+            "--checkpoint-dir; --resume continues from the last complete checkpoint",
+            path,
+        ) from None
 
 
 class Interrupted(BaseException):
@@ -133,6 +153,8 @@ def describe(exc: BaseException) -> str:
     ProcessRaisedException) is described by the traceback's last line, the worker's own error."""
     text = str(exc).strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if isinstance(exc, WriteFailed):  # its line names what failed
+        return text
     if not lines:
         return f"{type(exc).__name__}: {exc!r}"
     worker = re.match(r"^(?:\w+\.)*(\w+): (.*)$", lines[-1]) if "Traceback" in text else None
@@ -152,17 +174,22 @@ def process_rank() -> int:
 
 
 def failure_record(
-    cfg: Config, error: str, packages: tuple[str, ...], status: str = "failed"
+    cfg: Config,
+    error: str,
+    packages: tuple[str, ...],
+    status: str = "failed",
+    alone: bool = False,
 ) -> dict[str, Any]:
     """Write a "failed" (or, for a run stopped by SIGTERM / SIGINT, "interrupted") run record
-    (rank 0 only) for a run that ended before its training loop kept any epoch, so the runner
+    (rank 0 only; any rank that is `alone`: it never joined the others, e.g. its coordinator
+    never answered) for a run that ended before its training loop kept any epoch, so the runner
     sees what happened."""
     rec = RunRecorder(
         cfg,
         devices=cfg.gpus,
         device_kind="unknown",
         params=0,
-        is_main=process_rank() == 0,
+        is_main=alone or process_rank() == 0,
         packages=packages,
     )
     if status == "interrupted":
@@ -263,9 +290,12 @@ def run_main(
             print(f"{prog}: error: {message}", file=sys.stderr)
             return 2
         print(f"{prog}: failed: {error}", file=sys.stderr)
+        if isinstance(exc, WriteFailed) and exc.path and exc.path == cfg.output:
+            return 1  # the record itself could not be written: its line says so
         try:
-            (on_failure or (lambda c, e: failure_record(c, e, packages)))(cfg, error)
-        except OSError as write_error:  # e.g. the disk filled up: say so, no second traceback
+            alone = bool(getattr(exc, "alone", False))  # a rank that never joined its job
+            (on_failure or (lambda c, e: failure_record(c, e, packages, alone=alone)))(cfg, error)
+        except (OSError, WriteFailed) as write_error:  # the disk filled up: no traceback
             print(f"{prog}: could not write the failure record: {write_error}", file=sys.stderr)
         return 1
     finally:
@@ -294,7 +324,8 @@ def keep_measured_epochs(recorder: RunRecorder, reraise: bool = False) -> Iterat
         exc.recorded = True
         raise
     except Exception as exc:
-        traceback.print_exc()
+        if not isinstance(exc, WriteFailed):  # its one line says it all
+            traceback.print_exc()
         recorder.fail(describe(exc))
         if reraise:
             recorder.finish()
@@ -438,19 +469,35 @@ def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
         return
     buf = io.BytesIO()
     np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
-    atomic_write_bytes(cfg.save_state, buf.getvalue())
+    try:
+        atomic_write_bytes(cfg.save_state, buf.getvalue())
+    except OSError as exc:  # a full disk: one line, the record says failed
+        raise WriteFailed(
+            f"cannot write --save-state {cfg.save_state} ({exc.strerror or exc}): free some "
+            "space or give another --save-state",
+            cfg.save_state,
+        ) from None
 
 
 def check_outputs(cfg: Config) -> None:
-    """--output, --save-state and --checkpoint-dir writable before anything starts (not after
-    an hour of training; --tensorboard has its own check): one line naming the path, exit 2.
-    Creates nothing."""
+    """--output, --save-state and --checkpoint-dir writable, --data-dir and --cache-dir
+    directories the file system can name, before anything starts (not after an hour of
+    training; --tensorboard has its own check): one line naming the path, exit 2. Creates
+    nothing."""
     for flag, path, kind in (
         ("--output", cfg.output, "file"),
         ("--save-state", cfg.save_state, "file"),
         ("--checkpoint-dir", cfg.checkpoint_dir, "dir"),
     ):
         why = path and unwritable(path, kind)
+        if why:
+            raise ConfigError(f"{flag} {path}: {why}; choose another path")
+    # read (and cached into) as directories: a name the file system cannot look up, or one
+    # under a file, fails at the first open, after the set-up
+    for flag, path in (("--data-dir", cfg.data_dir), ("--cache-dir", cfg.cache_dir)):
+        why = path and unnamable(path)
+        if not why and path and Path(path).expanduser().exists():
+            why = None if Path(path).expanduser().is_dir() else "it is not a directory"
         if why:
             raise ConfigError(f"{flag} {path}: {why}; choose another path")
 

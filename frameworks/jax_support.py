@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +63,7 @@ from common.trainer import (
     read_checkpoint,
     reading_checkpoint,
     restore_meta,
+    writing_checkpoint,
 )
 from frameworks.jax_models import decay_mask
 
@@ -215,7 +217,8 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
     `state` is the host copy (the trainer's unreplicate)."""
     meta = checkpoint_meta(cfg, recorder, epoch, int(state.step))
     payload = {"state": serialization.to_state_dict(state), "meta": json.dumps(meta)}
-    atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
+    with writing_checkpoint(checkpoint_path(cfg)):  # a full disk: one line, no temp file left
+        atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
 
 
 def load_checkpoint(
@@ -685,11 +688,82 @@ def init_distributed(timeout: float = 300.0) -> None:
                 "JAX_COORDINATOR_ADDRESS is set: also set JAX_NUM_PROCESSES and "
                 "JAX_PROCESS_ID (integers) for every process"
             ) from None
+        # XLA aborts (SIGABRT, no record) when the coordinator never answers
+        if rank != 0:
+            timeout = wait_for_coordinator(explicit, timeout)
+        else:
+            check_coordinator_here(explicit)
         jax.distributed.initialize(
-            explicit, num_processes=n, process_id=rank, initialization_timeout=int(timeout)
+            explicit, num_processes=n, process_id=rank, initialization_timeout=max(1, int(timeout))
         )
     else:
         jax.distributed.initialize(initialization_timeout=int(timeout))
+
+
+class CoordinatorUnreachable(RuntimeError):
+    """JAX_COORDINATOR_ADDRESS did not accept a connection within --collective-timeout. This
+    process never joined the job, so it writes its failed record itself, whatever its rank."""
+
+    alone = True
+
+
+def coordinator_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"JAX_COORDINATOR_ADDRESS={address!r} is not host:port; fix it")
+    return host, int(port)
+
+
+def check_coordinator_here(address: str) -> None:
+    """Process 0 serves the coordination service at `address`: its host must be this machine
+    and its port free (else XLA's own client, unable to reach it, aborts the process after
+    the timeout with no record). ConfigError, one line, as torch's MASTER_ADDR check."""
+    host, port = coordinator_host_port(address)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        raise ConfigError(
+            f"JAX_COORDINATOR_ADDRESS={address}: {host} does not resolve; give process 0's host"
+        ) from None
+    why = ""
+    for family, kind, proto, _, where in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(where)
+                return
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+    raise ConfigError(
+        f"JAX_COORDINATOR_ADDRESS={address}: process 0 serves the coordinator there, but this "
+        f"host ({socket.gethostname()}) cannot listen on it ({why}): start process 0 on {host}, "
+        "or choose a free port"
+    )
+
+
+def wait_for_coordinator(address: str, timeout: float) -> float:
+    """Wait up to `timeout` seconds until `address` (host:port, [v6]:port) accepts a TCP
+    connection, as process 0's coordination service does once it runs; return the seconds
+    left. Otherwise CoordinatorUnreachable: a failed run with its record and one line, where
+    jax.distributed.initialize would abort the process (SIGABRT, rc 134) with no record."""
+    host, port = coordinator_host_port(address)
+    deadline = time.monotonic() + timeout
+    why = "no answer"
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, left))):
+                return max(1.0, deadline - time.monotonic())
+        except OSError as exc:  # refused (nothing listens yet), unreachable, unknown host
+            why = exc.strerror or str(exc) or type(exc).__name__
+        if left <= 0:
+            raise CoordinatorUnreachable(
+                f"the JAX coordinator at JAX_COORDINATOR_ADDRESS={address} did not answer within "
+                f"{timeout:g} s (--collective-timeout; last: {why}): start process 0 there "
+                "first, or fix the address"
+            )
+        time.sleep(min(0.25, max(0.0, left)))
 
 
 def check_devices(cfg: Config) -> None:

@@ -42,6 +42,7 @@ from common.trainer import (
     read_checkpoint,
     reading_checkpoint,
     restore_meta,
+    writing_checkpoint,
 )
 from frameworks.mxnet_models import structural_params, torch_key
 
@@ -246,11 +247,11 @@ def checkpoint_path(cfg: Config) -> Path:
 
 def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
     """Write the state after `epoch` (0-based): weights and optimiser states, each to a temp file
-    renamed into place (removed if the write fails), then the index (atomic JSON) that names
-    them; older files go last. Both files are MXNet's NDArray format (`mx.nd.save`), never a
-    pickle: `--resume` reads nothing that can run code."""
+    renamed into place, then the index (atomic JSON) that names them; older files go last. A
+    write that fails (a full disk) removes this epoch's files, so that none is left that no
+    index names, and is one line (`writing_checkpoint`). Both files are MXNet's NDArray
+    format (`mx.nd.save`), never a pickle: `--resume` reads nothing that can run code."""
     index = checkpoint_path(cfg)
-    index.parent.mkdir(parents=True, exist_ok=True)
     tag = f"{cfg.framework}-epoch{epoch + 1}"
     # Context 0's copy of the (identical) replicas, in save_parameters' format. Gluon's own
     # save_parameters averages the replicas, and (a + a + a) / 3 can differ from a in the last
@@ -259,12 +260,21 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
         name: p.data(state.ctx[0]).as_in_context(mx.cpu())
         for name, p in state.model._collect_params_with_prefix().items()
     }
-    atomic_write_with(index.with_name(f"{tag}.params"), lambda tmp: mx.nd.save(tmp, params))
     # context 0's optimiser state (all are identical)
     states = optimizer_arrays(state.trainer, state.model)
-    atomic_write_with(index.with_name(f"{tag}.states"), lambda tmp: mx.nd.save(tmp, states))
     meta = checkpoint_meta(cfg, recorder, epoch, state.step)
-    write_json_atomic(index, {"params": f"{tag}.params", "states": f"{tag}.states", **meta})
+    files = [index.with_name(f"{tag}.{kind}") for kind in ("params", "states")]
+    new = [f for f in files if not f.exists()]  # what a failed write must not leave behind
+    try:
+        with writing_checkpoint(index, (OSError, mx.base.MXNetError)):  # a full disk: one line
+            index.parent.mkdir(parents=True, exist_ok=True)
+            for f, arrays in zip(files, (params, states)):
+                atomic_write_with(f, lambda tmp, a=arrays: mx.nd.save(tmp, a))
+            write_json_atomic(index, {"params": files[0].name, "states": files[1].name, **meta})
+    except BaseException:  # the index still names the last complete checkpoint's files
+        for f in new:
+            f.unlink(missing_ok=True)
+        raise
     for old in index.parent.glob(f"{cfg.framework}-epoch*"):
         if not old.name.startswith(f"{tag}."):
             old.unlink(missing_ok=True)

@@ -34,6 +34,7 @@ from common.trainer import (
     open_checkpoint,
     reading_checkpoint,
     restore_meta,
+    writing_checkpoint,
 )
 from frameworks.torch_models import decay_parameters
 
@@ -350,7 +351,8 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
         },
         buf,
     )
-    atomic_write_bytes(checkpoint_path(cfg), buf.getvalue())
+    with writing_checkpoint(checkpoint_path(cfg)):  # a full disk: one line, no temp file left
+        atomic_write_bytes(checkpoint_path(cfg), buf.getvalue())
 
 
 def load_checkpoint(

@@ -95,7 +95,10 @@ def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
 
     md = (out / "results.md").read_text()
     assert "cpu-simulated" in md and "NOT GPU scaling" in md
-    assert md.count(f"| {PAIR[0]} |") == 2 and "| mxnet-gluon | - | - | skipped |" in md
+    table, *sections = md.split("\n## ")  # the results table, then the report's sections
+    assert table.count(f"| {PAIR[0]} |") == 2 and "| mxnet-gluon | - | - | skipped |" in table
+    predicted = next(s for s in sections if s.startswith("Measured and predicted"))
+    assert predicted.count(f"| {PAIR[0]} |") == 1  # its 2-device run against the prediction
     for png in ("throughput.png", "efficiency.png", "accuracy_vs_time.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in md
