@@ -480,14 +480,15 @@ def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
 
 
 def check_outputs(cfg: Config) -> None:
-    """--output, --save-state and --checkpoint-dir writable, --data-dir and --cache-dir
-    directories the file system can name, before anything starts (not after an hour of
-    training; --tensorboard has its own check): one line naming the path, exit 2. Creates
-    nothing."""
+    """--output, --save-state, --checkpoint-dir and --profile-dir writable, --data-dir and
+    --cache-dir directories the file system can name, before anything starts (not after an
+    hour of training; --tensorboard has its own check): one line naming the path, exit 2.
+    Creates nothing."""
     for flag, path, kind in (
         ("--output", cfg.output, "file"),
         ("--save-state", cfg.save_state, "file"),
         ("--checkpoint-dir", cfg.checkpoint_dir, "dir"),
+        ("--profile-dir", cfg.profile_dir if cfg.profile else "", "dir"),
     ):
         why = path and unwritable(path, kind)
         if why:

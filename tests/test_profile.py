@@ -65,3 +65,9 @@ def test_profiling_off_leaves_no_trace_and_no_breakdown(tmp_path: Path) -> None:
 def test_profile_and_phase_timing_are_refused_together() -> None:
     proc = run_trainer("torch-dp", *TINY, "--profile", "5", "--phase-timing")
     one_line_error(proc, "--profile and --phase-timing contradict")
+
+
+def test_a_profile_dir_under_a_file_is_refused_before_training(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    proc = run_trainer("torch-dp", *TINY, "--profile", "5", "--profile-dir", f"{tmp_path}/file/p")
+    one_line_error(proc, "--profile-dir", "choose another path")
