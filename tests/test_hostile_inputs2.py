@@ -177,15 +177,11 @@ def test_report_shows_a_truncated_record_as_damaged(tmp_path, no_probe, capsys):
     import csv
     import json
 
-    from benchmarks import compare, report
-    from common.results import write_json_atomic
+    from benchmarks import report
+    from tests.hostile_helpers import a_comparison
 
     out = tmp_path / "out"
-    plan = compare.make_plan(["--frameworks", "torch-ddp", "--gpus", "1,2", "--preset", "smoke",
-                              "--out", str(out)])  # fmt: skip
-    out.mkdir()
-    write_json_atomic(out / "config.json", compare.config_json(plan, compare.sweep_of(plan), "x"))
-    (out / "runs").mkdir()
+    a_comparison(out, "torch-ddp", "1,2")
     (out / "runs" / "torch-ddp-1dev.json").write_text('{"framework": "torch-ddp", "stat')  # cut
     assert report.main([str(out)]) == 0
     capsys.readouterr()
