@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,6 +60,7 @@ from common.trainer import (
     check_weights,
     checkpoint_limit,
     checkpoint_meta,
+    failure_record,
     first_line,
     read_checkpoint,
     reading_checkpoint,
@@ -342,7 +344,7 @@ def setup_process(cfg: Config) -> None:
     setup_xla(cfg)
     use_compile_cache(cfg)
     source_digest()  # the step cache's key: the sources as this process imported them
-    init_distributed(cfg.collective_timeout)
+    init_distributed(cfg.collective_timeout, lambda why: gave_up_joining(cfg, why))
 
 
 def use_compile_cache(cfg: Config) -> str | None:
@@ -661,7 +663,7 @@ def check_config(cfg: Config) -> None:
     check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
 
 
-def init_distributed(timeout: float = 300.0) -> None:
+def init_distributed(timeout: float = 300.0, give_up: Callable[[str], None] | None = None) -> None:
     """Join a multi-process run when the launch environment asks for one; a no-op otherwise.
 
     Explicit: JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES, JAX_PROCESS_ID (typically
@@ -670,7 +672,9 @@ def init_distributed(timeout: float = 300.0) -> None:
     SLURM_LOCALID (one task per GPU; JAX_LOCAL_DEVICE_IDS overrides). Must run before the first
     device query. On CPU the collectives go through Gloo. The processes wait `timeout` seconds
     (--collective-timeout) for each other at start-up; SLURM variables that no srun set (a
-    salloc shell) are refused with one line rather than waited on.
+    salloc shell) are refused with one line rather than waited on. Processes that do not all
+    join within `timeout`: `give_up(why)` (a failed record, one line, exit 1), before XLA's own
+    timeout would abort the process (SIGABRT, rc 134) with no record.
     """
     explicit = os.environ.get("JAX_COORDINATOR_ADDRESS")
     stale = None if explicit else stale_launch_env()
@@ -693,11 +697,49 @@ def init_distributed(timeout: float = 300.0) -> None:
             timeout = wait_for_coordinator(explicit, timeout)
         else:
             check_coordinator_here(explicit)
-        jax.distributed.initialize(
-            explicit, num_processes=n, process_id=rank, initialization_timeout=max(1, int(timeout))
-        )
+        why = (f"the {n} JAX processes did not all join JAX_COORDINATOR_ADDRESS={explicit} "
+               f"within {timeout:g} s (--collective-timeout): start all JAX_NUM_PROCESSES={n} "
+               "of them, or raise --collective-timeout")  # fmt: skip
+        with joined_within(timeout, why, give_up):
+            jax.distributed.initialize(explicit, num_processes=n, process_id=rank,
+                                       initialization_timeout=int(timeout) + XLA_GRACE)  # fmt: skip
     else:
-        jax.distributed.initialize(initialization_timeout=int(timeout))
+        why = (
+            f"the SLURM_NTASKS={os.environ.get('SLURM_NTASKS')} tasks did not all join within "
+            f"{timeout:g} s (--collective-timeout): check srun, or raise --collective-timeout"
+        )
+        with joined_within(timeout, why, give_up):
+            jax.distributed.initialize(initialization_timeout=int(timeout) + XLA_GRACE)
+
+
+XLA_GRACE = 30  # s: XLA's own join timeout comes this long after ours (joined_within) fires
+
+
+@contextlib.contextmanager
+def joined_within(timeout: float, why: str, give_up: Callable[[str], None] | None) -> Iterator:
+    """Around jax.distributed.initialize, which waits for the other processes in C++ with the
+    GIL released: if it has not returned after `timeout` s, `give_up(why)` runs on a timer
+    thread (it must end the process: the main thread is still blocked in XLA)."""
+    timer = threading.Timer(max(1.0, timeout), give_up or (lambda why: None), args=(why,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def gave_up_joining(cfg: Config, why: str) -> None:
+    """The processes did not all join: one line, this process's failed record (it never joined
+    the others, so it writes its own), exit 1, now (XLA holds the main thread)."""
+    print(f"python -m frameworks.{cfg.framework.replace('-', '_')}: failed: {why}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        failure_record(cfg, why, ("jax", "jaxlib", "flax", "optax"), alone=True)
+    except Exception as exc:  # a full disk: the line above still says what happened
+        print(f"could not write the failure record: {first_line(exc)}", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 class CoordinatorUnreachable(RuntimeError):
