@@ -298,22 +298,30 @@ def test_tensorboard_on_a_full_disk_is_one_warning_and_the_run_goes_on(tmp_path)
 # ---- 5. an unreachable JAX coordinator -----------------------------------------------------
 
 
-def test_an_unreachable_jax_coordinator_ends_in_bounded_time_with_a_record(tmp_path):
+@pytest.mark.parametrize(
+    "rank, says, names",
+    [
+        ("1", "did not answer within 3 s", "JAX_COORDINATOR_ADDRESS"),  # nothing listens there
+        ("0", "did not all join", "JAX_NUM_PROCESSES=2"),  # process 0 alone: 1 never starts
+    ],
+)
+def test_a_jax_job_that_never_forms_ends_in_bounded_time_with_a_record(tmp_path, rank, says,
+                                                                       names):  # fmt: skip
     from common.runtime import free_port
 
     out = tmp_path / "r.json"
-    env = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}",  # nothing listens there
-           "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}  # fmt: skip
+    env = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_NUM_PROCESSES": "2",
+           "JAX_PROCESS_ID": rank}  # fmt: skip
     start = time.monotonic()
-    proc = run_trainer("jax-pmap", *SMOKE, "--collective-timeout", "2", "--output", str(out),
+    proc = run_trainer("jax-pmap", *SMOKE, "--collective-timeout", "3", "--output", str(out),
                        env=env, timeout=120)  # fmt: skip
     took = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr[-3000:]  # was: 134 (SIGABRT in XLA), no record
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "did not answer within 2 s" in lines[0], proc.stderr[-3000:]
+    assert len(lines) == 1 and says in lines[0], proc.stderr[-3000:]
     assert took < 30, took
     record = json.loads(out.read_text())
-    assert record["status"] == "failed" and "JAX_COORDINATOR_ADDRESS" in record["error"]
+    assert record["status"] == "failed" and names in record["error"]
 
 
 def test_process_0_refuses_a_coordinator_address_that_is_not_its_own(tmp_path):
@@ -382,21 +390,3 @@ def test_compare_over_an_unreadable_dataset_is_one_line(tmp_path, no_probe, monk
                        "--data-dir", data, "--out", out])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and f"cannot read {archive}" in err[0], err
-
-
-def test_process_0_whose_peers_never_join_ends_in_bounded_time_with_a_record(tmp_path):
-    from common.runtime import free_port
-
-    out = tmp_path / "r.json"
-    env = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}",  # process 1 never starts
-           "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}  # fmt: skip
-    start = time.monotonic()
-    proc = run_trainer("jax-pmap", *SMOKE, "--collective-timeout", "3", "--output", str(out),
-                       env=env, timeout=120)  # fmt: skip
-    took = time.monotonic() - start
-    assert proc.returncode == 1, proc.stderr[-3000:]  # was: 134 (SIGABRT in XLA), no record
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "did not all join" in lines[0], proc.stderr[-3000:]
-    assert took < 30, took
-    record = json.loads(out.read_text())
-    assert record["status"] == "failed" and "JAX_NUM_PROCESSES=2" in record["error"]
