@@ -51,7 +51,6 @@ from common.safe_io import read_regular
 ANNOTATION = "dpbench_"
 WINDOW = ANNOTATION + "window"  # the profiled steps, from the first's batch to the last's end
 INPUT_WAIT = ANNOTATION + "input_wait"  # the host blocked on the loader for the next batch
-STEP = ANNOTATION + "step"  # one step, as the host saw it (batch fetched to next fetch)
 PARTS = ("compute_ms", "exposed_comm_ms", "input_wait_ms", "host_gap_ms")  # add up to step_ms
 TRACE_LIMIT = 2 << 30  # bytes: a few profiled steps never come near it
 

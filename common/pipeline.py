@@ -226,7 +226,7 @@ class TrainLoader:
     def epoch(self, epoch: int, start_step: int = 0) -> Any:  # a Prefetcher, maybe profiled
         """Iterator over this rank's batches of `epoch`, prepared `prefetch` batches ahead."""
         batches = Prefetcher(self._batches(epoch, start_step), self.prefetch)
-        return batches if self.profile is None else self.profile.wrap(batches, self.steps)
+        return batches if self.profile is None else self.profile.wrap(batches, self.steps, epoch)
 
 
 class EvalLoader:

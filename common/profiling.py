@@ -107,19 +107,19 @@ class ProfileWindow:
         self.dir = trace_dir(cfg, rank)
         self.done = False
         self.trace: Path | None = None
-        self.first = self.count = 0
+        self.first = self.count = self.epoch = 0
         self.wall_sec = 0.0
         self.flavour = self.viewer = ""
         self.active: _Profiled | None = None
         self.error = ""
         self.phases: Any = None  # the run's PhaseTimer: its phases become ranges in the trace
 
-    def wrap(self, batches: Any, steps_per_epoch: int) -> Any:
-        """`batches` (an epoch's iterator with `wait_sec`), profiled if this is the window's
-        epoch: the first epoch this process trains."""
+    def wrap(self, batches: Any, steps_per_epoch: int, epoch: int) -> Any:
+        """`batches` (epoch `epoch`'s iterator with `wait_sec`, 0-based), profiled if this is
+        the window's epoch: the first epoch this process trains."""
         if self.done:
             return batches
-        self.done = True
+        self.done, self.epoch = True, epoch + 1
         self.first, self.count = window_of(steps_per_epoch, self.cfg.profile)
         if self.count == 0:
             self.log(f"note: --profile: an epoch of {steps_per_epoch} steps leaves none to "
@@ -142,14 +142,14 @@ class ProfileWindow:
         """The record's "profile" entry and, on the main process, "breakdown": the parts per
         step, with the timed epochs' step time (`step_sec`, None without timed epochs) beside
         them."""
-        if self.trace is None:
+        if self.trace is None or self.count == 0:  # (a loader that failed at the window's start)
             return {"profile": {"steps": 0, "note": self.error or "no step was profiled"}}
         prof: dict[str, Any] = {
             "trace": str(self.trace),
             "trace_dir": str(self.dir),
             "viewer": self.viewer,
             "profiler": self.flavour,
-            "epoch": 1,
+            "epoch": self.epoch,
             "first_step": self.first + 1,
             "steps": self.count,
             "profiled_step_ms": 1000.0 * self.wall_sec / self.count,
@@ -203,16 +203,6 @@ class _Profiled:
             raise
         finally:
             self.fetched += 1
-
-    def failed(self, why: str) -> None:
-        """The profiler failed: the run goes on, unprofiled, and its record says why."""
-        self.error = why
-        self.log(f"note: --profile: {why}; training goes on without a trace")
-
-    def close(self) -> None:
-        close = getattr(self.batches, "close", None)
-        if close is not None:
-            close()
 
     def _start(self) -> None:
         w = self.w

@@ -538,7 +538,7 @@ def check_resume(
     if not (cfg.resume and path.exists()):
         return
     limit = checkpoint_limit(cfg)
-    regular_file(path, limit, "checkpoint", CHECKPOINT_FIX)  # a FIFO would block the read
+    check_checkpoint_file(path, limit)  # a FIFO would block the read
     with reading_checkpoint(path):
         meta = read_meta(path, limit)
     check_meta(cfg, meta, f"checkpoint {path}")

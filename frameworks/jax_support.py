@@ -62,6 +62,7 @@ from common.trainer import (
     checkpoint_meta,
     failure_record,
     first_line,
+    prog_name,
     read_checkpoint,
     reading_checkpoint,
     restore_meta,
@@ -692,17 +693,18 @@ def init_distributed(timeout: float = 300.0, give_up: Callable[[str], None] | No
                 "JAX_COORDINATOR_ADDRESS is set: also set JAX_NUM_PROCESSES and "
                 "JAX_PROCESS_ID (integers) for every process"
             ) from None
-        # XLA aborts (SIGABRT, no record) when the coordinator never answers
-        if rank != 0:
-            timeout = wait_for_coordinator(explicit, timeout)
-        else:
-            check_coordinator_here(explicit)
         why = (f"the {n} JAX processes did not all join JAX_COORDINATOR_ADDRESS={explicit} "
                f"within {timeout:g} s (--collective-timeout): start all JAX_NUM_PROCESSES={n} "
                "of them, or raise --collective-timeout")  # fmt: skip
-        with joined_within(timeout, why, give_up):
+        # XLA aborts (SIGABRT, no record) when the coordinator never answers
+        left = timeout
+        if rank != 0:
+            left = wait_for_coordinator(explicit, timeout)
+        else:
+            check_coordinator_here(explicit)
+        with joined_within(left, why, give_up):
             jax.distributed.initialize(explicit, num_processes=n, process_id=rank,
-                                       initialization_timeout=int(timeout) + XLA_GRACE)  # fmt: skip
+                                       initialization_timeout=int(left) + XLA_GRACE)  # fmt: skip
     else:
         why = (
             f"the SLURM_NTASKS={os.environ.get('SLURM_NTASKS')} tasks did not all join within "
@@ -719,21 +721,33 @@ XLA_GRACE = 30  # s: XLA's own join timeout comes this long after ours (joined_w
 def joined_within(timeout: float, why: str, give_up: Callable[[str], None] | None) -> Iterator:
     """Around jax.distributed.initialize, which waits for the other processes in C++ with the
     GIL released: if it has not returned after `timeout` s, `give_up(why)` runs on a timer
-    thread (it must end the process: the main thread is still blocked in XLA)."""
-    timer = threading.Timer(max(1.0, timeout), give_up or (lambda why: None), args=(why,))
+    thread (it must end the process: the main thread is still blocked in XLA). A join that
+    returns first wins: the lock keeps a late timer from ending a process that joined."""
+    if give_up is None:
+        yield
+        return
+    lock, joined = threading.Lock(), []
+
+    def fire() -> None:
+        with lock:
+            if not joined:
+                give_up(why)
+
+    timer = threading.Timer(max(1.0, timeout), fire)
     timer.daemon = True
     timer.start()
     try:
         yield
     finally:
+        with lock:
+            joined.append(True)
         timer.cancel()
 
 
 def gave_up_joining(cfg: Config, why: str) -> None:
     """The processes did not all join: one line, this process's failed record (it never joined
     the others, so it writes its own), exit 1, now (XLA holds the main thread)."""
-    print(f"python -m frameworks.{cfg.framework.replace('-', '_')}: failed: {why}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(f"{prog_name(cfg.framework)}: failed: {why}", file=sys.stderr, flush=True)
     try:
         failure_record(cfg, why, ("jax", "jaxlib", "flax", "optax"), alone=True)
     except Exception as exc:  # a full disk: the line above still says what happened

@@ -225,7 +225,7 @@ def drive(tmp_path: Path, steps_per_epoch: int, profile: int, fail_at: int = -1)
     phases = PhaseTimer(lambda: None, False)
     window = ProfileWindow(cfg, FakeProfiler, lambda: syncs.append(1), 0, True, lambda s: None)
     window.phases = phases
-    batches = window.wrap(Batches(steps_per_epoch), steps_per_epoch)
+    batches = window.wrap(Batches(steps_per_epoch), steps_per_epoch, 0)
     seen, annotated = [], []
     for b in batches:
         if b == fail_at:
@@ -233,7 +233,7 @@ def drive(tmp_path: Path, steps_per_epoch: int, profile: int, fail_at: int = -1)
         with phases.phase("forward_backward"):
             annotated.append(phases.annotate is not None)
         seen.append(b)
-    assert window.wrap(Batches(3), 3).__class__ is Batches  # only the first epoch
+    assert window.wrap(Batches(3), 3, 0).__class__ is Batches  # only the first epoch
     return window, seen, annotated, syncs, batches
 
 
@@ -261,7 +261,7 @@ def test_a_step_that_fails_inside_the_window_still_stops_the_profiler(tmp_path: 
     FakeProfiler.log = []
     window = ProfileWindow(cfg, FakeProfiler, lambda: None, 0, True, lambda s: None)
     with pytest.raises(RuntimeError):
-        for b in window.wrap(Batches(20), 20):
+        for b in window.wrap(Batches(20), 20, 0):
             if b == 6:
                 raise RuntimeError("a step failed")
     assert FakeProfiler.log[-1] != "stop"
@@ -269,6 +269,29 @@ def test_a_step_that_fails_inside_the_window_still_stops_the_profiler(tmp_path: 
     assert FakeProfiler.log[-1] == "stop" and window.count == 6 - WARMUP + 1
     window.close()  # once only
     assert FakeProfiler.log.count("stop") == 1
+
+
+class FailingBatches(Batches):
+    def __next__(self):
+        b = next(self.it)
+        if b == WARMUP:  # the fetch that opens the window
+            raise OSError("the data went away")
+        return b
+
+
+def test_a_loader_that_fails_as_the_window_opens_leaves_a_record(tmp_path: Path) -> None:
+    cfg = preset("digits", framework="torch-ddp", profile=5, profile_dir=str(tmp_path))
+    window = ProfileWindow(cfg, FakeProfiler, lambda: None, 0, True, lambda s: None)
+    with pytest.raises(OSError):
+        list(window.wrap(FailingBatches(20), 20, 0))
+    assert window.record(0.01)["profile"]["steps"] == 0  # was: ZeroDivisionError, no record
+
+
+def test_the_record_names_the_profiled_epoch_after_a_resume(tmp_path: Path) -> None:
+    cfg = preset("digits", framework="torch-ddp", profile=4, profile_dir=str(tmp_path))
+    window = ProfileWindow(cfg, FakeProfiler, lambda: None, 0, True, lambda s: None)
+    list(window.wrap(Batches(20), 20, 2))  # the first epoch this process trains: the third
+    assert window.record(0.01)["profile"]["epoch"] == 3
 
 
 class BrokenProfiler(FakeProfiler):
@@ -280,7 +303,7 @@ def test_a_profiler_that_cannot_start_costs_the_trace_not_the_run(tmp_path: Path
     cfg = preset("digits", framework="torch-ddp", profile=5, profile_dir=str(tmp_path))
     lines: list[str] = []
     window = ProfileWindow(cfg, BrokenProfiler, lambda: None, 0, True, lines.append)
-    assert list(window.wrap(Batches(20), 20)) == list(range(20))
+    assert list(window.wrap(Batches(20), 20, 0)) == list(range(20))
     assert lines == ["note: --profile: the profiler did not start (RuntimeError: CUPTI not "
                      "found); training goes on without a trace"]  # fmt: skip
     note = window.record(0.01)["profile"]
