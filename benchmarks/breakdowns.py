@@ -12,6 +12,7 @@ import statistics
 from typing import Any
 
 from benchmarks.harness import mode_label
+from common.profiling import WARMUP
 
 TITLE = "Where the step's time goes (--profile)"
 PARTS = (  # (record key, label, colour): stacked bottom to top
@@ -46,7 +47,7 @@ def profiled(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _name(r: dict[str, Any]) -> str:
-    return str(r.get("runner", {}).get("framework") or r.get("framework", "?"))
+    return str((r.get("runner") or {}).get("framework") or r.get("framework", "?"))
 
 
 def _ms(x: Any) -> str:
@@ -62,9 +63,9 @@ def section(records: list[dict[str, Any]]) -> list[str]:
         "",
         f"## {TITLE}",
         "",
-        "Per step, in ms, from each run's trace (its first epoch's profiled steps, after 3 "
-        "warm-up steps; the mean over the devices; with several runs per cell, the median of "
-        "each figure over them). compute + exposed comm + input wait + host "
+        "Per step, in ms, from each run's trace (its first epoch's profiled steps, after "
+        f"{WARMUP} warm-up steps; the mean over the devices; with several runs per cell, the "
+        "median of each figure over them). compute + exposed comm + input wait + host "
         "gap = profiled step; comm = all communication, hidden behind compute or not; "
         "overlap = hidden / comm; measured step = the same run's timed epochs without the "
         "profiler (their ratio: the profiler's cost). Traces: `profile` in each run's record.",

@@ -59,6 +59,7 @@ outputs (in --out DIR): config.json (resolved config, every run's command), runs
 run's record, written when it ends), logs/*.log, results.csv (one row per framework x devices),
 runs.csv (one row per run), results.md, throughput.png, efficiency.png, accuracy_vs_time.png,
 predicted_efficiency.png (measured vs PREDICTED from the 1-device run, docs/scaling.md),
+breakdown.png (with --profile: where each step's time went, docs/profiling.md),
 tensorboard/<run id>/ (every run's curves: `tensorboard --logdir DIR/tensorboard` overlays them).
 exit code: 0 all runs ok, 1 a run failed / diverged / timed out, 2 bad input (nothing ran).
 """

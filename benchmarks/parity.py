@@ -332,9 +332,9 @@ def load_state(path: Path, limit: int) -> dict[str, np.ndarray]:
     """A saved state: a regular file of at most `limit` bytes, no member inflating past it
     (common/safe_io.py; a FIFO or a link to /dev/zero is a ConfigError, not a hang)."""
     with open_regular(path, limit, "saved state", "rerun parity") as raw, np.load(raw) as f:
-        big = next((i for i in f.zip.infolist() if i.file_size > limit), None)
-        if big is not None:
-            raise ConfigError(f"saved state {path}: {big.filename} inflates past {limit} bytes")
+        inflated = sum(i.file_size for i in f.zip.infolist())  # all members together
+        if inflated > limit:
+            raise ConfigError(f"saved state {path}: its content inflates past {limit} bytes")
         return {
             k: f[k].astype(np.float64) for k in f.files if not k.endswith("num_batches_tracked")
         }

@@ -635,7 +635,8 @@ def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, 
 
     bd_step, compute, wait = (med(k) for k in BREAKDOWN_PARTS)
     if not bd_step or compute is None:
-        return Breakdown(step_ms=step, batch=batch, source=timed), "breakdown without step_ms"
+        no_bd = Breakdown(step_ms=step, batch=batch, source=f"{timed}; {ALL_COMPUTE}")
+        return no_bd, "breakdown without step_ms"
     share = step / bd_step  # the breakdown's parts, in proportion, on the timed step
     bd = Breakdown(
         step_ms=step,
@@ -649,7 +650,8 @@ def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, 
     try:
         check_breakdown(bd)
     except UsageError as exc:
-        return Breakdown(step_ms=step, batch=batch, source=timed), f"breakdown not used: {exc}"
+        no_bd = Breakdown(step_ms=step, batch=batch, source=f"{timed}; {ALL_COMPUTE}")
+        return no_bd, f"breakdown not used: {exc}"
     return bd, ""
 
 

@@ -807,8 +807,9 @@ def predicted_section(records: list[dict[str, Any]]) -> list[str]:
             f"({inputs['overlap_source']})"
         )
     for r in table:
-        if r["note"]:
-            lines.append(f"- {r['framework']} x{r['devices']}: no prediction: {r['note']}.")
+        if r["note"]:  # why there is no prediction, or what the one shown could not use
+            what = "no prediction" if r.get("predicted_efficiency") is None else "note"
+            lines.append(f"- {r['framework']} x{r['devices']}: {what}: {r['note']}.")
     shown = {r["framework"] for r in table}
     busy = [
         f"{row_key(r)} x{r['devices']}"

@@ -516,7 +516,8 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
                 f"profiled steps of the untimed first epoch): step {b['step_ms']:.2f} = compute "
                 f"{b['compute_ms']:.2f} + exposed comm {b['exposed_comm_ms']:.2f} + input wait "
                 f"{b['input_wait_ms']:.2f} + host gap {b['host_gap_ms']:.2f}; comm "
-                f"{b['comm_ms']:.2f}; unprofiled step {b.get('measured_step_ms', 0):.2f}"
+                f"{b['comm_ms']:.2f}; unprofiled step "
+                + (f"{b['measured_step_ms']:.2f}" if b.get("measured_step_ms") else "-")
             )
     return [line for line in out if line]
 

@@ -146,7 +146,9 @@ def test_report_of_a_directory_the_file_system_cannot_name_is_one_line(tmp_path,
 
 @pytest.mark.parametrize("which", ["config.json", "runs/torch-dp-1dev.json"])
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "oversized"])
-def test_report_refuses_a_record_that_is_no_file_at_once(which, kind, tmp_path, no_probe, capsys):
+def test_report_refuses_a_record_that_is_no_file_at_once(
+    which, kind, tmp_path, no_probe, capsys, hang_fails
+):
     from benchmarks import harness, report
 
     out = tmp_path / "out"
@@ -169,7 +171,22 @@ def test_report_refuses_a_record_that_is_no_file_at_once(which, kind, tmp_path, 
     assert ("more than" if kind == "oversized" else "not a file") in err[0], err
 
 
-def test_read_record_of_a_fifo_is_no_record_at_once(tmp_path):
+@pytest.fixture
+def hang_fails():
+    """A read that blocks (the failure these tests guard against) fails the test after 10 s
+    instead of hanging the suite."""
+
+    def on_alarm(*_: object) -> None:
+        pytest.fail("blocked for 10 s: the hang this test guards against")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_read_record_of_a_fifo_is_no_record_at_once(tmp_path, hang_fails):
     from benchmarks import harness
 
     os.mkfifo(tmp_path / "r.json")
@@ -178,7 +195,7 @@ def test_read_record_of_a_fifo_is_no_record_at_once(tmp_path):
     assert time.monotonic() - start < 1.0
 
 
-def test_predict_refuses_a_breakdown_or_table_that_is_a_fifo(tmp_path):
+def test_predict_refuses_a_breakdown_or_table_that_is_a_fifo(tmp_path, hang_fails):
     from benchmarks import predict
     from benchmarks.harness import UsageError
 
@@ -189,7 +206,7 @@ def test_predict_refuses_a_breakdown_or_table_that_is_a_fifo(tmp_path):
         predict.read_throughput_table(str(tmp_path / "b.json"))
 
 
-def test_parity_loads_no_state_that_is_a_fifo_or_inflates(tmp_path):
+def test_parity_loads_no_state_that_is_a_fifo_or_inflates(tmp_path, hang_fails):
     import zipfile
 
     from benchmarks import parity
@@ -201,6 +218,11 @@ def test_parity_loads_no_state_that_is_a_fifo_or_inflates(tmp_path):
         z.writestr("w.npy", b"\0" * (4 << 20))  # 4 MiB inflated from a few KB
     with pytest.raises(ConfigError, match="inflates past"):
         parity.load_state(tmp_path / "big.npz", 1 << 20)
+    with zipfile.ZipFile(tmp_path / "many.npz", "w", zipfile.ZIP_DEFLATED) as z:
+        for i in range(8):  # each member under the limit, together 4 MiB
+            z.writestr(f"w{i}.npy", b"\0" * (512 << 10))
+    with pytest.raises(ConfigError, match="inflates past"):
+        parity.load_state(tmp_path / "many.npz", 1 << 20)
 
 
 # ---- 4. a full disk under a checkpoint or TensorBoard --------------------------------------

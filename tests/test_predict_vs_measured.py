@@ -180,3 +180,14 @@ def test_the_modelled_tensors_at_any_width_are_the_torch_models():
             model = create_model(name, channels, 10, width=width)
             got = [p.numel() for p in model.parameters() if p.requires_grad]
             assert build(10, width, channels) == got, (name, width, channels)
+
+
+def test_a_prediction_made_without_an_unusable_breakdown_is_not_called_no_prediction():
+    records = weak_sweep()
+    records[0]["breakdown"] = {"compute_ms": 5.0}  # no step_ms: the step alone is used
+    (row,) = P.measured_vs_predicted(records, link=LINK)
+    assert row["predicted_efficiency"] is not None and "without step_ms" in row["note"]
+    assert "the whole step is compute" in row["inputs"]["one_device"]["source"]
+    lines = report.predicted_section(records)
+    assert any(ln.startswith("- jax-pmap x2: note: breakdown without step_ms") for ln in lines)
+    assert not any("no prediction" in ln for ln in lines), lines
