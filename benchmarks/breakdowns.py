@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from benchmarks.harness import mode_label
+from benchmarks.harness import mode_label, row_key
 from common.profiling import WARMUP
 
 TITLE = "Where the step's time goes (--profile)"
@@ -33,7 +33,7 @@ def profiled(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in records:
         if r.get("status") == "ok" and r.get("breakdown"):
-            cells.setdefault((_name(r), int(r.get("devices", 0))), []).append(r)
+            cells.setdefault((row_key(r), int(r.get("devices", 0))), []).append(r)
     rows = []
     for (name, devices), runs in sorted(cells.items()):
         b = {}
@@ -44,10 +44,6 @@ def profiled(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"framework": name, "devices": devices, "runs": len(runs),
                      "execution": runs[0].get("execution"), "breakdown": b})  # fmt: skip
     return rows
-
-
-def _name(r: dict[str, Any]) -> str:
-    return str((r.get("runner") or {}).get("framework") or r.get("framework", "?"))
 
 
 def _ms(x: Any) -> str:

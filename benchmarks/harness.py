@@ -971,6 +971,13 @@ def _group_alive(pgid: int) -> bool:
 EAGER = ("eager", "imperative")  # op by op from Python: the host issues every kernel
 
 
+def row_key(record: dict[str, Any]) -> str:
+    """The row a record belongs to in every table of a sweep: the name in --frameworks the
+    runner ran it for (a variant such as torch-ddp+reduce-overhead), else the trainer's
+    framework."""
+    return str((record.get("runner") or {}).get("framework") or record.get("framework") or "?")
+
+
 def mode_label(execution: str | None) -> str:
     """A row's execution mode in a few words, from its record's `execution` (what ran, which is
     not always what was asked: torch.compile applies on CUDA only); "" when unknown."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -31,6 +32,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.harness import UsageError
+from common.init import parameter_spec, trainable_sizes
 
 PROG = "python -m benchmarks.predict"
 MIB = 1024 * 1024
@@ -126,34 +128,16 @@ def conv(cin: int, cout: int, k: int) -> int:
     return cin * cout * k * k
 
 
-def scaled(channels: int, width: float) -> int:
-    """frameworks/torch_models.py's width rule: channels x width, rounded, at least 1."""
-    return max(1, int(round(channels * width)))
-
-
 def resnet18_cifar(num_classes: int = 10, width: float = 1.0, in_channels: int = 3) -> list[int]:
     """frameworks/torch_models.py's ResNet18 (3x3 stride-1 stem, basic blocks 64..512 x 2, each
-    x width), its parameter tensors' sizes in the order model.parameters() lists them."""
-    stem = scaled(64, width)
-    sizes, cin = [conv(in_channels, stem, 3), stem, stem], stem
-    for i, w in enumerate(scaled(c, width) for c in (64, 128, 256, 512)):
-        for b in range(2):
-            sizes += [conv(cin, w, 3), w, w, conv(w, w, 3), w, w]
-            if b == 0 and (i > 0 or cin != w):
-                sizes += [conv(cin, w, 1), w, w]  # downsample: 1x1 conv + BN
-            cin = w
-    return sizes + [cin * num_classes, num_classes]
+    x width), its parameter tensors' sizes in the order model.parameters() lists them (the
+    layout every framework loads its initial state in: common/init.parameter_spec)."""
+    return trainable_sizes(parameter_spec("resnet18", width, in_channels, num_classes))
 
 
 def wideresnet(num_classes: int = 10, width: float = 1.0, in_channels: int = 3) -> list[int]:
     """frameworks/torch_models.py's WideResNet (the NVIDIA course's): stem 16, six blocks."""
-    stem = scaled(16, width)
-    sizes, cin = [conv(in_channels, stem, 3), stem, stem], stem
-    for w in (scaled(c, width) for c in (160, 160, 320, 320, 640, 640)):
-        sizes += [conv(cin, w, 3), w, w, conv(w, w, 3), w, w]
-        sizes += [conv(cin, w, 1)] if cin != w else []  # 1x1 shortcut, no BN
-        cin = w
-    return sizes + [cin * num_classes, num_classes]
+    return trainable_sizes(parameter_spec("wideresnet", width, in_channels, num_classes))
 
 
 def resnet50_v15(num_classes: int = 1000) -> list[int]:
@@ -604,12 +588,6 @@ def model_of(record: dict[str, Any]) -> tuple[Model | None, str]:
     return Model(tensors, (channels, side, side), classes, what), what
 
 
-def _median(values: Sequence[float]) -> float:
-    xs = sorted(values)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-
-
 BREAKDOWN_PARTS = ("step_ms", "compute_ms", "input_wait_ms")  # what the prediction takes from one
 ALL_COMPUTE = "no breakdown: the whole step is compute"
 
@@ -623,7 +601,7 @@ def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, 
     counts there, such as JAX's psum over one device, says nothing about the overlap at N), so
     the framework's default overlap stays; the N-device runs' breakdowns are not read."""
     batch = int(records[0]["global_batch_size"])
-    step = batch / _median([float(r["images_per_sec"]) for r in records]) * 1e3
+    step = batch / statistics.median([float(r["images_per_sec"]) for r in records]) * 1e3
     measured = [r["breakdown"] for r in records if isinstance(r.get("breakdown"), dict)]
     timed = f"{len(records)} run(s)' timed epochs: {batch} / median images/s"
     if not measured:
@@ -631,7 +609,7 @@ def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, 
 
     def med(key: str) -> float | None:
         xs = [float(b[key]) for b in measured if b.get(key) is not None]
-        return _median(xs) if xs else None
+        return statistics.median(xs) if xs else None
 
     bd_step, compute, wait = (med(k) for k in BREAKDOWN_PARTS)
     if not bd_step or compute is None:
@@ -679,8 +657,9 @@ def _cells(records: Sequence[dict[str, Any]]) -> dict[str, dict[int, list[dict[s
             r.get(k) for k in ("images_per_sec", "devices", "global_batch_size")
         ):
             continue
-        key = (r.get("runner") or {}).get("framework") or r["framework"]
-        cells.setdefault(key, {}).setdefault(int(r["devices"]), []).append(r)
+        if not math.isfinite(float(r["images_per_sec"])):  # as the report's own table drops it
+            continue
+        cells.setdefault(harness.row_key(r), {}).setdefault(int(r["devices"]), []).append(r)
     return cells
 
 
@@ -712,11 +691,11 @@ def measured_vs_predicted(
         if framework not in FRAMEWORKS:
             blocked.append(f"no collectives modelled for framework {framework!r}")
         name, lk, lk_source = link or default_link(kind)
-        ips1 = _median([float(r["images_per_sec"]) for r in ones])
+        ips1 = statistics.median([float(r["images_per_sec"]) for r in ones])
         for n in sorted(m for m in by_n if m > 1):
             cell = by_n[n]
             global_batch = int(cell[0]["global_batch_size"])
-            ips = _median([float(r["images_per_sec"]) for r in cell])
+            ips = statistics.median([float(r["images_per_sec"]) for r in cell])
             scaling = {bd.batch: "strong", bd.batch * n: "weak"}.get(global_batch, "")
             row: dict[str, Any] = {
                 "framework": key,

@@ -103,12 +103,6 @@ def _load(record: dict[str, Any]) -> tuple[list[float], int | None]:
     return [float(x) for x in loads if x is not None], own.get("cores")
 
 
-def row_key(record: dict[str, Any]) -> str:
-    """The row a record belongs to: the name in --frameworks the runner ran it for (a variant
-    such as torch-ddp+reduce-overhead), else the trainer's framework."""
-    return (record.get("runner") or {}).get("framework") or record["framework"]
-
-
 def _status(statuses: list[str], planned: int) -> str:
     if not statuses:
         return "not run"
@@ -137,7 +131,7 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row.update(status="n/a", note=sweep.not_applicable[(fw, n)])
                 out.append(row)
                 continue
-            runs = [r for r in records if row_key(r) == fw and r["devices"] == n]
+            runs = [r for r in records if harness.row_key(r) == fw and r["devices"] == n]
             ok = [r for r in runs if r["status"] == "ok"]
             # What ran (the records' `execution`), and what the flags asked for (torch).
             row["mode"] = _joined(harness.mode_label(r.get("execution")) for r in ok or runs)
@@ -482,7 +476,7 @@ def run_row(record: dict[str, Any]) -> dict[str, Any]:
     runner = record.get("runner", {})
     return {
         **record,
-        "framework": row_key(record),
+        "framework": harness.row_key(record),
         "mode": harness.mode_label(record.get("execution")),
         "run_id": runner.get("run_id"),
         "epoch1_train_loss": epoch1_loss(record),
@@ -700,8 +694,8 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
             [e["test_accuracy"] for e in epochs],
             marker="os^Dv<>p"[k % 8],
             linestyle=styles[k % 4],
-            color=colours.get(row_key(r), "k"),
-            label=r.get("runner", {}).get("run_id", row_key(r)),
+            color=colours.get(harness.row_key(r), "k"),
+            label=r.get("runner", {}).get("run_id", harness.row_key(r)),
         )
     if sweep.target_accuracy > 0:
         ax.axhline(sweep.target_accuracy, color="k", linestyle="--", alpha=0.5, label="target")
@@ -811,11 +805,9 @@ def predicted_section(records: list[dict[str, Any]]) -> list[str]:
             what = "no prediction" if r.get("predicted_efficiency") is None else "note"
             lines.append(f"- {r['framework']} x{r['devices']}: {what}: {r['note']}.")
     shown = {r["framework"] for r in table}
-    busy = [
-        f"{row_key(r)} x{r['devices']}"
-        for r in records
-        if row_key(r) in shown and (load := _load(r))[0] and load[1] and max(load[0]) > load[1]
-    ]
+    loads = [(f"{harness.row_key(r)} x{r['devices']}", *_load(r)) for r in records]
+    busy = [cell for cell, xs, cores in loads if cell.rsplit(" x", 1)[0] in shown
+            and xs and cores and max(xs) > cores]  # fmt: skip
     if busy:
         lines.append(
             f"- Busy machine (load average above the core count) during {', '.join(busy)}: a "

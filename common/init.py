@@ -110,10 +110,18 @@ def parameter_spec(model: str, width: float, in_channels: int, num_classes: int)
     return spec
 
 
+TRAINABLE = ("conv", "linear_weight", "linear_bias", "bn_weight", "bn_bias")
+
+
+def trainable_sizes(spec: Spec) -> list[int]:
+    """The trainable tensors' element counts (BN buffers excluded), in the order torch's
+    model.parameters() lists them."""
+    return [math.prod(shape) for _, shape, kind in spec if kind in TRAINABLE]
+
+
 def trainable_count(spec: Spec) -> int:
     """Number of trainable parameters (BN buffers excluded), as torch counts them."""
-    trainable = ("conv", "linear_weight", "linear_bias", "bn_weight", "bn_bias")
-    return sum(math.prod(shape) for _, shape, kind in spec if kind in trainable)
+    return sum(trainable_sizes(spec))
 
 
 def state_bytes(spec: Spec) -> int:

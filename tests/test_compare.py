@@ -853,11 +853,11 @@ def test_table_shows_every_rows_mode_and_says_when_they_differ(tmp_path: Path) -
 
     # Without the compiled torch row, the note names the variant that would give one.
     plain = ["torch-ddp", "jax-pmap"]
-    two = report.rows(_mode_sweep(plain), [r for r in records if report.row_key(r) in plain])
+    two = report.rows(_mode_sweep(plain), [r for r in records if harness.row_key(r) in plain])
     assert "add torch-ddp+reduce-overhead to --frameworks" in harness.mode_notes(two)[0]
     # Rows of one kind of mode: no note.
     alike = ["torch-ddp+reduce-overhead", "jax-pmap"]
-    compiled = report.rows(_mode_sweep(alike), [r for r in records if report.row_key(r) in alike])
+    compiled = report.rows(_mode_sweep(alike), [r for r in records if harness.row_key(r) in alike])
     assert harness.mode_notes(compiled) == ["", ""]
 
 

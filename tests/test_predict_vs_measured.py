@@ -191,3 +191,13 @@ def test_a_prediction_made_without_an_unusable_breakdown_is_not_called_no_predic
     lines = report.predicted_section(records)
     assert any(ln.startswith("- jax-pmap x2: note: breakdown without step_ms") for ln in lines)
     assert not any("no prediction" in ln for ln in lines), lines
+
+
+def test_a_non_finite_images_per_sec_is_dropped_as_the_report_drops_it():
+    """A record whose images/s is not finite (NaN: what a broken writer could leave) counts in
+    neither the 1-device nor the N-device median, as in the report's own table."""
+    records = [*weak_sweep(), record("jax-pmap", 2, float("nan"), 128)]
+    records.append(record("jax-pmap", 1, float("inf"), 64))
+    (row,) = P.measured_vs_predicted(records, link=LINK)
+    assert (row["runs"], row["runs_one_device"]) == (1, 1)
+    assert row["measured_efficiency"] == pytest.approx(3600 / (2 * 2000))
