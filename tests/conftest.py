@@ -41,6 +41,20 @@ else:  # the GPU tests ask for their devices themselves; a shell's default must 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_the_session_set_it():
+    """Every test starts from the environment set above and leaves it so. A test that runs a
+    main() in this process (compute_only.main, a trainer's main) calls devices.pin, which sets
+    DPBENCH_USER_DEVICE_ENV; left behind, every process a later test starts in the same pytest
+    process inherits it and records the variables as they were here, not as that test set them
+    (an order that pytest-xdist's workers, -n N, produced)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def _tensorboard_missing() -> str:
     """Why --tensorboard cannot write and be read back here ("" where it can): tensorboardX (the
     writer) and tensorboard (the reader) are installed by `bash scripts/setup.sh`; a GPU
