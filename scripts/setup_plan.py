@@ -43,17 +43,10 @@ MXNET_CUDA = (
     ("mxnet-cu112", (11, 2), f"{CUDA11} libcusolver.so.11 libnvrtc.so.11.2"),
     ("mxnet-cu110", (11, 0), f"{CUDA11} libcusolver.so.10 libnvrtc.so.11.0"),
 )
-# (digest of a file before a comment-only edit, digest of its pins then): requirements/main.txt
-# lost its "add jax[cuda12] by hand" advice when setup.sh learnt to install it; the environments
-# stamped before that hold the same pins and must not all be rebuilt for it
-EARLIER = {
-    "requirements/main.txt": [
-        (
-            "6dfa370078f1332d08ac0f5c826ccba91298ed1301e21338cbb4ef5bf1169ad1",
-            "eac20687bdd97cd2a5f8f047ee3eccbbcb540ba1eedb8bd7f389f4d72807aeb7",
-        )
-    ],
-}
+# {file: [(digest of the file before a comment-only edit, digest of its pins then)]}: an edit of
+# comments alone must not rebuild every environment stamped before it. None now: main.txt's
+# entry (its "add jax[cuda12] by hand" advice, removed) ended when pytest-xdist joined its pins.
+EARLIER: dict[str, list[tuple[str, str]]] = {}
 NVIDIA_SMI_TIMEOUT_S = 60  # a wedged driver can hang nvidia-smi; that is a machine without a GPU
 
 
