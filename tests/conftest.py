@@ -41,18 +41,30 @@ else:  # the GPU tests ask for their devices themselves; a shell's default must 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
-@pytest.fixture(autouse=True)
-def _environment_as_the_session_set_it():
-    """Every test starts from the environment set above and leaves it so. A test that runs a
-    main() in this process (compute_only.main, a trainer's main) calls devices.pin, which sets
-    DPBENCH_USER_DEVICE_ENV; left behind, every process a later test starts in the same pytest
-    process inherits it and records the variables as they were here, not as that test set them
-    (an order that pytest-xdist's workers, -n N, produced)."""
-    saved = dict(os.environ)
-    yield
-    if os.environ != saved:
+# The environment every test starts from and leaves behind (pytest's own PYTEST_* aside).
+SESSION_ENV = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+
+
+def _environment_as_the_session_set_it() -> None:
+    now = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    if now != SESSION_ENV:
+        own = {k: v for k, v in os.environ.items() if k.startswith("PYTEST_")}
         os.environ.clear()
-        os.environ.update(saved)
+        os.environ.update({**SESSION_ENV, **own})
+
+
+@pytest.fixture(autouse=True)
+def session_environment():
+    """Every test starts from the environment set above, whatever ran before it, and leaves it
+    so. A main() run in this process (a trainer's, compute_only's), in a test or in a
+    module-scoped fixture (set up before this one), calls devices.pin, which sets
+    DPBENCH_USER_DEVICE_ENV; left behind, every process a later test starts in the same pytest
+    process inherits it and records the device variables as they were here, not as that test
+    set them (test_devices.py failed so after test_hostile_loads.py's checkpoint fixture, under
+    pytest-xdist's -n 2)."""
+    _environment_as_the_session_set_it()
+    yield
+    _environment_as_the_session_set_it()
 
 
 def _tensorboard_missing() -> str:
