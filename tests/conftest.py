@@ -41,30 +41,35 @@ else:  # the GPU tests ask for their devices themselves; a shell's default must 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
-# The environment every test starts from and leaves behind (pytest's own PYTEST_* aside).
-SESSION_ENV = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+# The device variables every test starts from and leaves behind: those set above, and the one
+# devices.pin adds (common/devices.py: ENV, USER_ENV, _SAVED). Only these: a test module sets
+# XLA_FLAGS when imported, before JAX starts, and that must stay.
+DEVICE_VARS = (
+    "DPBENCH_DEVICES", "CUDA_VISIBLE_DEVICES", "JAX_PLATFORMS", "DPBENCH_USER_DEVICE_ENV"
+)  # fmt: skip
+SESSION_DEVICE_ENV = {k: os.environ.get(k) for k in DEVICE_VARS}
 
 
-def _environment_as_the_session_set_it() -> None:
-    now = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    if now != SESSION_ENV:
-        own = {k: v for k, v in os.environ.items() if k.startswith("PYTEST_")}
-        os.environ.clear()
-        os.environ.update({**SESSION_ENV, **own})
+def _device_env_as_the_session_set_it() -> None:
+    for k, v in SESSION_DEVICE_ENV.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(autouse=True)
-def session_environment():
-    """Every test starts from the environment set above, whatever ran before it, and leaves it
-    so. A main() run in this process (a trainer's, compute_only's), in a test or in a
-    module-scoped fixture (set up before this one), calls devices.pin, which sets
+def session_device_env():
+    """Every test starts with the device variables the session set, whatever ran before it,
+    and leaves them so. A main() run in this process (a trainer's, compute_only's), in a test
+    or in a module-scoped fixture (set up before this one), calls devices.pin, which sets
     DPBENCH_USER_DEVICE_ENV; left behind, every process a later test starts in the same pytest
     process inherits it and records the device variables as they were here, not as that test
     set them (test_devices.py failed so after test_hostile_loads.py's checkpoint fixture, under
     pytest-xdist's -n 2)."""
-    _environment_as_the_session_set_it()
+    _device_env_as_the_session_set_it()
     yield
-    _environment_as_the_session_set_it()
+    _device_env_as_the_session_set_it()
 
 
 def _tensorboard_missing() -> str:
