@@ -9,7 +9,8 @@
 #   STEPS=1,2,3,4 bash benchmarks/gpu_suite.sh OUT_DIR       # about 8 minutes on one H100
 #   STEPS=5,6 bash benchmarks/gpu_suite.sh OUT_DIR-2         # about 6 minutes
 #   STEPS=7 bash benchmarks/gpu_suite.sh OUT_DIR-3           # the JAX step cache
-#   STEPS=8 bash benchmarks/gpu_suite.sh OUT_DIR-4           # the GPU tests (3-4 min, estimated)
+#   STEPS=8 bash benchmarks/gpu_suite.sh OUT_DIR-4           # the GPU tests (3-6 min, estimated)
+#   STEPS=8,1 bash benchmarks/gpu_suite.sh OUT_DIR           # steps run in the order given
 #
 # The interpreter: the project's own .venv when it holds the CUDA builds (what `bash
 # scripts/setup.sh` installs on a machine with an NVIDIA driver), else python3 (e.g. a lent
@@ -39,6 +40,10 @@ if [[ "${1:-}" == "--python" ]]; then
   PY=${2:?--python needs the path of an interpreter}
   shift 2
 fi
+# STEPS (default: all, in order) picks steps by number and runs them in the order given, e.g.
+# STEPS=8,1 bash benchmarks/gpu_suite.sh ... runs the GPU tests first, then the headline table.
+STEPS=${STEPS:-1,2,3,4,5,6,7,8}
+[[ "$STEPS" =~ ^[1-8](,[1-8])*$ ]] || { echo "gpu_suite.sh: STEPS takes step numbers 1-8 such as 1,8, not '$STEPS'" >&2; exit 2; }
 OUT=${1:-$ROOT/docs/results/gpu-$(date -u +%Y%m%d)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -83,19 +88,21 @@ run() {
   fi
   echo "+ $*" | tee -a "$OUT/commands.txt"
   local t0=$SECONDS
-  timeout --kill-after=20 "$left" "$@" || status=1
+  # SIGINT, as Ctrl-C: the runners keep every finished measurement and pytest writes its
+  # summary and XML; what ignores it is killed 5 s later
+  timeout -s INT --kill-after=5 "$left" "$@" || status=1
   echo "  ($((SECONDS - t0)) s)" | tee -a "$OUT/commands.txt"
 }
 
 COMMON=(--python "$PY" --gpus 1 --model resnet18 --image-size 32 --batch-size 512
         --steps 16 --epochs 4 --timeout 240)
-# STEPS (default: all) picks steps by number, e.g. STEPS=1,2 bash benchmarks/gpu_suite.sh ...
-want() { [[ ",${STEPS:-1,2,3,4,5,6,7,8}," == *",$1,"* ]]; }
 
 # Each torch module eager and in a variant (NAME+VARIANT, benchmarks/harness.py VARIANTS):
 # reduce-overhead = torch.compile with CUDA graphs (the compiled forward and backward replayed
 # in one launch each, instead of ~440 launches per step).
-HEADLINE=torch-ddp,torch-ddp+reduce-overhead,torch-dp,torch-dp+reduce-overhead,jax-pmap,jax-shard,jax-shardmap
+# The like-for-like rows first (the throughput runner measures in this order: a step cut short
+# keeps what it measured): torch with CUDA graphs, jax-pmap, eager torch, then the rest.
+HEADLINE=torch-ddp+reduce-overhead,jax-pmap,torch-ddp,torch-dp+reduce-overhead,torch-dp,jax-shard,jax-shardmap
 # 1. THE HEADLINE TABLE. Mixed precision, every torch and JAX module, each torch module both
 #    eager and with CUDA graphs (a row each, the mode column says which), beside JAX: torch
 #    autocast bf16 + channels_last + cudnn.benchmark; JAX bf16 activations. The input pipeline is
@@ -103,56 +110,56 @@ HEADLINE=torch-ddp,torch-ddp+reduce-overhead,torch-dp,torch-dp+reduce-overhead,j
 #    gathered there. --profile 8: each run's first (untimed) epoch traces 8 steps with its
 #    framework's profiler; the cells get the step's breakdown (issue 30), the timed epochs stay
 #    unprofiled.
-want 1 && run "$PY" -m benchmarks.throughput --frameworks "$HEADLINE" \
-    "${COMMON[@]}" --precision bf16 --channels-last --profile 8 --out "$OUT/throughput-bf16"
+step1() { run "$PY" -m benchmarks.throughput --frameworks "$HEADLINE" \
+    "${COMMON[@]}" --precision bf16 --channels-last --profile 8 --out "$OUT/throughput-bf16"; }
 # 2. The same with the host pipeline (numpy crops on a prefetch thread, copied every step): what
 #    the device pipeline is worth.
-want 2 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
+step2() { run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
     "${COMMON[@]}" --precision bf16 --channels-last --pipeline host \
-    --out "$OUT/throughput-bf16-host-pipeline"
+    --out "$OUT/throughput-bf16-host-pipeline"; }
 # 3. torch.compile in its default mode (no CUDA graphs: every kernel still launched from the
 #    host, by Inductor's code), the mode between 1's eager and CUDA-graph rows.
-want 3 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp+compile "${COMMON[@]}" \
-    --precision bf16 --channels-last --out "$OUT/throughput-bf16-compile"
+step3() { run "$PY" -m benchmarks.throughput --frameworks torch-ddp+compile "${COMMON[@]}" \
+    --precision bf16 --channels-last --out "$OUT/throughput-bf16-compile"; }
 # 4. fp32 (full fp32: TF32 off in every framework, as the trainers default), NCHW.
-want 4 && run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
-    "${COMMON[@]}" --precision fp32 --no-channels-last --out "$OUT/throughput-fp32"
+step4() { run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
+    "${COMMON[@]}" --precision fp32 --no-channels-last --out "$OUT/throughput-fp32"; }
 # TensorBoard curves only where the writer (tensorboardX) is installed: a GPU image may lack it.
 TB=()
 "$PY" -c 'import tensorboardX' 2>/dev/null || TB=(--no-tensorboard)
 # 5. The compare runner on real data (the digits preset: ResNet-18 at width 0.25) at 1 GPU,
 #    torch-ddp eager and with CUDA graphs beside JAX, as in 1; MXNet is absent. --profile 8: the
 #    report's breakdown table and stacked bars at 1 GPU (traces under runs/*.profile/).
-want 5 && run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
+step5() { run env DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
     DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" DPBENCH_PYTHON_JAX_SHARDMAP="$PY" \
     "$PY" -m benchmarks.compare --gpus 1 \
     --frameworks torch-ddp,torch-ddp+reduce-overhead,torch-dp,jax-pmap,jax-shard,jax-shardmap \
-    --preset digits --profile 8 --timeout 180 ${TB[@]+"${TB[@]}"} --out "$OUT/compare-digits"
+    --preset digits --profile 8 --timeout 180 ${TB[@]+"${TB[@]}"} --out "$OUT/compare-digits"; }
 # 6. Our loops against the seed tutorials' loops (d2l's PyTorch and JAX loops, the NVIDIA course,
 #    the Flax example) on the same work: full-width ResNet-18 on 8192 CIFAR-shaped synthetic
 #    images, batch 256, 1 GPU.
-want 6 && run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
+step6() { run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
     --tutorials d2l-torch,nvidia-course,flax-imagenet,d2l-jax --gpus 1 --repeat 2 \
     --preset throughput --width 1 --train-limit 8192 --epochs 3 --timeout 120 \
-    --out "$OUT/tutorial-loops"
+    --out "$OUT/tutorial-loops"; }
 # 7. The JAX step cache on a GPU (issue 13): a warm run's first epoch with the train step traced
 #    again (A, --no-step-cache) and loaded (B), and the timed images/s (what the exported call
 #    costs per step); one warm-up run per side first, so both find their XLA programs cached.
 JAXWORK=(--preset throughput --width 1 --image-size 32 --batch-size 512 --precision bf16
          --epochs 4 --max-steps-per-epoch 16 --gpus 1)
-if want 7; then
+step7() {
   for side in --no-step-cache --step-cache; do
     run "$PY" -m frameworks.jax_pmap "${JAXWORK[@]}" "$side" --output "$OUT/step-cache-warmup.json"
   done
   run env DPBENCH_PYTHON_JAX_PMAP="$PY" "$PY" -m benchmarks.ab --framework jax-pmap \
       --a=--no-step-cache --b=--step-cache --repeat 3 --timeout 180 \
       --out "$OUT/step-cache-jax-pmap" -- "${JAXWORK[@]}"
-fi
+}
 # 8. The GPU tests (tests marked `gpu`: every trainer on cuda, NCCL, DataParallel's device ids,
 #    pmap and shardings, parity, CUDA graphs, the step cache, --devices cpu on a GPU machine),
 #    the GPU pass of scripts/test.sh. The rest of the suite runs with the CPU pinned, as in CI:
 #    `.venv/bin/python -m pytest tests --ignore=tests/mxnet` on this machine too.
-if want 8; then
+step8() {
   if "$PY" -c 'import pytest' 2>/dev/null; then
     run env DPBENCH_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false DPBENCH_TEST_PYTHON="$PY" \
         DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
@@ -163,7 +170,11 @@ if want 8; then
     echo "- skipped (no pytest; carry its wheels as tensorboardX's above): the GPU tests" \
       | tee -a "$OUT/commands.txt"
   fi
-fi
+}
 
+IFS=, read -r -a order <<<"$STEPS"
+for n in "${order[@]}"; do
+  "step$n"
+done
 echo "results in $OUT after $SECONDS s (exit $status)"
 exit $status

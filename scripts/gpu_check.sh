@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The whole GPU check in one call, for a machine whose own python already holds CUDA builds of
 # torch and JAX (a lent or an offline machine, where scripts/setup.sh cannot install them):
+#   0. a check of that python (torch and JAX see the GPU; Flax, Optax, pytest, pytest-xdist
+#      import) that stops the call in seconds, exit 2, where they do not,
 #   1. the main test suite as CI runs it (every test pinned to the CPU; parallel workers),
-#   2. then benchmarks/gpu_suite.sh, one step after another in the order given (default 1, then
-#      8: the headline table, then the GPU tests), each in the time left,
+#   2. then benchmarks/gpu_suite.sh's steps in the order given (default 8, then 1: the GPU tests,
+#      which have run on no GPU in their present form, then the headline table), in the time
+#      left,
 # and, with --archive, everything packed into ONE file (the logs, the exact commands, the
 # tables and the records), the loose folder removed.
 #
@@ -15,48 +18,72 @@
 #           .venv/bin/python becomes a two-line script that execs it: a link to a virtual
 #           environment's python would lose its packages, and scripts/setup.sh uses such a
 #           script as it is and never rebuilds it.
-# --steps   gpu_suite.sh's steps, run in this order (default 1,8); "" for none.
+# --steps   gpu_suite.sh's steps, run in this order (default 8,1); "" for none.
 # SECONDS   the budget of the whole call (default 540): the tests get at most TESTS_SEC of it
-#           (default 240), the suite's steps what is left, 20 s are kept for packing.
-# Writes under OUT_DIR: commands.txt (every command, its exit status and seconds), tests.log
-# and tests.xml (the suite), step<N>/ (gpu_suite.sh's own output for step N) and, with
-# --archive, nothing else: FILE (.tar.xz) holds OUT_DIR.
+#           (default 240), the suite's steps what is left, 30 s are kept for packing.
+# Writes under OUT_DIR: machine.txt (the GPU, the python, which optional packages it has),
+# commands.txt (every command, its exit status and seconds), tests.log and tests.xml (the
+# suite), suite.log and suite/ (gpu_suite.sh's output) and, with --archive, nothing else: FILE
+# (.tar.xz) holds OUT_DIR (without the profiler traces if it would pass 15 MiB).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=python3 STEPS_LIST=1,8 TESTS=1 ARCHIVE=""
+PY=python3 STEPS_LIST=8,1 TESTS=1 ARCHIVE=""
+fail() { echo "gpu_check.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --python) PY=${2:?--python needs the path of an interpreter}; shift 2 ;;
-    --steps) STEPS_LIST=${2?--steps needs a list such as 1,8}; shift 2 ;;
+    --steps) STEPS_LIST=${2?--steps needs a list such as 8,1}; shift 2 ;;
     --no-tests) TESTS=0; shift ;;
     --archive) ARCHIVE=${2:?--archive needs a file name}; shift 2 ;;
-    -*) echo "gpu_check.sh: unknown option $1 (see the comment at the top of $0)" >&2; exit 2 ;;
+    -*) fail "unknown option $1 (see the comment at the top of $0)" ;;
     *) break ;;
   esac
 done
 OUT=${1:?usage: bash scripts/gpu_check.sh [--python PATH] [--steps LIST] [--no-tests] [--archive FILE] OUT_DIR [SECONDS]}
 BUDGET=${2:-540}
 TESTS_SEC=${TESTS_SEC:-240}
-[[ "$BUDGET" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: SECONDS must be a whole number, not $BUDGET" >&2; exit 2; }
-[[ "$STEPS_LIST" =~ ^[0-9,]*$ ]] || { echo "gpu_check.sh: --steps takes numbers such as 1,8, not $STEPS_LIST" >&2; exit 2; }
-PYPATH=$(command -v "$PY") || { echo "gpu_check.sh: no interpreter $PY (give --python PATH)" >&2; exit 2; }
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+[[ "$BUDGET" =~ ^[0-9]+$ ]] || fail "SECONDS must be a whole number, not $BUDGET"
+[[ "$STEPS_LIST" =~ ^([1-8](,[1-8])*)?$ ]] || fail "--steps takes step numbers 1-8 such as 8,1, not $STEPS_LIST"
+PYPATH=$(command -v "$PY") || fail "no interpreter $PY (give --python PATH)"
+[[ "$PYPATH" == /* ]] || PYPATH="$PWD/$PYPATH"  # absolute, links kept (a venv's python is one)
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || fail "cannot create $OUT"
+case "$ROOT/" in "$OUT"/*) fail "OUT_DIR $OUT holds the repository; name a folder of its own" ;; esac
 if [[ -n "$ARCHIVE" ]]; then
-  mkdir -p "$(dirname "$ARCHIVE")" && ARCHIVE="$(cd "$(dirname "$ARCHIVE")" && pwd)/$(basename "$ARCHIVE")" || exit 2
+  mkdir -p "$(dirname "$ARCHIVE")" || fail "cannot create the folder of $ARCHIVE"
+  ARCHIVE="$(cd "$(dirname "$ARCHIVE")" && pwd)/$(basename "$ARCHIVE")"
+  case "$ARCHIVE" in "$OUT"/*) fail "--archive $ARCHIVE is inside OUT_DIR, which is removed once packed" ;; esac
 fi
 cd "$ROOT"
 
 if [[ ! -f .venv/pyvenv.cfg ]]; then
-  mkdir -p .venv/bin
-  printf '#!/bin/sh\nexec %q "$@"\n' "$PYPATH" >.venv/bin/python
-  chmod +x .venv/bin/python
+  [[ "$PYPATH" == "$ROOT/.venv/bin/python" ]] && fail "--python $PY is the script this call writes; name the interpreter it should run"
+  [[ -L .venv ]] && rm -f .venv  # a link from another checkout (copied with the tree) leads elsewhere
+  mkdir -p .venv/bin && printf "#!/bin/sh\nexec '%s' \"\$@\"\n" "${PYPATH//\'/\'\\\'\'}" >.venv/bin/python &&
+    chmod +x .venv/bin/python || fail "cannot write .venv/bin/python"
 fi
+PREFLIGHT='import importlib.util as u, torch, jax, flax, optax, pytest, xdist
+assert torch.cuda.is_available(), "torch sees no GPU (torch " + torch.__version__ + ")"
+assert jax.default_backend() == "gpu", "JAX runs on " + jax.default_backend() + ", not a GPU"
+print("python", __import__("sys").version.split()[0], "torch", torch.__version__, "jax", jax.__version__)
+print("optional:", ", ".join(f"{m} {'yes' if u.find_spec(m) else 'NO'}" for m in
+      ("sklearn", "matplotlib", "rich", "flatbuffers", "tensorboardX", "mxnet")))'
+{
+  date -u +"%Y-%m-%d %H:%M:%S UTC"
+  nvidia-smi -L 2>&1
+  echo ".venv/bin/python: $(tr '\n' ' ' <.venv/bin/python | head -c 300)"
+  echo "git $(git describe --always --dirty --abbrev=40 2>/dev/null)"
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 180 .venv/bin/python -c "$PREFLIGHT" 2>&1 | tail -3
+} >"$OUT/machine.txt"
+cat "$OUT/machine.txt"
+grep -q "^optional:" "$OUT/machine.txt" || fail "$PYPATH cannot run the check (see $OUT/machine.txt: $(tail -1 "$OUT/machine.txt"))"
+
 status=0
 : >"$OUT/commands.txt"
 # timed LIMIT COMMAND...: runs COMMAND under LIMIT seconds (and what is left of the budget),
-# notes it, its exit status and its seconds in commands.txt.
+# notes it, its exit status and its seconds in commands.txt. SIGINT first, as Ctrl-C: pytest
+# and the runners keep what they finished and write their summaries.
 timed() {
-  local limit=$1 left=$((BUDGET - 20 - SECONDS))
+  local limit=$1 left=$((BUDGET - 30 - SECONDS))
   shift
   ((limit > left)) && limit=$left
   if ((limit < 40)); then
@@ -66,17 +93,10 @@ timed() {
   fi
   echo "+ $* (at most $limit s)" | tee -a "$OUT/commands.txt"
   local t0=$SECONDS rc=0
-  timeout --kill-after=15 "$limit" "$@" || rc=$?
+  timeout -s INT --kill-after=10 "$limit" "$@" || rc=$?
   echo "  exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/commands.txt"
   ((rc == 0)) || status=1
 }
-
-{
-  date -u +"%Y-%m-%d %H:%M:%S UTC"
-  nvidia-smi -L 2>&1
-  echo ".venv/bin/python: $(head -c 300 .venv/bin/python | tr '\n' ' ' | tr -d '\0')"
-  echo "git $(git describe --always --dirty --abbrev=40 2>/dev/null)"
-} >"$OUT/machine.txt"
 
 if ((TESTS)); then
   cores=$(nproc)
@@ -86,15 +106,29 @@ if ((TESTS)); then
     --junitxml="$OUT/tests.xml" >"$OUT/tests.log" 2>&1
   tail -3 "$OUT/tests.log" 2>/dev/null
 fi
-IFS=, read -r -a steps <<<"$STEPS_LIST"
-for n in ${steps[@]+"${steps[@]}"}; do
-  left=$((BUDGET - 20 - SECONDS))
-  timed "$left" env STEPS="$n" bash benchmarks/gpu_suite.sh --python "$ROOT/.venv/bin/python" \
-    "$OUT/step$n" "$((left - 10))"
-done
+if [[ -n "$STEPS_LIST" ]]; then
+  left=$((BUDGET - 30 - SECONDS))
+  # the suite ends its steps 20 s before this call's limit: its own children are stopped first
+  timed "$left" env STEPS="$STEPS_LIST" bash benchmarks/gpu_suite.sh --python "$ROOT/.venv/bin/python" \
+    "$OUT/suite" "$((left - 20))" >"$OUT/suite.log" 2>&1
+  tail -40 "$OUT/suite.log"
+fi
 echo "gpu_check: $OUT after $SECONDS s (exit $status)" | tee -a "$OUT/commands.txt"
 if [[ -n "$ARCHIVE" ]]; then
-  tar -cJf "$ARCHIVE" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT" &&
-    echo "gpu_check: packed into $ARCHIVE ($(du -h "$ARCHIVE" | cut -f1))"
+  export XZ_OPT=-T0
+  parent=$(dirname "$OUT") name=$(basename "$OUT")
+  packed=0
+  tar -cJf "$ARCHIVE" -C "$parent" "$name" && packed=1
+  if ((packed)) && (($(stat -c %s "$ARCHIVE") > 15 * 1024 * 1024)); then
+    echo "gpu_check: over 15 MiB; packed again without the profiler traces" | tee -a "$OUT/commands.txt"
+    packed=0
+    tar -cJf "$ARCHIVE" -C "$parent" --exclude='*.profile' "$name" && packed=1
+  fi
+  if ((packed)); then  # the loose folder goes only once the archive holds it
+    rm -rf -- "$OUT" && echo "gpu_check: packed into $ARCHIVE ($(du -h "$ARCHIVE" | cut -f1))"
+  else
+    echo "gpu_check: packing failed; the results stay in $OUT" >&2
+    status=1
+  fi
 fi
 exit $status

@@ -1,19 +1,30 @@
 """scripts/gpu_check.sh, the whole GPU check in one call, on the CPU: its own plumbing, not the
-GPU work (benchmarks/gpu_suite.sh has its own tests where a GPU is, tests/test_gpu.py). In a copy
-of the scripts: .venv/bin/python becomes a script that execs the given interpreter (a link
-would lose a virtual environment's packages), a real environment is left alone, a step that no
-longer fits the budget is listed as skipped, everything ends up in ONE archive, and bad flags
-are one line with exit 2."""
+GPU work (benchmarks/gpu_suite.sh's steps and tests/test_gpu.py run where a GPU is). In a copy
+of the scripts, with a stand-in python that answers the GPU check as a CUDA machine's would and
+runs everything else with the tests' interpreter: .venv/bin/python becomes a script that execs
+the given interpreter (a link would lose a virtual environment's packages), a real environment
+is left alone, a python that sees no GPU stops the call in one line, a step that no longer fits
+the budget is listed as skipped, everything ends up in ONE archive, and bad input is one line
+with exit 2, before anything is written."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 from tests.conftest import MAIN_PYTHON, ROOT
+
+# The GPU check's answer on a CUDA machine; any other command runs in the tests' interpreter.
+STAND_IN = f"""#!/bin/sh
+case "$2" in *torch.cuda.is_available*)
+  echo "python 3 torch stand-in jax stand-in"; echo "optional: sklearn yes, mxnet NO"; exit 0 ;;
+esac
+exec "{MAIN_PYTHON}" "$@"
+"""
 
 
 def project(where: Path) -> Path:
@@ -23,60 +34,88 @@ def project(where: Path) -> Path:
     return where
 
 
+def stand_in(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(STAND_IN)
+    path.chmod(0o755)
+    return path
+
+
 def check(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "scripts/gpu_check.sh", *args], cwd=root, capture_output=True,
                           text=True, timeout=120, env=os.environ | {"TESTS_SEC": "60"})  # fmt: skip
 
 
+def prefix(python: Path | str) -> str:
+    run = [str(python), "-c", "import sys, numpy; print(sys.prefix)"]
+    return subprocess.run(run, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_the_interpreter_is_wrapped_and_everything_is_one_archive(tmp_path: Path) -> None:
     root = project(tmp_path / "p")
+    python = stand_in(tmp_path / "it's here" / "python")  # a quote and a space in the path
     archive = tmp_path / "out" / "gpu.tar.xz"
+    (root / ".venv").symlink_to(tmp_path / "another checkout" / ".venv")  # copied with a tree
     # no tests, a step the budget cannot hold (it needs 40 s): skipped, listed, exit 1
-    proc = check(root, "--python", str(MAIN_PYTHON), "--no-tests", "--steps", "1",
-                 "--archive", str(archive), str(tmp_path / "run"), "50")  # fmt: skip
+    proc = check(root, "--python", str(python), "--no-tests", "--steps", "1",
+                 "--archive", str(archive), str(tmp_path / "run"), "60")  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     wrapper = root / ".venv" / "bin" / "python"
+    assert not (root / ".venv").is_symlink() and not (tmp_path / "another checkout").exists()
     assert not wrapper.is_symlink() and wrapper.read_text().startswith("#!/bin/sh\nexec ")
-    prefix = subprocess.run([str(wrapper), "-c", "import sys, numpy; print(sys.prefix)"],
-                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    assert Path(prefix) == MAIN_PYTHON.parent.parent  # its environment, packages and all
+    assert prefix(wrapper) == prefix(MAIN_PYTHON)  # its environment, packages and all
     assert not (tmp_path / "run").exists()  # packed, not left loose
     with tarfile.open(archive) as tar:
         names = {Path(n).name: n for n in tar.getnames()}
-        commands = tar.extractfile(names["commands.txt"]).read().decode()
-    assert {"commands.txt", "machine.txt"} <= set(names)
+        read = lambda name: tar.extractfile(names[name]).read().decode()  # noqa: E731
+        commands, machine = read("commands.txt"), read("machine.txt")
     assert "- skipped (time budget): env STEPS=1 bash benchmarks/gpu_suite.sh" in commands
     assert "(exit 1)" in commands
+    assert "optional: sklearn yes, mxnet NO" in machine
 
 
 def test_a_real_environment_is_left_alone_and_the_tests_step_is_timed(tmp_path: Path) -> None:
     root = project(tmp_path / "p")
-    # an environment of its own (it has a pyvenv.cfg) whose python runs the tests' interpreter
-    (root / ".venv" / "bin").mkdir(parents=True)
-    (root / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    own = root / ".venv" / "bin" / "python"
-    own.write_text(f'#!/bin/sh\n# its own\nexec "{MAIN_PYTHON}" "$@"\n')
-    own.chmod(0o755)
+    (root / ".venv" / "pyvenv.cfg").parent.mkdir()
+    (root / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")  # an environment of its own
+    own = stand_in(root / ".venv" / "bin" / "python")
     (root / "tests").mkdir()
     (root / "tests" / "test_one.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
     out = tmp_path / "run"
-    proc = check(root, "--steps", "", str(out), "120")
+    proc = check(root, "--steps", "", str(out), "130")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "# its own" in own.read_text()  # not replaced
+    assert own.read_text() == STAND_IN  # not replaced
     assert "1 passed" in (out / "tests.log").read_text()
     assert (out / "tests.xml").is_file()
     commands = (out / "commands.txt").read_text()
     assert "-n " in commands and "--dist loadfile" in commands and "exit 0 after" in commands
 
 
-def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_a_python_that_sees_no_gpu_stops_the_call_in_one_line(tmp_path: Path) -> None:
     root = project(tmp_path / "p")
+    proc = check(root, "--python", sys.executable, str(tmp_path / "run"))  # CPU torch, or none
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "cannot run the check" in proc.stderr
+    assert not (tmp_path / "run" / "commands.txt").exists()  # nothing ran
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    root = project(tmp_path / "p")
+    loop = root / ".venv" / "bin" / "python"
     for args, says in (
-        (["--steps", "one", "out"], "--steps takes numbers such as 1,8, not one"),
+        (["--steps", "one", "out"], "--steps takes step numbers 1-8 such as 8,1, not one"),
+        (["--steps", ",8", "out"], "not ,8"),  # an empty entry would mean every step
+        (["--steps", "9", "out"], "not 9"),
         (["--fast", "out"], "unknown option --fast"),
         (["--python", str(tmp_path / "nope"), "out"], "no interpreter"),
         (["out", "soon"], "SECONDS must be a whole number, not soon"),
+        ([str(tmp_path)], "holds the repository"),  # removed once packed: never the checkout
+        (["--archive", "out/a.tar.xz", "out"], "is inside OUT_DIR"),
     ):
         proc = check(root, *args)
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, args
-        assert not (root / "out").exists(), args  # nothing written before the check
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, (
+            args, proc.stderr)  # fmt: skip
+        assert not (root / "out" / "commands.txt").exists(), args  # nothing ran
+    stand_in(loop)  # a wrapper that would exec itself
+    proc = check(root, "--python", str(loop), "out")
+    assert proc.returncode == 2 and "is the script this call writes" in proc.stderr

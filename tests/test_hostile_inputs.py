@@ -38,7 +38,15 @@ from common.pipeline import EvalLoader
 from common.results import write_json_atomic
 from common.runtime import ENTRY_POINTS
 from common.trainer import run_main
-from tests.conftest import MAIN_PYTHON, MXNET_PYTHON, SMOKE, one_line_error, run_module, run_trainer
+from tests.conftest import (
+    MAIN_PYTHON,
+    MXNET_PYTHON,
+    SMOKE,
+    one_line_error,
+    run_module,
+    run_trainer,
+    skip_without_interpreter,
+)
 
 # ---- values: every one range-checked before anything starts ----------------------------------
 
@@ -297,6 +305,7 @@ CHECKPOINT_FILES = {
 
 @pytest.mark.parametrize("framework", list(CHECKPOINT_FILES))
 def test_a_corrupt_checkpoint_is_one_line_and_exit_2(framework, tmp_path) -> None:
+    skip_without_interpreter(framework)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     rng = np.random.default_rng(0)
@@ -311,6 +320,7 @@ def test_a_corrupt_checkpoint_is_one_line_and_exit_2(framework, tmp_path) -> Non
 def test_an_mxnet_index_naming_a_corrupt_states_file_is_refused_before_training(tmp_path):
     """The index is valid JSON of this run, the weights file is garbage: refused by the check
     before the run (it used to fail at load time with MXNet's C++ text, exit 1)."""
+    skip_without_interpreter("mxnet-gluon")
     cfg = cli.parse_args([*SMOKE, "--checkpoint-dir", str(tmp_path)], "mxnet-gluon")
     index = {"params": "w.params", "states": "w.states", "epoch": 1, "step": 4}
     (tmp_path / "mxnet-gluon.json").write_text(json.dumps({**index, "config": cfg.to_dict()}))
