@@ -21,6 +21,7 @@ is given: the trainers do not change. Framework-neutral (numpy and the standard 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import time
 from collections.abc import Callable, Iterator
@@ -236,4 +237,7 @@ class _Profiled:
         except Exception as exc:
             w.failed(f"the profiler did not write its trace ({type(exc).__name__}: {exc})")
             return
+        finally:
+            del profiler
+            gc.collect()  # the profiler's events (cyclic object graphs) go now, not mid-epoch
         w.log(f"profile: {w.count} steps from step {w.first + 1} -> {w.trace} ({w.viewer})")
