@@ -604,8 +604,9 @@ def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, 
     step = batch / statistics.median([float(r["images_per_sec"]) for r in records]) * 1e3
     measured = [r["breakdown"] for r in records if isinstance(r.get("breakdown"), dict)]
     timed = f"{len(records)} run(s)' timed epochs: {batch} / median images/s"
+    all_compute = Breakdown(step_ms=step, batch=batch, source=f"{timed}; {ALL_COMPUTE}")
     if not measured:
-        return Breakdown(step_ms=step, batch=batch, source=f"{timed}; {ALL_COMPUTE}"), ""
+        return all_compute, ""
 
     def med(key: str) -> float | None:
         xs = [float(b[key]) for b in measured if b.get(key) is not None]
@@ -613,8 +614,7 @@ def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, 
 
     bd_step, compute, wait = (med(k) for k in BREAKDOWN_PARTS)
     if not bd_step or compute is None:
-        no_bd = Breakdown(step_ms=step, batch=batch, source=f"{timed}; {ALL_COMPUTE}")
-        return no_bd, "breakdown without step_ms"
+        return all_compute, "breakdown without step_ms"
     share = step / bd_step  # the breakdown's parts, in proportion, on the timed step
     bd = Breakdown(
         step_ms=step,
@@ -628,8 +628,7 @@ def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, 
     try:
         check_breakdown(bd)
     except UsageError as exc:
-        no_bd = Breakdown(step_ms=step, batch=batch, source=f"{timed}; {ALL_COMPUTE}")
-        return no_bd, f"breakdown not used: {exc}"
+        return all_compute, f"breakdown not used: {exc}"
     return bd, ""
 
 

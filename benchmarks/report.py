@@ -103,6 +103,12 @@ def _load(record: dict[str, Any]) -> tuple[list[float], int | None]:
     return [float(x) for x in loads if x is not None], own.get("cores")
 
 
+def _busy(record: dict[str, Any]) -> bool:
+    """A 1-minute load average around the run above the host's core count."""
+    loads, cores = _load(record)
+    return bool(loads and cores and max(loads) > cores)
+
+
 def _status(statuses: list[str], planned: int) -> str:
     if not statuses:
         return "not run"
@@ -805,9 +811,8 @@ def predicted_section(records: list[dict[str, Any]]) -> list[str]:
             what = "no prediction" if r.get("predicted_efficiency") is None else "note"
             lines.append(f"- {r['framework']} x{r['devices']}: {what}: {r['note']}.")
     shown = {r["framework"] for r in table}
-    loads = [(f"{harness.row_key(r)} x{r['devices']}", *_load(r)) for r in records]
-    busy = [cell for cell, xs, cores in loads if cell.rsplit(" x", 1)[0] in shown
-            and xs and cores and max(xs) > cores]  # fmt: skip
+    busy = [f"{key} x{r['devices']}" for r in records
+            if (key := harness.row_key(r)) in shown and _busy(r)]  # fmt: skip
     if busy:
         lines.append(
             f"- Busy machine (load average above the core count) during {', '.join(busy)}: a "

@@ -6,17 +6,21 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# The main suite in parallel workers, a test file per worker at a time (pytest-xdist): most
+# tests wait on processes they start, so 2 workers on 2 cores take about 0.6 of one's time.
+# DPBENCH_TEST_WORKERS=1 runs it in one process (as before); the default is the core count, at
+# most 6 (each worker's tests start processes of their own: 2-device trainers, gloo worlds).
+workers="${DPBENCH_TEST_WORKERS:-$(( $(nproc) < 6 ? $(nproc) : 6 ))}"
+if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
+  echo "[test] DPBENCH_TEST_WORKERS must be a whole number from 1, not '$workers' (1: one process)" >&2
+  exit 2
+fi
 bash scripts/setup.sh all || exit 1
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 # Tests run several framework processes at once on few cores: idle OpenMP threads must sleep,
 # not spin (spinning made an oversubscribed 1-process torch run 10x slower here).
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 status=0
-# The main suite in parallel workers, a test file per worker at a time (pytest-xdist): most
-# tests wait on processes they start, so 2 workers on 2 cores take about 0.7 of one's time.
-# DPBENCH_TEST_WORKERS=1 runs it in one process (as before); the default is the core count, at
-# most 6 (each worker's tests start processes of their own: 2-device trainers, gloo worlds).
-workers="${DPBENCH_TEST_WORKERS:-$(( $(nproc) < 6 ? $(nproc) : 6 ))}"
 parallel=()
 ((workers > 1)) && parallel=(-n "$workers" --dist loadfile)
 echo "[test] main environment: .venv/bin/python -m pytest tests --ignore=tests/mxnet ${parallel[*]}"

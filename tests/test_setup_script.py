@@ -114,3 +114,16 @@ def test_a_script_that_cannot_be_replaced_is_said_and_the_rest_are_fixed(
     assert stuck.read_text().startswith(f"#!{tmp_path}/gone/")  # unchanged, no temp file left
     assert not list((project / ".venv" / "bin").glob(".*.fixing"))
     assert "a-stuck left as it is: Permission denied" in capsys.readouterr().err
+
+
+def test_test_sh_refuses_a_bad_worker_count_before_any_set_up(tmp_path: Path) -> None:
+    """scripts/test.sh with DPBENCH_TEST_WORKERS that is no whole number from 1: one line,
+    exit 2, before setup.sh (absent from this copy: reaching it would fail otherwise)."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
+    for bad in ("2x", "0", "-1"):
+        env = os.environ | {"DPBENCH_TEST_WORKERS": bad}
+        proc = subprocess.run(["bash", "scripts/test.sh"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 2 and proc.stdout == "", (bad, proc.stdout, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and f"not '{bad}'" in proc.stderr, proc.stderr
