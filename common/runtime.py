@@ -343,7 +343,9 @@ def remove_stale_temp_files(directory: str | os.PathLike[str], prefix: str = "")
 
 
 def process_alive(pid: int) -> bool:
-    """True while a process `pid` exists (a zombie counts; another user's too)."""
+    """True while a process `pid` exists and is not a zombie (another user's counts). A zombie
+    writes nothing: its temp files are debris (a rank killed with its parent stays one until
+    the container's init reaps it, which on a loaded machine took over a second)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -352,7 +354,7 @@ def process_alive(pid: int) -> bool:
         return True
     except (OverflowError, ValueError):  # not a pid this system can have
         return False
-    return True
+    return process_state(pid) not in ("Z", "X")
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -366,7 +367,40 @@ def use_compile_cache(cfg: Config) -> str | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", 4 * 1024**3)  # eviction + file lock
+    note_damaged_cache_entries(path)
     return path
+
+
+CACHE_WARNINGS = ("Error reading persistent compilation cache entry",
+                  "Error writing persistent compilation cache entry")  # fmt: skip
+
+
+def note_damaged_cache_entries(path: str) -> None:
+    """JAX warns, two lines per entry, when a compilation-cache entry cannot be read (a file cut
+    short, by a full disk or a killed writer) or written, then compiles the program again: one
+    note line says it instead, once per process, and the run goes on. Other warnings are
+    shown as before."""
+    shown = warnings.showwarning
+    noted = False
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
+        nonlocal noted
+        text = str(message)
+        if not text.startswith(CACHE_WARNINGS):
+            shown(message, category, *args, **kw)
+            return
+        if not noted and jax.process_index() == 0:
+            cause = text.split("': ", 1)[-1].splitlines()[0][:160]
+            print(
+                f"note: JAX's compilation cache in {path} has an entry it cannot "
+                f"{'read' if 'reading' in text else 'write'} ({cause}); the program is compiled "
+                "again (remove that folder, or run with --no-compile-cache)",
+                file=sys.stderr,
+                flush=True,
+            )
+        noted = True
+
+    warnings.showwarning = show
 
 
 class CompileMeter:

@@ -40,6 +40,40 @@ else:  # the GPU tests ask for their devices themselves; a shell's default must 
 # take 75% of its memory up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+# Hermetic: the suite never reads or writes the user's folders. A damaged entry in the user's
+# ~/.cache/dp-bench/jax once broke a one-line test (JAX warns per entry it cannot read), and a
+# warm user cache hides a cold one's costs. One folder per session stands in for HOME and the
+# caches: made by the first process that loads this file (pytest, or xdist's controller) and
+# inherited by its workers and every process a test starts; removed by that process at the end.
+# Names a folder: DPBENCH_TEST_HOME.
+HOME_VARS = {
+    "HOME": "",
+    "XDG_CACHE_HOME": ".cache",
+    "XDG_CONFIG_HOME": ".config",
+    "XDG_DATA_HOME": ".local/share",
+    "MPLCONFIGDIR": ".config/matplotlib",
+    "TORCHINDUCTOR_CACHE_DIR": ".cache/torchinductor",  # default /tmp/torchinductor_<user>
+    "TRITON_CACHE_DIR": ".cache/triton",
+    "CUDA_CACHE_PATH": ".cache/nv",
+}
+OWN_TEST_HOME = "DPBENCH_TEST_HOME" not in os.environ
+if OWN_TEST_HOME:
+    import tempfile
+
+    os.environ["DPBENCH_TEST_HOME"] = tempfile.mkdtemp(prefix="dp-bench-test-home-")
+TEST_HOME = Path(os.environ["DPBENCH_TEST_HOME"])
+for _name, _sub in HOME_VARS.items():
+    os.environ[_name] = str(TEST_HOME / _sub)
+# A user's JAX_COMPILATION_CACHE_DIR would win over every --cache-dir (jax_support.py).
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if OWN_TEST_HOME and not hasattr(config, "workerinput"):  # the process that made it
+        import shutil
+
+        shutil.rmtree(TEST_HOME, ignore_errors=True)
+
 
 # The device variables every test starts from and leaves behind: those set above, and the one
 # devices.pin adds (common/devices.py: ENV, USER_ENV, _SAVED). Only these: a test module sets
