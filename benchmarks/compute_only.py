@@ -165,7 +165,9 @@ def trainer_loader(cfg: Config, batch: int, layout: str) -> Any:
 # -- torch --------------------------------------------------------------------------------------
 
 
-def torch_loop(framework: str, cfg: Config, batch: int, n_steps: int) -> Callable[[], None]:
+def torch_loop(
+    framework: str, cfg: Config, batch: int, n_steps: int, plan: Any
+) -> Callable[[], None]:
     """One iteration of torch-ddp's / torch-dp's training loop: next prefetched batch,
     to_device, train_step, metric sums kept on the device."""
     import torch
@@ -180,14 +182,14 @@ def torch_loop(framework: str, cfg: Config, batch: int, n_steps: int) -> Callabl
     if framework == "torch-ddp":  # a world of one process, as `--gpus 1` runs it
         if not dist.is_initialized():
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-            dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+            dist.init_process_group(plan.process_group, rank=0, world_size=1)
         device = torch.device("cuda", 0) if cuda else torch.device("cpu")
         model = torch_ddp.build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes)
-        state = torch_ddp.create_train_state(cfg, model, device, n_steps)
+        state = torch_ddp.create_train_state(cfg, model, device, n_steps, plan)
         train_step: Any = torch_ddp.train_step
     else:
         model = torch_dp.build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes)
-        state = torch_dp.create_train_state(cfg, model, [0] if cuda else [], n_steps)
+        state = torch_dp.create_train_state(cfg, model, [0] if cuda else [], n_steps, plan)
         train_step = torch_dp.train_step
     state.model.train()
     batches = endless(loader.epoch)
@@ -209,12 +211,20 @@ def run_torch(
 
     from frameworks.torch_dp import build_model, create_train_state
     from frameworks.torch_models import count_params
-    from frameworks.torch_support import autocast, execution, loss_fn, set_float32_precision
+    from frameworks.torch_support import (
+        autocast,
+        device_plan,
+        execution,
+        loss_fn,
+        to_device,
+        use_device_plan,
+        what_ran,
+    )
 
     cuda = torch.cuda.is_available()
-    fp32 = set_float32_precision(cfg, cuda)  # as the trainers: TF32 only with --tf32
+    plan = device_plan(cfg, "cuda" if cuda else "cpu")  # the trainers' own plan
+    fp32 = use_device_plan(plan)  # TF32 only with --tf32, cuDNN's autotuning on CUDA
     if cuda:
-        torch.backends.cudnn.benchmark = True  # as the trainers: fixed shapes, fastest kernels
         torch.cuda.reset_peak_memory_stats()
     else:
         torch.set_num_threads(cpu_threads())
@@ -223,13 +233,11 @@ def run_torch(
     # torch-dp's builder on ONE device: channels-last, the optimiser (weight decay on conv and
     # linear weights only), the GradScaler and torch.compile exactly as the trainers set them up.
     # The DataParallel wrapper it also builds is not used: `module` is the bare model.
-    state = create_train_state(cfg, model, [0] if cuda else [], steps_per_epoch=1)
-    forward = state.forward if cuda and cfg.compile else state.module
+    state = create_train_state(cfg, model, [0] if cuda else [], 1, plan)
+    ran = what_ran(state)
+    forward = state.forward if ran["mode"] != "eager" else state.module
     x, y = synthetic_batch(cfg, batch, "NCHW")
-    xt = torch.from_numpy(x).to(state.device)  # (B, C, H, W), resident for every step
-    if cfg.channels_last:  # as the trainers' to_device
-        xt = xt.contiguous(memory_format=torch.channels_last)
-    yt = torch.from_numpy(y).long().to(state.device)
+    xt, yt = to_device((x, y), state)  # as the trainers: (B, C, H, W), resident for every step
     state.module.train()
 
     def step() -> None:
@@ -250,20 +258,17 @@ def run_torch(
         "params": count_params(state.module),
         "packages": {"torch": torch.__version__},
     }
+    out["ran"] = ran
+    mode = execution(plan, compiled=ran["mode"] != "eager")  # "eager, channels_last, oneDNN"
+    out["precision_note"] = f"{ran['activation_dtype']} activations, {mode}, float32 {fp32}"
     if cuda:
         out["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated())
         out["memory_source"] = "torch.cuda.max_memory_allocated"
-        fast = [cfg.precision]
-        fast += ["channels_last"] if cfg.channels_last else []
-        fast += [execution(cfg, cuda, compiled=True).split(",")[0]] if cfg.compile else []
-        out["precision_note"] = "+".join(fast) + f", cudnn.benchmark, float32 {fp32}"
     else:
         out["peak_memory_bytes"] = peak_rss_bytes()
         out["memory_source"] = "peak RSS (resource.getrusage)"
-        layout = "channels_last" if cfg.channels_last else "NCHW"
-        out["precision_note"] = f"fp32 eager, {layout} (oneDNN)"
     if rounds:
-        loop = torch_loop(framework, cfg, batch, 4 + rounds * steps)
+        loop = torch_loop(framework, cfg, batch, 4 + rounds * steps, plan)
         out["interleaved"] = interleaved(step, loop, sync, rounds, steps)
     return {**out, "first_step_sec": first, "step_ms": per_step * 1000}
 
@@ -281,19 +286,21 @@ def run_jax(
     import jax.numpy as jnp
     from jax.sharding import Mesh
 
-    from frameworks.jax_models import compute_dtype, count_params
+    from frameworks.jax_models import count_params
     from frameworks.jax_pmap import build_model, create_train_state
     from frameworks.jax_support import (
         TrainState,
         cross_entropy,
-        donate_state,
-        set_float32_precision,
+        device_plan,
+        platform_of,
+        use_device_plan,
+        what_ran,
     )
 
     device = jax.local_devices()[0]
-    fp32 = set_float32_precision(cfg, device.platform)  # as the trainers: TF32 only with --tf32
-    dtype = compute_dtype(cfg, device.platform)  # bf16 activations for --precision bf16 on GPU
-    model = build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, dtype)
+    plan = device_plan(cfg, platform_of(device))  # the trainers' own plan: dtype, TF32, donation
+    fp32 = use_device_plan(plan)
+    model = build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, plan.compute_dtype)
     # jax-pmap's builder on a 1-device mesh (the trainers' initialisation, optimiser and dropout
     # key), then the replica axis it stacks for pmap is dropped: a plain state on one device.
     shape = (cfg.image_size, cfg.image_size, cfg.synthetic_channels)
@@ -313,7 +320,7 @@ def run_jax(
         grads, updates = jax.grad(loss_fn, has_aux=True)(state.params)
         return state.apply_gradients(grads=grads, batch_stats=updates["batch_stats"])
 
-    step_fn = jax.jit(train_step, donate_argnums=donate_state([device]))  # as the trainers
+    step_fn = jax.jit(train_step, donate_argnums=plan.donate)  # as the trainers
     x, y = synthetic_batch(cfg, batch, "NHWC")
     xd, yd = jax.device_put(jnp.asarray(x), device), jax.device_put(jnp.asarray(y), device)
     state = jax.device_put(state, device)
@@ -339,13 +346,12 @@ def run_jax(
     else:
         out["peak_memory_bytes"] = peak_rss_bytes()
         out["memory_source"] = "peak RSS (resource.getrusage; no JAX device memory_stats)"
+    out["ran"] = what_ran(model, holder[0].params, holder[0].batch_stats, shape)
+    out["precision_note"] = f"{out['ran']['activation_dtype']} activations, float32 {fp32}"
     if device.platform == "cpu":
-        out["precision_note"] = "fp32 (CUDA fast paths do not apply on CPU)"
         out["execution"] = xla_cpu_execution()
-    else:
-        out["precision_note"] = f"{jnp.dtype(dtype).name} activations, float32 {fp32}"
     if rounds:
-        loop, loop_state = jax_loop(framework, cfg, batch, device, dtype)
+        loop, loop_state = jax_loop(framework, cfg, batch, plan, device)
 
         def sync_both() -> None:
             jax.block_until_ready((holder[0], loop_state))
@@ -354,7 +360,7 @@ def run_jax(
     return {**out, "first_step_sec": first, "step_ms": per_step * 1000}
 
 
-def jax_loop(framework: str, cfg: Config, batch: int, device: Any, dtype: Any) -> Any:
+def jax_loop(framework: str, cfg: Config, batch: int, plan: Any, device: Any) -> Any:
     """One iteration of a JAX trainer's training loop on a 1-device mesh: next batch
     from the device prefetch, the trainer's compiled step, metric sums kept on the device.
     Returns the step and a list holding the live state (for the sync)."""
@@ -369,9 +375,11 @@ def jax_loop(framework: str, cfg: Config, batch: int, device: Any, dtype: Any) -
     shape = (cfg.image_size, cfg.image_size, cfg.synthetic_channels)
     modules = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap}
     module: Any = modules[framework]
-    model = module.build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, dtype)
+    model = module.build_model(
+        cfg, cfg.synthetic_channels, cfg.synthetic_classes, plan.compute_dtype
+    )
     state = module.create_train_state(cfg, model, shape, mesh, 1)
-    step_fn, _ = module.parallelize(cfg, mesh)  # the trainer's own parallel transform
+    step_fn, _ = module.parallelize(plan, mesh)  # the trainer's own parallel transform
     off = PhaseTimer(lambda: None, False)
     put = lambda batch: module.to_device(batch, mesh)  # noqa: E731 (as the trainers write it)
     batches = endless(lambda e: prefetch_to_devices(loader.epoch(e), put, off))

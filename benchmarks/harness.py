@@ -994,6 +994,15 @@ def mode_label(execution: str | None) -> str:
     return first  # "eager", or a mode this list does not know yet, as its record says it
 
 
+def ran_label(record: dict[str, Any]) -> str:
+    """A row's mode as its record says it ran (`mode_label`), and the activations' dtype read
+    from the run (the record's `ran`) where it is not float32: "XLA (pmap), bfloat16". A row
+    asked for bf16 that computed in float32 shows no dtype: the table's title says bf16."""
+    mode = mode_label(record.get("execution"))
+    dtype = (record.get("ran") or {}).get("activation_dtype")
+    return f"{mode}, {dtype}" if mode and dtype and dtype != "float32" else mode
+
+
 def compile_label(compile: bool, compile_mode: str) -> str:
     """The label of a torch run's mode as its flags ask for it (`mode_label`'s words)."""
     if not compile:

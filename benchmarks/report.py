@@ -140,7 +140,7 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             runs = [r for r in records if harness.row_key(r) == fw and r["devices"] == n]
             ok = [r for r in runs if r["status"] == "ok"]
             # What ran (the records' `execution`), and what the flags asked for (torch).
-            row["mode"] = _joined(harness.mode_label(r.get("execution")) for r in ok or runs)
+            row["mode"] = _joined(harness.ran_label(r) for r in ok or runs)
             row["mode_asked"] = _joined(harness.asked_label(fw, r.get("config")) for r in runs)
             row["status"] = _status([r["status"] for r in runs], sweep.planned.get((fw, n), 0))
             row["runs_ok"], row["runs"] = len(ok), len(runs)

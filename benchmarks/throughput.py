@@ -377,7 +377,7 @@ def summarise(cell: dict[str, Any]) -> None:
     cell["precision_note"] = ok[0]["precision_note"] if ok else ""
     cell["pipeline"] = next((r["pipeline"] for r in real if r.get("pipeline")), "")
     # What ran: the real loop's records (plan_cells has what the flags asked for).
-    ran = [harness.mode_label(r.get("execution")) for r in real if r["status"] == "ok"]
+    ran = [harness.ran_label(r) for r in real if r["status"] == "ok"]
     cell["mode"] = ", ".join(dict.fromkeys(m for m in ran if m))
     cell["real_images_per_sec_all"] = [r.get("images_per_sec") for r in real]
     cell["compute_images_per_sec_all"] = [r.get("images_per_sec") for r in comp]

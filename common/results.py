@@ -174,6 +174,9 @@ class RunRecorder:
         self.execution: str | None = None
         self.float32_precision: str | None = None
         self.pipeline: str | None = None  # common.pipeline.pipeline_record
+        # What the step ran, read from the run (never copied from a flag): the activations'
+        # dtype, the input's memory format, the execution mode ({"activation_dtype", ...}).
+        self.ran: dict[str, str] | None = None
         # --tensorboard: process 0's event file, written per epoch from the rows below.
         self.tensorboard = EventLog(cfg.tensorboard) if is_main and cfg.tensorboard else None
         # Where finish() writes the record; torch-ddp's spawned workers leave it to the parent.
@@ -301,6 +304,7 @@ class RunRecorder:
             "threads": self.threads,
             "execution": self.execution,
             "float32_precision": self.float32_precision,
+            "ran": self.ran,
             "pipeline": self.pipeline,
             "time_to_target_sec": self.time_to_target,
             "epochs_to_target": self.epochs_to_target,

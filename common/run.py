@@ -6,7 +6,7 @@ transform and the epoch loop with its sync points. `Run` holds the rest, written
     run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
               sync=sync)                     # the data: run.ds, run.loader, run.evals
     state = create_train_state(cfg, model, ..., len(run.loader))
-    run.record(devices=..., kind=..., params=..., threads=..., execution=..., precision=...)
+    run.record(devices=..., kind=..., params=..., execution=..., precision=..., ran=...)
     state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
     with run.measured():                     # a crash keeps the epochs measured so far
         for epoch in range(start, cfg.epochs):
@@ -78,7 +78,7 @@ class Run:
         pad_to: int = 0,
         device_bytes: int = DEVICE_DATA_LIMIT,
         report: Connection | None = None,
-        barrier: Callable[[], None] | None = None,
+        barrier: Callable[[], Any] | None = None,
     ):
         injected_failure(framework)  # DPBENCH_FAIL=<framework>: a start-up failure (tests)
         self.cfg, self.framework, self.packages = cfg, framework, packages
@@ -125,10 +125,12 @@ class Run:
         threads: dict[str, Any],
         execution: str,
         precision: str,
+        ran: dict[str, str],
     ) -> RunRecorder:
         """Start the run record: how the run executes (device kind, threads, execution mode,
-        float32 precision), and what every record holds alike (the shared start, the BN mode,
-        the test set, where the batches are made)."""
+        float32 precision, and `ran`, what the step runs as read from the run: activation_dtype,
+        input_memory_format, mode), and what every record holds alike (the shared start, the BN
+        mode, the test set, where the batches are made)."""
         cfg = self.cfg
         rec = RunRecorder(
             cfg,
@@ -142,6 +144,7 @@ class Run:
             init=init_record(cfg, self.ds.channels, self.ds.num_classes),
         )
         rec.threads, rec.execution, rec.float32_precision = threads, execution, precision
+        rec.ran = dict(ran)
         rec.pipeline = pipeline_record(self.loader.on_device)
         if self.report is not None:  # a spawned rank: the parent writes --output
             rec.output = ""

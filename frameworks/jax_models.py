@@ -247,10 +247,12 @@ def create_model(
     raise ValueError(f"unknown model {name!r}; choose resnet18 or wideresnet")
 
 
-def compute_dtype(cfg: Config, platform: str) -> Any:
-    """float32, or bfloat16 activations (parameters stay float32) for --precision bf16 on GPU."""
-    if platform != "gpu" or cfg.precision == "fp32":
-        return jnp.float32  # CUDA fast paths are ignored on CPU (common/config.py)
+def compute_dtype(cfg: Config) -> Any:
+    """The activations' dtype (parameters stay float32): float32, or bfloat16 for --precision
+    bf16 on every platform (a CPU runs the path a GPU runs: slower there, for checking). Used
+    by jax_support.device_plan only: the one place a run's precision is decided."""
+    if cfg.precision == "fp32":
+        return jnp.float32
     if cfg.precision == "bf16":
         return jnp.bfloat16
     raise ConfigError(

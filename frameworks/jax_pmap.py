@@ -36,17 +36,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from common.config import Config, per_device
 from common.run import Run
 from common.trainer import run_main, should_log
-from frameworks.jax_models import compute_dtype, count_params, create_model, initial_variables
+from frameworks.jax_models import count_params, create_model, initial_variables
 from frameworks.jax_support import (
     PHASE_NOTE,
     CompileMeter,
+    DevicePlan,
     TrainState,
     cached_step,
     canonical_state,
     check_config,
     checkpoint_path,
     cross_entropy,
-    donate_state,
+    device_plan,
     evaluate,
     execution,
     jax_threads,
@@ -55,9 +56,10 @@ from frameworks.jax_support import (
     prefetch_to_devices,
     save_checkpoint,
     select_devices,
-    set_float32_precision,
     setup_process,
     train_put,
+    use_device_plan,
+    what_ran,
 )
 
 FRAMEWORK = "jax-pmap"
@@ -68,9 +70,7 @@ AXIS = "batch"  # the pmap axis: gradients, metrics and (--bn sync) BN statistic
 # ---- model ---------------------------------------------------------------------------------
 
 
-def build_model(
-    cfg: Config, in_channels: int, num_classes: int, dtype: Any = jnp.float32
-) -> nn.Module:
+def build_model(cfg: Config, in_channels: int, num_classes: int, dtype: Any) -> nn.Module:
     """Build `cfg.model` for `in_channels`-channel images and `num_classes` classes."""
     del in_channels  # Flax infers the input channels at init (create_train_state)
     bn_axis_name = AXIS if cfg.bn == "sync" else None  # --bn sync: BN statistics pmean'd
@@ -165,12 +165,11 @@ def sync_batch_stats(state: TrainState, p_mean: Callable[[Any], Any]) -> TrainSt
 # ---- devices: processes, replicas and shards -----------------------------------------------
 
 
-def parallelize(cfg: Config, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:
+def parallelize(plan: DevicePlan, mesh: Mesh) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """The parallel transform, applied once: one program per device of the mesh, collectives
-    over AXIS; a step is one fused XLA program. (`cfg` is unused; jax-shard has the same hook.)"""
+    over AXIS; a step is one fused XLA program. (`plan`: the run's jax_support.device_plan.)"""
     devices = list(mesh.devices.flat)
-    donate = donate_state(devices)  # GPUs: the state updated in place (jax_support)
-    p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=donate)
+    p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices, donate_argnums=plan.donate)
     p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)
     return p_train_step, p_eval_step
 
@@ -225,11 +224,11 @@ def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...
 def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     compiles = CompileMeter.get()  # compile time and cache hits, for the record
-    devices, kind = select_devices(cfg.gpus)  # cfg.gpus per process, all processes' devices
+    devices, kind, platform = select_devices(cfg.gpus)  # cfg.gpus per process, all processes'
     per_device(cfg.batch_size, len(devices))  # all processes' devices (ConfigError names a fix)
     mesh = Mesh(np.array(devices), (AXIS,))
-    gpu = devices[0].platform == "gpu"
-    fp32 = set_float32_precision(cfg, devices[0].platform)
+    plan = device_plan(cfg, platform)  # dtype, float32 mode, donation: decided once
+    fp32 = use_device_plan(plan)
 
     def sync() -> None:  # waits for the newest state (late binding: the loop's current value)
         jax.block_until_ready(state)
@@ -237,22 +236,22 @@ def train(cfg: Config) -> dict:
     # This process's rows of every global batch; static shapes: every test batch is padded to
     # a multiple of this process's device count.
     run = Run(cfg, FRAMEWORK, PACKAGES, rank=jax.process_index(), world=jax.process_count(),
-              layout="NHWC", gpu=gpu, sync=sync, pad_to=cfg.gpus)  # fmt: skip
-    model = build_model(cfg, run.ds.channels, run.ds.num_classes, compute_dtype(cfg, gpu))
+              layout="NHWC", gpu=plan.platform == "gpu", sync=sync, pad_to=cfg.gpus)  # fmt: skip
+    model = build_model(cfg, run.ds.channels, run.ds.num_classes, plan.compute_dtype)
     state = create_train_state(cfg, model, run.ds.image_shape, mesh, len(run.loader))
+    params = unreplicate(state.params)  # host copy: the size, and what the program runs
     run.record(
         devices=len(devices),
         kind=kind,
-        params=count_params(unreplicate(state.params)),
+        params=count_params(params),
         threads=jax_threads(devices),
         execution=execution("pmap (one XLA program per device)", devices),
         precision=fp32,
+        ran=what_ran(model, params, unreplicate(state.batch_stats), run.ds.image_shape),
     )
-    if not gpu and cfg.precision != "fp32":
-        run.log("note: --precision applies on GPUs only; this run is fp32")
-    p_train_step, p_eval_step = parallelize(cfg, mesh)
+    p_train_step, p_eval_step = parallelize(plan, mesh)
     # --compile-cache: the step traced once per configuration, then loaded (jax_support.py)
-    p_train_step = cached_step(cfg, p_train_step, len(run.loader), donate_state(devices))
+    p_train_step = cached_step(cfg, p_train_step, len(run.loader), plan.donate)
     p_mean = cross_replica_mean(mesh)
     put = lambda batch: to_device(batch, mesh)  # this run's mesh
     # --pipeline device: the training set goes to the devices here, the crops are made there.

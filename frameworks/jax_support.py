@@ -24,7 +24,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.export
@@ -69,7 +69,7 @@ from common.trainer import (
     restore_meta,
     writing_checkpoint,
 )
-from frameworks.jax_models import decay_mask
+from frameworks.jax_models import compute_dtype, decay_mask
 
 
 class TrainState(train_state.TrainState):
@@ -78,7 +78,7 @@ class TrainState(train_state.TrainState):
     same masks as an uninterrupted one."""
 
     batch_stats: Any = None
-    key: jax.Array | None = None
+    key: jax.Array = None  # type: ignore[assignment]  # set by create(); None: a template
     label_smoothing: float = struct.field(pytree_node=False, default=0.0)
 
 
@@ -293,13 +293,96 @@ def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
 # -- devices ------------------------------------------------------------------------------------
 
 
-def set_float32_precision(cfg: Config, platform: str) -> str:
-    """float32 matmuls and convolutions: full fp32 ("highest") unless --tf32, the same choice as
-    every other framework. CPUs compute float32 in full precision whatever the setting."""
-    if platform != "gpu":
-        return "fp32 (CPU)"
-    jax.config.update("jax_default_matmul_precision", "tensorfloat32" if cfg.tf32 else "highest")
-    return "tf32" if cfg.tf32 else "fp32 (TF32 off)"
+Platform = Literal["cpu", "gpu"]  # jax.Device.platform as the trainers run on it
+PLATFORMS: tuple[Platform, ...] = ("cpu", "gpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePlan:
+    """What a JAX step runs on a platform, decided once per run by `device_plan` from (config,
+    platform) and passed on: the trainers, benchmarks/compute_only.py and the tutorial loops
+    take it from there, so that a loop and its compute-only reference cannot diverge."""
+
+    platform: Platform
+    compute_dtype: Any  # the activations: jnp.float32, or jnp.bfloat16 for --precision bf16
+    matmul_precision: str | None  # jax_default_matmul_precision; None: the CPU's full fp32
+    float32: str  # the record's float32_precision
+    donate: tuple[int, ...]  # donate_argnums of a train step (argument 0: the state)
+    collectives: str  # what carries the cross-device reductions (the record's process_group)
+
+
+def platform_of(device: jax.Device) -> Platform:
+    """The platform of a device the trainers run on ("cpu" or "gpu": CUDA or ROCm)."""
+    platform = device.platform
+    if platform == "cpu" or platform == "gpu":
+        return platform
+    raise ConfigError(f"JAX device platform {platform!r} is not supported; use --devices cpu")
+
+
+def device_plan(cfg: Config, platform: Platform) -> DevicePlan:
+    """The one place a JAX run's device decisions are made:
+    - activations in bfloat16 for --precision bf16 on every platform (jax_models.compute_dtype);
+    - float32 matmuls and convolutions in full fp32 ("highest") unless --tf32, the same choice
+      as every other framework; CPUs compute float32 in full precision whatever the setting;
+    - the state donated to the step on GPUs (the new state reuses the old one's memory), not on
+      CPU, where memory is plentiful and a step without donation measured 1% faster (5
+      alternating pairs, jax-pmap, 1 device);
+    - the collectives: XLA's own (NCCL between GPUs, in-process copies between CPU devices)."""
+    if platform not in PLATFORMS:  # e.g. a bool: `devices[0].platform == "gpu"` passed on
+        raise TypeError(f"platform must be one of {PLATFORMS}, not {platform!r}")
+    gpu = platform == "gpu"
+    return DevicePlan(
+        platform=platform,
+        compute_dtype=compute_dtype(cfg),
+        matmul_precision=("tensorfloat32" if cfg.tf32 else "highest") if gpu else None,
+        float32=("tf32" if cfg.tf32 else "fp32 (TF32 off)") if gpu else "fp32 (CPU)",
+        donate=(0,) if gpu else (),
+        collectives="XLA (NCCL)" if gpu else "XLA (CPU devices, one process)",
+    )
+
+
+def use_device_plan(plan: DevicePlan) -> str:
+    """Apply what `plan` sets process-wide (the float32 matmul precision); returns the record's
+    float32_precision."""
+    if plan.matmul_precision is not None:
+        jax.config.update("jax_default_matmul_precision", plan.matmul_precision)
+    return plan.float32
+
+
+def what_ran(model: Any, params: Any, batch_stats: Any, image_shape: tuple[int, ...]) -> dict:
+    """The record's `ran`: the convolutions' dtype read from the run's traced model
+    (`activation_dtype`), the input's memory format, the execution mode (one XLA program)."""
+    variables = {"params": params, "batch_stats": batch_stats}
+    return {
+        "activation_dtype": activation_dtype(model, variables, image_shape),
+        "input_memory_format": "NHWC",
+        "mode": "XLA (compiled)",
+    }
+
+
+def activation_dtype(model: Any, variables: Any, image_shape: tuple[int, ...]) -> str:
+    """The dtype the convolutions of `model` (the run's own, as built from its plan) compute in,
+    applied to `variables` (arrays or shapes, unreplicated) on one image of `image_shape`: read
+    from the traced program (its conv_general_dilated results), not from the flag. Tracing
+    only, nothing runs (0.1-0.2 s for ResNet-18). "a+b" where convolutions differ."""
+    spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), variables)
+    x = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
+    jaxpr = jax.make_jaxpr(lambda v, x: model.apply(v, x, train=False))(spec, x)
+    return "+".join(sorted(conv_dtypes(jaxpr.jaxpr))) or "none (no convolution)"
+
+
+def conv_dtypes(jaxpr: Any) -> set[str]:
+    """The result dtypes of every convolution in `jaxpr` and the programs nested in it."""
+    found: set[str] = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "conv_general_dilated":
+            found |= {jnp.dtype(v.aval.dtype).name for v in eqn.outvars}
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr holds a Jaxpr
+                if hasattr(inner, "eqns"):
+                    found |= conv_dtypes(inner)
+    return found
 
 
 def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
@@ -311,13 +394,6 @@ def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
     return threads_record(
         os.cpu_count() or 1, None, "XLA:CPU's intra-op pool, one per process, shared by the devices"
     )
-
-
-def donate_state(devices: list[jax.Device]) -> tuple[int, ...]:
-    """`donate_argnums` of a train step whose first argument is the state: donated on GPUs (the
-    new state reuses the old one's device memory), not on CPU, where memory is plentiful and a
-    step without donation measured 1% faster (5 alternating pairs, jax-pmap, 1 device)."""
-    return (0,) if devices[0].platform == "gpu" else ()
 
 
 def execution(transform: str, devices: list[jax.Device]) -> str:
@@ -425,7 +501,7 @@ class CompileMeter:
     def get(cls) -> CompileMeter:
         if cls._instance is None:
             meter = cls._instance = cls()
-            jax.monitoring.register_event_duration_secs_listener(meter._duration)
+            jax.monitoring.register_event_duration_secs_listener(meter._duration)  # type: ignore[arg-type]
             jax.monitoring.register_event_listener(meter._event)
         return cls._instance
 
@@ -760,7 +836,7 @@ def joined_within(timeout: float, why: str, give_up: Callable[[str], None] | Non
     if give_up is None:
         yield
         return
-    lock, joined = threading.Lock(), []
+    lock, joined = threading.Lock(), list[bool]()
 
     def fire() -> None:
         with lock:
@@ -910,9 +986,10 @@ def jax_build() -> str:
     return f"{plugins[0]} installed" if plugins else "no CUDA plugin (a CPU build)"
 
 
-def select_devices(n: int) -> tuple[list[jax.Device], str]:
+def select_devices(n: int) -> tuple[list[jax.Device], str, Platform]:
     """The first `n` devices of every process (GPUs where JAX sees them, else the simulated
-    host devices), ordered by process, and the device kind for the run record."""
+    host devices), ordered by process, the device kind for the run record, and their platform
+    (for device_plan)."""
     local = jax.local_devices()
     if len(local) < n:
         where = ("GPU" if local[0].platform == "gpu" else "device") + (
@@ -930,4 +1007,4 @@ def select_devices(n: int) -> tuple[list[jax.Device], str]:
         for d in [d for d in jax.devices() if d.process_index == p][:n]
     ]
     kind = "cpu-simulated" if local[0].platform == "cpu" else f"cuda:{local[0].device_kind}"
-    return devices, kind
+    return devices, kind, platform_of(local[0])

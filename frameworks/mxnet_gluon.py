@@ -276,6 +276,7 @@ def train(cfg: Config) -> dict:
         save_checkpoint,
         seed_for,
         sync,
+        what_ran,
     )
 
     ctx, kind = select_devices(cfg.gpus)
@@ -298,9 +299,10 @@ def train(cfg: Config) -> dict:
         threads=threads,
         execution="hybridized (static_alloc, static_shape)",
         precision=tf32 if gpu else "fp32 (CPU)",
+        ran=what_ran(model),
     )
-    if not gpu and (cfg.precision != "fp32" or cfg.compile):
-        run.log("note: --precision and --compile apply on CUDA only; this run is fp32")
+    if not gpu and cfg.compile:
+        run.log("note: --compile applies to torch only; this run is hybridized")
     state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
     put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
     state.phases = run.phases
@@ -357,10 +359,10 @@ def check_config(cfg: Config) -> None:
             "--bn sync needs GPUs: Gluon's SyncBatchNorm deadlocks on CPU contexts "
             "in MXNet 1.9.1; use --bn local"
         )
-    if cfg.precision != "fp32" and ctx[0].device_type == "gpu":
+    if cfg.precision != "fp32":  # on every device: a CPU run checks the path a GPU runs
         raise ConfigError(
-            f"mxnet-gluon trains in fp32 only (got --precision {cfg.precision}); "
-            "use --precision fp32"
+            f"mxnet-gluon trains in fp32 only (got --precision {cfg.precision}; MXNet 1.9's "
+            "AMP is not wired here); use --precision fp32"
         )
     check_available(cfg)
     check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)

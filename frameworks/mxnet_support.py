@@ -230,6 +230,17 @@ def check_devices(cfg: Config) -> None:
         raise ConfigError(why)
 
 
+def what_ran(model: gluon.Block) -> dict[str, str]:
+    """The record's `ran`: the dtype the hybridized network computes in (its parameters'; MXNet
+    1.9 runs a network in its parameters' dtype), the input's memory format, the mode."""
+    dtypes = sorted({np.dtype(p.dtype).name for p in model.collect_params().values()})
+    return {
+        "activation_dtype": "+".join(dtypes),
+        "input_memory_format": "NCHW",
+        "mode": "hybridized (static graph)",
+    }
+
+
 def sync() -> None:
     """Wait for all queued MXNet work: the engine runs every operation asynchronously."""
     mx.nd.waitall()

@@ -39,12 +39,14 @@ from frameworks.torch_launch import Launch, launch_env, process_group, single_pr
 from frameworks.torch_models import CpuSyncBatchNorm, count_params, create_model
 from frameworks.torch_support import (
     CompileMeter,
+    DevicePlan,
     TrainState,
     autocast,
     canonical_state,
     check_devices,
     checkpoint_meta_of,
     checkpoint_path,
+    device_plan,
     evaluate,
     execution,
     host_sums,
@@ -55,9 +57,10 @@ from frameworks.torch_support import (
     no_forward_buffer_sync,
     save_checkpoint,
     seed_for,
-    set_float32_precision,
     sync,
     train_put,
+    use_device_plan,
+    what_ran,
 )
 
 FRAMEWORK = "torch-ddp"
@@ -83,13 +86,14 @@ def build_model(cfg: Config, in_channels: int, num_classes: int) -> nn.Module:
 
 
 def create_train_state(
-    cfg: Config, model: nn.Module, device: torch.device, steps_per_epoch: int
+    cfg: Config, model: nn.Module, device: torch.device, steps_per_epoch: int, plan: DevicePlan
 ) -> TrainState:
-    """Create the parameters, optimiser state and step counter; place them on the devices."""
+    """Create the parameters, optimiser state and step counter; place them on the devices
+    (`plan`: the run's torch_support.device_plan)."""
     cuda = device.type == "cuda"
     initialize(cfg, model)  # --init shared: the arrays every framework starts from
     model = model.to(device)
-    if cfg.channels_last:  # NHWC convolutions: cuDNN's and oneDNN's fast path (measured)
+    if plan.channels_last:  # NHWC convolutions: cuDNN's and oneDNN's fast path (measured)
         model = model.to(memory_format=torch.channels_last)
     optimizer = make_optimizer(cfg, model)
     # DDP broadcasts rank 0's parameters now and averages gradients bucket by bucket during
@@ -100,6 +104,7 @@ def create_train_state(
     # has nothing to average: the bare model trains identically without DDP's per-step bucket
     # bookkeeping (about 4% of a ResNet-18 step on CPU, measured).
     world = dist.get_world_size()
+    ddp: nn.Module = model  # a world of one: the bare model
     if world > 1:
         ddp = DDP(
             model,
@@ -107,10 +112,9 @@ def create_train_state(
             gradient_as_bucket_view=True,
             **no_forward_buffer_sync(),
         )
-    else:
-        ddp = model
-    forward = torch.compile(ddp, mode=cfg.compile_mode) if cuda and cfg.compile else ddp
-    scaler = torch.amp.GradScaler(device.type, enabled=cuda and cfg.precision == "fp16")
+    compiled = plan.compile_mode is not None
+    forward = torch.compile(ddp, mode=plan.compile_mode) if compiled else ddp
+    scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaling)
     return TrainState(
         model=ddp,
         forward=forward,
@@ -123,6 +127,7 @@ def create_train_state(
         device=device,
         world=world,
         phases=PhaseTimer(sync, False),
+        plan=plan,
     )
 
 
@@ -213,8 +218,7 @@ def select_device(launch: Launch) -> torch.device:
     visible GPU), else the CPU, whose cores this node's processes share."""
     if torch.cuda.is_available():
         device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest conv algorithms
+        torch.cuda.set_device(device)  # cuDNN's autotuning: the run's plan (use_device_plan)
         return device
     torch.set_num_threads(cpu_threads(launch.local_world))
     return torch.device("cpu")
@@ -235,18 +239,20 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
     compiles = CompileMeter()  # torch.compile's time and cache hits, for the record
     device = select_device(launch)
     cuda = device.type == "cuda"
-    fp32 = set_float32_precision(cfg, cuda)
+    plan = device_plan(cfg, "cuda" if cuda else "cpu")  # autocast, layout, compile: once
+    fp32 = use_device_plan(plan)
     # One process group per run: NCCL between GPUs, gloo between CPU processes. Its timeout
     # (--collective-timeout) bounds the rendezvous and every collective.
-    with process_group("nccl" if cuda else "gloo", launch, cfg.collective_timeout):
+    with process_group(plan.process_group, launch, cfg.collective_timeout):
         # The data is sharded here: this rank reads only its contiguous part of every global
         # batch (the sharding DistributedSampler + set_epoch gives, minus padding).
         run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
                   sync=sync, report=report, barrier=dist.barrier)  # fmt: skip
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = build_model(cfg, run.ds.channels, run.ds.num_classes)
-        state = create_train_state(cfg, model, device, len(run.loader))
-        compiled = cuda and cfg.compile  # see create_train_state
+        state = create_train_state(cfg, model, device, len(run.loader), plan)
+        ran = what_ran(state)  # read from the state: dtype, input layout, compiled or not
+        compiled = ran["mode"] != "eager"
         run.record(
             devices=world,
             kind=f"cuda:{torch.cuda.get_device_name(device)}" if cuda else "cpu-simulated",
@@ -256,11 +262,12 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
                 torch.get_num_threads(),
                 "torch.set_num_threads in each process (one process per device)",
             ),
-            execution=execution(cfg, cuda, compiled=compiled),
+            execution=execution(plan, compiled=compiled),
             precision=fp32,
+            ran=ran,
         ).extra["process_group"] = dist.get_backend()  # nccl on GPUs, gloo on the CPU
-        if not cuda and (cfg.precision != "fp32" or cfg.compile):
-            run.log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
+        if not cuda and cfg.compile:
+            run.log("note: --compile applies on CUDA only; this run is eager")
         if cuda and cfg.compile and world > 1 and cfg.compile_mode in CUDA_GRAPH_MODES:
             run.log(f"note: --compile-mode {cfg.compile_mode} (CUDA graphs) with DDP over "
                     f"{world} GPUs is unmeasured here (measured on one GPU)")  # fmt: skip

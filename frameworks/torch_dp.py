@@ -34,12 +34,14 @@ from common.trainer import check_resume, run_main, should_log
 from frameworks.torch_models import count_params, create_model
 from frameworks.torch_support import (
     CompileMeter,
+    DevicePlan,
     TrainState,
     autocast,
     canonical_state,
     check_devices,
     checkpoint_meta_of,
     checkpoint_path,
+    device_plan,
     evaluate,
     execution,
     host_sums,
@@ -49,9 +51,10 @@ from frameworks.torch_support import (
     make_optimizer,
     save_checkpoint,
     seed_for,
-    set_float32_precision,
     sync,
     train_put,
+    use_device_plan,
+    what_ran,
 )
 
 FRAMEWORK = "torch-dp"
@@ -74,22 +77,22 @@ def build_model(cfg: Config, in_channels: int, num_classes: int) -> nn.Module:
 
 
 def create_train_state(
-    cfg: Config, model: nn.Module, device_ids: list[int], steps_per_epoch: int
+    cfg: Config, model: nn.Module, device_ids: list[int], steps_per_epoch: int, plan: DevicePlan
 ) -> TrainState:
-    """Create the parameters, optimiser state and step counter; place them on the devices."""
-    cuda = bool(device_ids)
-    device = torch.device("cuda", device_ids[0]) if cuda else torch.device("cpu")
+    """Create the parameters, optimiser state and step counter; place them on the devices
+    (`plan`: the run's torch_support.device_plan)."""
+    device = torch.device("cuda", device_ids[0]) if device_ids else torch.device("cpu")
     initialize(cfg, model)  # --init shared: the arrays every framework starts from
     model = model.to(device)  # GPU 0 holds the master copy; replicas are made every step
-    if cfg.channels_last:  # NHWC convolutions: cuDNN's and oneDNN's fast path (measured)
+    if plan.channels_last:  # NHWC convolutions: cuDNN's and oneDNN's fast path (measured)
         model = model.to(memory_format=torch.channels_last)
     optimizer = make_optimizer(cfg, model)
     # Scatter / replicate / gather every step; gradients are summed onto GPU 0 in backward().
     dp = nn.DataParallel(model, device_ids=device_ids or None)
     # torch.compile cannot trace DataParallel's replicas: compile only the single-GPU case.
-    compiled = cuda and cfg.compile and len(device_ids) == 1
-    forward = torch.compile(model, mode=cfg.compile_mode) if compiled else dp
-    scaler = torch.amp.GradScaler(device.type, enabled=cuda and cfg.precision == "fp16")
+    compiled = plan.compile_mode is not None and len(device_ids) <= 1
+    forward = torch.compile(model, mode=plan.compile_mode) if compiled else dp
+    scaler = torch.amp.GradScaler(device.type, enabled=plan.grad_scaling)
     return TrainState(
         model=dp,
         forward=forward,
@@ -102,6 +105,7 @@ def create_train_state(
         device=device,
         world=max(1, len(device_ids)),
         phases=PhaseTimer(sync, False),
+        plan=plan,
     )
 
 
@@ -176,17 +180,17 @@ def train(cfg: Config) -> dict:
     compiles = CompileMeter()  # torch.compile's time and cache hits, for the record
     cuda = torch.cuda.is_available()
     device_ids, kind = select_devices(cfg.gpus)  # check_config: that many are visible
-    if cuda:
-        torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest conv algorithms
-    else:
+    plan = device_plan(cfg, "cuda" if cuda else "cpu")  # autocast, layout, compile: once
+    fp32 = use_device_plan(plan)
+    if not cuda:
         torch.set_num_threads(cpu_threads(1))
-    fp32 = set_float32_precision(cfg, cuda)
     # One process reads every global batch; DataParallel shards it in the step (scatter).
     run = Run(cfg, FRAMEWORK, PACKAGES, layout="NCHW", gpu=cuda, sync=sync)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, run.ds.channels, run.ds.num_classes)
-    state = create_train_state(cfg, model, device_ids, len(run.loader))
-    compiled = cuda and cfg.compile and len(device_ids) == 1  # see create_train_state
+    state = create_train_state(cfg, model, device_ids, len(run.loader), plan)
+    ran = what_ran(state)  # read from the state: dtype, input layout, compiled or not
+    compiled = ran["mode"] != "eager"
     run.record(
         devices=state.world,
         kind=kind,
@@ -194,11 +198,12 @@ def train(cfg: Config) -> dict:
         threads=threads_record(
             torch.get_num_threads(), None, "torch.set_num_threads in the one process"
         ),
-        execution=execution(cfg, cuda, compiled=compiled),
+        execution=execution(plan, compiled=compiled),
         precision=fp32,
+        ran=ran,
     )
-    if not cuda and (cfg.precision != "fp32" or cfg.compile):
-        run.log("note: --precision and --compile apply on CUDA only; this run is fp32 eager")
+    if not cuda and cfg.compile:
+        run.log("note: --compile applies on CUDA only; this run is eager")
     if cuda and cfg.compile and len(device_ids) > 1:
         run.log("note: --compile is not applied: torch.compile cannot trace nn.DataParallel")
     state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)

@@ -75,6 +75,11 @@ class ResNet18(nn.Module):
     11,173,962 parameters at width 1, 3 input channels, 10 classes.
     """
 
+    layer1: nn.Sequential  # set by name in __init__ (layer1 .. layer4)
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+    layer4: nn.Sequential
+
     def __init__(
         self,
         in_channels: int = 3,
@@ -132,6 +137,13 @@ class WideResNet(nn.Module):
 
     The average pool covers every pixel (the course's fixed AvgPool2d(7) drops pixels at 32x32).
     """
+
+    layer1: nn.Module  # set by name in __init__ (layer1 .. layer6)
+    layer2: nn.Module
+    layer3: nn.Module
+    layer4: nn.Module
+    layer5: nn.Module
+    layer6: nn.Module
 
     def __init__(
         self,
@@ -201,6 +213,8 @@ class CpuSyncBatchNorm(nn.BatchNorm2d):
         n = stats[-1]
         mean = stats[:c] / n
         var = (stats[c : 2 * c] / n - mean * mean).clamp_min(0)  # biased: normalises the batch
+        assert self.running_mean is not None and self.running_var is not None
+        assert self.num_batches_tracked is not None and self.momentum is not None
         with torch.no_grad():  # running = (1 - momentum) * running + momentum * batch (unbiased)
             self.running_mean.lerp_(mean, self.momentum)
             self.running_var.lerp_(var * n / (n - 1), self.momentum)
@@ -245,7 +259,8 @@ def create_model(
 def decay_parameters(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
     """(conv and linear weights, everything else): weight decay applies to the first list only."""
     decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():
         (decay if id(p) in decay_ids else no_decay).append(p)
     return decay, no_decay

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import numpy as np
 import torch
@@ -83,11 +83,101 @@ class NovoGrad(torch.optim.Optimizer):
 # ---- the train state, optimiser, loss and precision ----------------------------------------
 
 
+DeviceType = Literal["cpu", "cuda"]  # torch.device.type as the trainers run on it
+DEVICE_TYPES: tuple[DeviceType, ...] = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """What a torch step runs on a device type, decided once per run by `device_plan` from
+    (config, device type) and passed on: the trainers, benchmarks/compute_only.py and the
+    tutorial loops take it from there, so that a loop and its compute-only reference cannot
+    diverge."""
+
+    device_type: DeviceType
+    autocast_dtype: torch.dtype | None  # the activations under torch.autocast; None: float32
+    grad_scaling: bool  # GradScaler on: fp16's loss scaling
+    channels_last: bool  # images and conv weights channels-last (NHWC)
+    compile_mode: str | None  # torch.compile's mode; None: eager
+    tf32: bool | None  # TF32 matmuls and convolutions (CUDA); None: a CPU's full fp32
+    cudnn_benchmark: bool  # fixed shapes: cuDNN picks the fastest conv algorithms
+    float32: str  # the record's float32_precision
+    process_group: str  # torch.distributed's backend: NCCL between GPUs, gloo between CPUs
+
+
+def device_plan(cfg: Config, device_type: DeviceType) -> DevicePlan:
+    """The one place a torch run's device decisions are made:
+    - --precision bf16: bfloat16 autocast on every device type (a CPU runs the path a GPU runs:
+      slower there, for checking); fp16 (with loss scaling) on CUDA only;
+    - channels-last as --channels-last says, on CUDA and on CPU (oneDNN);
+    - torch.compile with --compile on CUDA; a CPU runs eager (inductor's CPU code is unmeasured);
+    - float32 matmuls and convolutions in full fp32 unless --tf32 (CUDA), the same choice as
+      every other framework (torch's own defaults differ: TF32 on for cuDNN convolutions);
+    - NCCL between GPUs, gloo between CPU processes."""
+    if device_type not in DEVICE_TYPES:  # e.g. a bool: `torch.cuda.is_available()` passed on
+        raise TypeError(f"device_type must be one of {DEVICE_TYPES}, not {device_type!r}")
+    cuda = device_type == "cuda"
+    if cfg.precision == "fp16" and not cuda:
+        raise ConfigError(
+            "--precision fp16 needs a CUDA GPU (loss scaling of float16 gradients); on a CPU "
+            "use --precision bf16 or fp32"
+        )
+    return DevicePlan(
+        device_type=device_type,
+        autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision),
+        grad_scaling=cfg.precision == "fp16",
+        channels_last=cfg.channels_last,
+        compile_mode=cfg.compile_mode if cuda and cfg.compile else None,
+        tf32=cfg.tf32 if cuda else None,
+        cudnn_benchmark=cuda,
+        float32=("tf32" if cfg.tf32 else "fp32 (TF32 off)") if cuda else "fp32 (CPU)",
+        process_group="nccl" if cuda else "gloo",
+    )
+
+
+def use_device_plan(plan: DevicePlan) -> str:
+    """Apply what `plan` sets process-wide (TF32, cuDNN's autotuning); returns the record's
+    float32_precision."""
+    if plan.tf32 is not None:
+        torch.backends.cuda.matmul.allow_tf32 = plan.tf32
+        torch.backends.cudnn.allow_tf32 = plan.tf32
+    if plan.cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True
+    return plan.float32
+
+
+def what_ran(state: TrainState) -> dict[str, str]:
+    """The record's `ran`, read from the run: the dtype of the logits of the run's model on one
+    image put on the device by the loop's own `to_device`, under the step's `autocast` (model in
+    eval mode, no gradients: nothing it holds changes), that image's memory format, and whether
+    the step calls a torch.compile'd module."""
+    c, _ = model_io(state.module)
+    side = 8  # any size the model takes: the dtype and the layout do not depend on it
+    image = np.zeros((1, c, side, side), np.float32)
+    x, _ = to_device((image, np.zeros(1, np.int64)), state)
+    was_training = state.module.training
+    state.module.eval()
+    with torch.no_grad(), autocast(state):
+        logits = state.module(x)
+    state.module.train(was_training)
+    compiled = isinstance(state.forward, torch._dynamo.eval_frame.OptimizedModule)
+    mode = state.plan.compile_mode or "default"
+    return {
+        "activation_dtype": str(logits.dtype).removeprefix("torch."),
+        "input_memory_format": (
+            "channels_last"
+            if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+            else "NCHW"
+        ),
+        "mode": f"torch.compile({mode})" if compiled else "eager",
+    }
+
+
 @dataclass
 class TrainState:
     """Everything a step changes or reads. torch updates in place; the step returns it anyway."""
 
-    model: nn.Module  # the parallel wrapper (DataParallel / DDP), or the bare model
+    model: Any  # the parallel wrapper (DataParallel / DDP), or the bare model
     forward: Any  # what the step calls: the wrapper, or torch.compile of it
     module: nn.Module  # the bare model: evaluation and checkpoints
     optimizer: torch.optim.Optimizer
@@ -98,13 +188,21 @@ class TrainState:
     device: torch.device
     world: int
     phases: PhaseTimer
+    plan: DevicePlan  # what the step runs on this device type (device_plan)
+
+
+def model_io(model: nn.Module) -> tuple[int, int]:
+    """(input channels, classes) of a model built by torch_models.create_model."""
+    conv1, fc = model.get_submodule("conv1"), model.get_submodule("fc")
+    assert isinstance(conv1, nn.Conv2d) and isinstance(fc, nn.Linear)
+    return conv1.in_channels, fc.out_features
 
 
 def initialize(cfg: Config, model: nn.Module) -> None:
     """--init shared: load the arrays every framework starts from (common/init.py; torch's
     names and layouts, so by state-dict key). --init native keeps what torch's generator drew."""
     if cfg.init == "shared":
-        arrays, _ = initial_state(cfg, model.conv1.in_channels, model.fc.out_features)
+        arrays, _ = initial_state(cfg, *model_io(model))
         model.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
 
 
@@ -121,7 +219,7 @@ def make_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
     return NovoGrad(groups, lr=cfg.lr, betas=cfg.novograd_betas)
 
 
-def no_forward_buffer_sync() -> dict[str, bool]:
+def no_forward_buffer_sync() -> dict[str, Any]:
     """DDP's keyword that stops it broadcasting rank 0's buffers (BN running statistics) at
     every forward. Recent torch (2.13+) deprecates `broadcast_buffers` (still accepted, with a
     FutureWarning in every process) for `forward_sync_buffers`, which still broadcasts them once,
@@ -140,20 +238,20 @@ def loss_fn(cfg: Config, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def autocast(state: TrainState) -> torch.autocast:
-    """Mixed precision on CUDA (--precision bf16/fp16); fp32 elsewhere."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(state.cfg.precision)
-    return torch.autocast(
-        state.device.type, dtype=dtype, enabled=state.device.type == "cuda" and dtype is not None
-    )
+    """Mixed precision as the run's plan says (--precision bf16 on any device, fp16 on CUDA);
+    float32 where it says none."""
+    dtype = state.plan.autocast_dtype
+    return torch.autocast(state.device.type, dtype=dtype, enabled=dtype is not None)
 
 
-def execution(cfg: Config, cuda: bool, compiled: bool) -> str:
+def execution(plan: DevicePlan, compiled: bool) -> str:
     """The record's `execution`: eager or torch.compile, and the memory layout of the convs."""
     mode = "eager"
     if compiled:  # torch.compile's default mode, or the mode named
-        mode = "torch.compile" + ("" if cfg.compile_mode == "default" else f"({cfg.compile_mode})")
-    layout = "channels_last" if cfg.channels_last else "NCHW"
-    return f"{mode}, {layout}, {'cuDNN' if cuda else 'oneDNN'}"
+        name = plan.compile_mode or "default"
+        mode = "torch.compile" + ("" if name == "default" else f"({name})")
+    layout = "channels_last" if plan.channels_last else "NCHW"
+    return f"{mode}, {layout}, {'cuDNN' if plan.device_type == 'cuda' else 'oneDNN'}"
 
 
 class CompileMeter:
@@ -204,16 +302,6 @@ class CompileMeter:
         }
 
 
-def set_float32_precision(cfg: Config, cuda: bool) -> str:
-    """float32 matmuls and convolutions: full fp32 unless --tf32, the same choice as every other
-    framework (torch's own defaults differ: TF32 on for cuDNN convolutions, off for matmuls)."""
-    if not cuda:
-        return "fp32 (CPU)"
-    torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
-    torch.backends.cudnn.allow_tf32 = cfg.tf32
-    return "tf32" if cfg.tf32 else "fp32 (TF32 off)"
-
-
 def seed_for(seed: int, epoch: int, rank: int) -> int:
     """Torch RNG seed (dropout) of one rank's epoch: reproducible after --resume."""
     return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
@@ -256,7 +344,7 @@ def to_device(batch: tuple[np.ndarray, ...], state: TrainState) -> tuple[torch.T
     out = []
     for i, a in enumerate(batch):
         t = host_to_device(a, state.device)
-        if i == 0 and state.cfg.channels_last:  # the images, laid out as the weights are
+        if i == 0 and state.plan.channels_last:  # the images, laid out as the weights are
             t = t.contiguous(memory_format=torch.channels_last)
         out.append(t.long() if i == 1 else t)
     return tuple(out)
@@ -282,23 +370,23 @@ def make_batch(
 
 def train_put(
     loader: TrainLoader, state: TrainState
-) -> Callable[[tuple[np.ndarray, ...]], tuple[torch.Tensor, ...]]:
+) -> Callable[[tuple[np.ndarray, ...]], tuple[torch.Tensor, torch.Tensor]]:
     """The step's batch on the device, from what `loader` yields. Host pipeline: `to_device`.
     Device pipeline: the uint8 training set is copied to the device once, here, and each step
     copies only its indices (asynchronously) and gathers its crops there (`make_batch`); images
     NCHW, channels-last where enabled, as `to_device` gives them."""
     if not loader.on_device:
-        return lambda batch: to_device(batch, state)
+        return lambda batch: to_device(batch, state)  # type: ignore[return-value]  # (x, y)
     device = state.device
     images = torch.from_numpy(loader.ds.train_x).to(device)
     scale = torch.from_numpy(loader.norm.scale).to(device)
     shift = torch.from_numpy(loader.norm.shift).to(device)
 
-    def put(batch: tuple[np.ndarray, ...]) -> tuple[torch.Tensor, ...]:
+    def put(batch: tuple[np.ndarray, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         idx, rows, cols, y = (host_to_device(a, device) for a in batch)
         x = make_batch(images, idx, rows, cols, scale, shift).permute(0, 3, 1, 2)  # NCHW view
         # The permuted NHWC tensor is channels-last already; plain NCHW needs a copy.
-        return (x if state.cfg.channels_last else x.contiguous()), y.long()
+        return (x if state.plan.channels_last else x.contiguous()), y.long()
 
     return put
 
@@ -307,7 +395,7 @@ def evaluate(
     eval_step: Callable[[TrainState, tuple[torch.Tensor, ...]], dict[str, torch.Tensor]],
     state: TrainState,
     loader: EvalLoader,
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Any]:  # tensors on the device (host_sums reads them)
     """Test sums {"loss_sum", "correct", "count"} over the loader's images (each exactly once),
     left on the device: the caller reads them once."""
     state.model.eval()
@@ -321,7 +409,7 @@ def evaluate(
 
 def host_sums(
     *sums: dict[str, torch.Tensor], all_reduce: Callable[[torch.Tensor], Any] | None = None
-) -> list[dict[str, float]]:
+) -> list[dict[str, Any]]:
     """Metric sums on the device -> the same dicts of host floats, in one transfer (a host
     sync). With `all_reduce` (torch-ddp: `dist.all_reduce`), first summed over the ranks, in
     one collective over all of them."""

@@ -5,6 +5,7 @@ jax-shard start from them exactly at 1 and 2 devices (MXNet: tests/mxnet/test_mx
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -113,7 +114,7 @@ def test_jax_starts_from_the_shared_arrays(model: str, framework: str, n: int, t
     cfg = cfg_for(model, tmp_path, gpus=n)
     arrays, _ = initial_state(cfg, 3, 10)
     mesh = Mesh(np.array(jax.devices()[:n]), ("batch",))
-    net = mod.build_model(cfg, 3, 10)
+    net = mod.build_model(cfg, 3, 10, jnp.float32)
     state = mod.create_train_state(cfg, net, (16, 16, 3), mesh, steps_per_epoch=2)
     for leaf in jax.tree.leaves(state.params):  # every device's copy
         assert len(leaf.addressable_shards) == n
@@ -130,6 +131,8 @@ def test_jax_starts_from_the_shared_arrays(model: str, framework: str, n: int, t
         for key in want:
             assert np.array_equal(got[key], want[key]), key
     assert jax_count(replicas[0].params) == trainable_count(parameter_spec(model, cfg.width, 3, 10))
+    if n > 1:  # the draw below is the same at any device count (init_variables): shown at 1
+        return
     # The comparison can fail: JAX's own generator (--init native) draws other weights.
     native = mod.create_train_state(cfg.replace(init="native"), net, (16, 16, 3), mesh, 2)
     kernel = np.asarray(native.params["conv1"]["kernel"].addressable_shards[0].data)

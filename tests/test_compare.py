@@ -754,10 +754,10 @@ def test_a_run_without_a_timed_epoch_is_marked() -> None:
 def test_mode_label_names_what_each_trainer_records() -> None:
     """The mode column's words for every `execution` the trainers write (frameworks/*_support.py
     and mxnet_gluon.py), in one place (harness.mode_label) for every table."""
-    from frameworks.torch_support import execution
+    from frameworks.torch_support import device_plan, execution
 
     def torch_run(compiled: bool, **kw: object) -> str:
-        return execution(preset("smoke", **kw), cuda=True, compiled=compiled)
+        return execution(device_plan(preset("smoke", **kw), "cuda"), compiled=compiled)
 
     assert harness.mode_label(torch_run(False)) == "eager"
     assert harness.mode_label(torch_run(True, compile=True)) == "torch.compile"

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.throughput import workload
 from common.config import ConfigError, preset, validate
-from frameworks.torch_support import execution
+from frameworks.torch_support import device_plan, execution
 from tests.conftest import SMOKE, run_trainer
 
 
@@ -27,7 +27,9 @@ def test_a_mode_without_compile_is_one_line_and_exit_2():
 
 def test_the_record_names_the_mode():
     def named(**kw):
-        return execution(preset("smoke", **kw), cuda=True, compiled=kw.get("compile", False))
+        return execution(
+            device_plan(preset("smoke", **kw), "cuda"), compiled=kw.get("compile", False)
+        )
 
     assert named() == "eager, channels_last, cuDNN"
     assert named(compile=True) == "torch.compile, channels_last, cuDNN"

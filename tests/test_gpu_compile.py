@@ -39,7 +39,7 @@ def steps(mode: str | None, reuse_first_batch: bool = False) -> tuple[dict, dict
     (mode None) or compiled in `mode`; each step gets a new batch unless `reuse_first_batch`.
     metrics: every step's loss sum and correct count, read after the last step."""
     from frameworks import torch_dp
-    from frameworks.torch_support import set_float32_precision, to_device
+    from frameworks.torch_support import device_plan, to_device, use_device_plan
 
     # A small LR: this tiny network at the smoke preset's LR turns a 1e-7 difference into 1e-2
     # within 4 steps now and then (measured, in the default mode too), which would hide nothing
@@ -49,10 +49,11 @@ def steps(mode: str | None, reuse_first_batch: bool = False) -> tuple[dict, dict
     torch._dynamo.reset()  # each call compiles its own model from scratch
     reset_cudagraph_trees()  # and records its own graphs, counted from zero
     counters.clear()
-    set_float32_precision(cfg, cuda=True)
+    plan = device_plan(cfg, "cuda")
+    use_device_plan(plan)
     torch.manual_seed(0)
     model = torch_dp.build_model(cfg, 3, 10)
-    state = torch_dp.create_train_state(cfg, model, [0], steps_per_epoch=STEPS)
+    state = torch_dp.create_train_state(cfg, model, [0], STEPS, plan)
     initial = {k: v.detach().cpu().clone().numpy() for k, v in state.module.state_dict().items()}
     rng = np.random.default_rng(0)
     losses = []

@@ -27,7 +27,7 @@ from common.datasets import load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.runtime import simulate_host_devices
 from frameworks import jax_pmap, jax_shard, jax_shardmap
-from frameworks.jax_support import evaluate
+from frameworks.jax_support import device_plan, evaluate
 from tests.conftest import read_json, relative_update_difference, run_trainer
 
 simulate_host_devices(4)  # before the first device query (see the module docstring)
@@ -88,7 +88,7 @@ def _compiled(framework: str, n: int, bn: str, x64: bool) -> tuple[Any, Any, Any
         model = mod.build_model(cfg, ds.channels, ds.num_classes, dtype)
         state = mod.create_train_state(cfg, model, ds.image_shape, mesh, steps_per_epoch=4)
         initial = mod.unreplicate(state)
-        train, evaluate = mod.parallelize(cfg, mesh)
+        train, evaluate = mod.parallelize(device_plan(cfg, "cpu"), mesh)
     return train, evaluate, as_float64(initial) if x64 else initial, mesh, mod
 
 

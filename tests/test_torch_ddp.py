@@ -88,7 +88,7 @@ def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
     from common.datasets import load_for
     from common.pipeline import EvalLoader
     from frameworks import torch_ddp
-    from frameworks.torch_support import evaluate
+    from frameworks.torch_support import device_plan, evaluate
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -97,7 +97,8 @@ def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
     ds = load_for(cfg)
     torch.manual_seed(0)
     model = torch_ddp.build_model(cfg, ds.channels, ds.num_classes)
-    state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 1)
+    plan = device_plan(cfg, "cpu")
+    state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 1, plan)
     sums = evaluate(torch_ddp.eval_step, state, EvalLoader(ds, 7, rank, world, layout="NCHW"))
     total = torch.stack([sums["correct"], sums["count"], sums["loss_sum"]]).double()
     torch.distributed.all_reduce(total)
@@ -230,6 +231,7 @@ LOCAL_BN_SCRIPT = """
 import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
 from common.config import preset
 from frameworks import torch_ddp
+from frameworks.torch_support import device_plan
 
 def rank_main(rank, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -237,7 +239,8 @@ def rank_main(rank, port, out):
     torch.set_num_threads(1)
     cfg = preset("smoke", bn="local")
     model = torch_ddp.build_model(cfg, 3, 10)
-    state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 2)
+    plan = device_plan(cfg, "cpu")
+    state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 2, plan)
     state.lr[:] = 0.0  # the weights stay put, so the same batch gives the same statistics
     bn = state.module.bn1
     g = torch.Generator().manual_seed(rank)  # each rank its own shard

@@ -14,7 +14,7 @@ from common.datasets import load_for
 from common.pipeline import TrainLoader
 from common.schedule import lr_table_for
 from frameworks.torch_models import create_model
-from frameworks.torch_support import initialize
+from frameworks.torch_support import device_plan, initialize
 from tests.conftest import SMOKE, ok, read_json, relative_update_difference, run_trainer
 
 
@@ -109,7 +109,7 @@ def one_step(channels_last: bool, wrong_layout: bool = False) -> tuple[dict, dic
     cfg = preset("smoke", channels_last=channels_last, framework="torch-dp")
     torch.manual_seed(0)
     model = torch_dp.build_model(cfg, 3, 10)
-    state = torch_dp.create_train_state(cfg, model, [], steps_per_epoch=1)
+    state = torch_dp.create_train_state(cfg, model, [], 1, device_plan(cfg, "cpu"))
     initial = {k: v.detach().clone().numpy() for k, v in state.module.state_dict().items()}
     rng = np.random.default_rng(0)
     x = rng.standard_normal((24, 3, 16, 16)).astype(np.float32)  # no ties: random values

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
@@ -38,25 +39,29 @@ DIGITS = ("--preset", "digits", "--width", "0.125", *FORCED)  # 1437 train, 360 
 TOL = 1e-4
 
 
-def one_step(step_fn: Any, devices: list[jax.Device]) -> tuple[Any, Any, Any]:
-    """(ours_before, ours_after, d2l_after) after one step of jax-pmap's and of `step_fn` (a
-    d2l-style step) on the same global batch and initial weights, per device, as numpy."""
+def one_step(step_fns: list[Any], devices: list[jax.Device]) -> tuple[Any, Any, list[Any]]:
+    """(ours_before, ours_after, [d2l_after per step_fn]) after one step of jax-pmap's and of
+    each `step_fn` (a d2l-style step) on the same global batch and initial weights, per device,
+    as numpy. jax-pmap's step is made and compiled once, whatever the number of d2l steps."""
     cfg = preset("smoke", augment=False, weight_decay=0.05, batch_size=96, gpus=len(devices))
     cfg = cfg.replace(framework="jax-pmap")
     ds = load_for(cfg)
     n = len(devices)
     (x, y), *rest = TrainLoader(ds, cfg.batch_size, cfg.seed, augment=False, prefetch=0).epoch(0)
     assert not rest and x.shape == (96, 16, 16, 3)
-    model = jax_pmap.build_model(cfg, ds.channels, ds.num_classes)
+    model = jax_pmap.build_model(cfg, ds.channels, ds.num_classes, jnp.float32)
     mesh = Mesh(np.array(devices), (jax_pmap.AXIS,))
     ours0 = jax_pmap.create_train_state(cfg, model, ds.image_shape, mesh, steps_per_epoch=1)
     p_step = jax.pmap(jax_pmap.train_step, jax_pmap.AXIS, devices=devices)
     ours, _ = p_step(ours0, jax_pmap.to_device((x, y), mesh))
-    theirs0 = tut.replicate(tut.create_train_state(cfg, model, ds.image_shape), n)
     X, Y = tut.reshape_batch(np.array(x), np.array(y), n)  # d2l's per-batch host reshape
-    theirs, loss = jax.pmap(step_fn, axis_name=tut.AXIS, devices=devices)(theirs0, X, Y)
-    assert loss.shape == (n,)  # the per-device loss d2l returns (and never reads)
-    return host(ours0), host(ours), host(theirs)
+    theirs = []
+    for step_fn in step_fns:
+        theirs0 = tut.replicate(tut.create_train_state(cfg, model, ds.image_shape), n)
+        after, loss = jax.pmap(step_fn, axis_name=tut.AXIS, devices=devices)(theirs0, X, Y)
+        assert loss.shape == (n,)  # the per-device loss d2l returns (and never reads)
+        theirs.append(host(after))
+    return host(ours0), host(ours), theirs
 
 
 def host(state: Any) -> dict[str, np.ndarray]:
@@ -89,14 +94,6 @@ def test_step_matches_jax_pmap_on_every_device() -> None:
     an injected slip moves them far apart: the d2l step without its pmean (each replica steps
     on its own shard's gradient)."""
     devices = jax.devices()[:2]
-    before, ours, theirs = one_step(tut.train_step, devices)
-    moved = np.linalg.norm(ours["params"][0] - before["params"][0])
-    assert moved > 0.01  # the step did move the weights
-    assert np.array_equal(ours["params"][0], ours["params"][1])  # replicas stay equal
-    # The two shards' statistics differ (per-device BN), and d2l's follow each shard.
-    assert not np.allclose(ours["batch_stats"][0], ours["batch_stats"][1])
-    assert max(diffs(before, ours, theirs, "params")) < TOL
-    assert max(diffs(before, ours, theirs, "batch_stats")) < TOL
 
     def no_pmean_step(state: Any, images: Any, labels: Any) -> Any:
         """The slip: d2l's step with the gradient average left out."""
@@ -107,7 +104,14 @@ def test_step_matches_jax_pmap_on_every_device() -> None:
         finally:
             lax.pmean = pmean
 
-    _, _, slipped = one_step(no_pmean_step, devices)
+    before, ours, (theirs, slipped) = one_step([tut.train_step, no_pmean_step], devices)
+    moved = np.linalg.norm(ours["params"][0] - before["params"][0])
+    assert moved > 0.01  # the step did move the weights
+    assert np.array_equal(ours["params"][0], ours["params"][1])  # replicas stay equal
+    # The two shards' statistics differ (per-device BN), and d2l's follow each shard.
+    assert not np.allclose(ours["batch_stats"][0], ours["batch_stats"][1])
+    assert max(diffs(before, ours, theirs, "params")) < TOL
+    assert max(diffs(before, ours, theirs, "batch_stats")) < TOL
     assert min(diffs(before, ours, slipped, "params")) > 1000 * TOL
 
 

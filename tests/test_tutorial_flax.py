@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -58,7 +59,7 @@ def test_step_matches_jax_pmap() -> None:
     devices = jax.devices()[:1]
     (x, y), *rest = TrainLoader(ds, cfg.batch_size, cfg.seed, augment=False, prefetch=0).epoch(0)
     assert not rest and x.shape == (96, 16, 16, 3)
-    model = jax_pmap.build_model(cfg, ds.channels, ds.num_classes)
+    model = jax_pmap.build_model(cfg, ds.channels, ds.num_classes, jnp.float32)
     lr_fn = optax.constant_schedule(cfg.lr)
 
     def theirs_step(model: Any = model, weight_decay: float = cfg.weight_decay) -> Any:
@@ -118,7 +119,9 @@ def test_step_matches_jax_pmap() -> None:
     # the batch) moves the running statistics 8x as far (measured: 8.0). A training-mode step
     # never reads the running statistics, so each metric sees one slip (measured apart: 0.52
     # with the decay slip alone; 0 in the weights with the momentum slip alone).
-    flax_momentum = jax_pmap.build_model(cfg.replace(bn_momentum=0.9), ds.channels, ds.num_classes)
+    flax_momentum = jax_pmap.build_model(
+        cfg.replace(bn_momentum=0.9), ds.channels, ds.num_classes, jnp.float32
+    )
     slipped, _ = theirs_step(flax_momentum, weight_decay=2 * cfg.weight_decay)(theirs0)
     assert params_diff(slipped) > 1000 * TOL
     assert stats_diff(slipped) > 1000 * TOL

@@ -53,11 +53,12 @@ from common.trainer import keep_measured_epochs, run_main
 from frameworks.jax_models import initial_variables
 from frameworks.jax_pmap import build_model
 from frameworks.jax_support import (
+    device_plan,
     execution,
     make_optimizer,
     select_devices,
-    set_float32_precision,
     setup_xla,  # simulated devices and XLA:CPU's kernels, as jax-pmap's setup_process
+    use_device_plan,
 )
 
 SOURCE = (
@@ -188,10 +189,11 @@ def train(cfg: Config) -> dict:
     """The tutorial's train(num_devices, batch_size, lr) on our data, model and config."""
     ds = load_for(cfg)
     steps = tutorial_steps(cfg, len(ds.train_x))  # a batch larger than the data: one line
-    devices, kind = select_devices(cfg.gpus)  # the first device query: JAX's backend starts
-    set_float32_precision(cfg, devices[0].platform)  # as jax-pmap (see DEVIATIONS)
+    devices, kind, platform = select_devices(cfg.gpus)  # the first device query: JAX starts
+    plan = device_plan(cfg, platform)  # as jax-pmap's (fp32 only: refuse_options)
+    use_device_plan(plan)
     num_devices = len(devices)
-    net = build_model(cfg, ds.channels, ds.num_classes)
+    net = build_model(cfg, ds.channels, ds.num_classes, plan.compute_dtype)
     state = replicate(create_train_state(cfg, net, ds.image_shape), num_devices)
     p_train_step = jax.pmap(train_step, axis_name=AXIS, devices=devices)
     p_eval_step = jax.pmap(eval_step, axis_name=AXIS, devices=devices)

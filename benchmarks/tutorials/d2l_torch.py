@@ -46,7 +46,13 @@ from common.runtime import cpu_threads
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
 from frameworks.torch_dp import FRAMEWORK as COMPARED, build_model, check_config
-from frameworks.torch_support import initialize, make_optimizer, set_float32_precision, sync
+from frameworks.torch_support import (
+    device_plan,
+    initialize,
+    make_optimizer,
+    sync,
+    use_device_plan,
+)
 
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (PyTorch), "
@@ -125,7 +131,7 @@ def train(cfg: Config) -> dict:
     cuda = torch.cuda.is_available()
     devices = [torch.device("cuda", i) for i in range(cfg.gpus)]  # d2l.try_gpu(i)
     kind = f"cuda:{torch.cuda.get_device_name(0)}" if cuda else "cpu"
-    set_float32_precision(cfg, cuda)  # as torch-dp (see DEVIATIONS)
+    use_device_plan(device_plan(cfg, "cuda" if cuda else "cpu"))  # as torch-dp (see DEVIATIONS)
     if not cuda:  # as torch-dp: DataParallel then runs the module itself, on the CPU
         devices = [torch.device("cpu")]
         torch.set_num_threads(cpu_threads(1))

@@ -72,10 +72,11 @@ from common.trainer import keep_measured_epochs, run_main
 from frameworks.jax_models import initial_variables
 from frameworks.jax_pmap import build_model
 from frameworks.jax_support import (
+    device_plan,
     execution,
     select_devices,
-    set_float32_precision,
     setup_xla,  # simulated devices and XLA:CPU's kernels, as jax-pmap's setup_process
+    use_device_plan,
 )
 
 SOURCE = (
@@ -260,10 +261,11 @@ def train(cfg: Config) -> dict:
             f"{len(ds.test_x)} test images < --batch-size {cfg.batch_size}; use a smaller "
             "--batch-size or more test images"
         )
-    devices, kind = select_devices(cfg.gpus)  # the first device query: JAX's backend starts
-    set_float32_precision(cfg, devices[0].platform)  # as jax-pmap (see DEVIATIONS)
+    devices, kind, platform = select_devices(cfg.gpus)  # the first device query: JAX starts
+    plan = device_plan(cfg, platform)  # as jax-pmap's (fp32 only: refuse_options)
+    use_device_plan(plan)
     log = printer(True)
-    model = build_model(cfg, ds.channels, ds.num_classes)
+    model = build_model(cfg, ds.channels, ds.num_classes, plan.compute_dtype)
     learning_rate_fn = optax.constant_schedule(
         scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling)
     )

@@ -60,7 +60,13 @@ from common.runtime import cpu_threads, free_port
 from common.schedule import scaled_lr
 from common.trainer import describe, keep_measured_epochs, run_main
 from frameworks.torch_ddp import FRAMEWORK as COMPARED, build_model
-from frameworks.torch_support import initialize, make_optimizer, set_float32_precision, sync
+from frameworks.torch_support import (
+    device_plan,
+    initialize,
+    make_optimizer,
+    sync,
+    use_device_plan,
+)
 
 SOURCE = (
     "NVIDIA DLI, Data Parallelism: How to Train Deep Learning Models on Multiple GPUs, "
@@ -154,7 +160,9 @@ def worker(local_rank: int, cfg: Config, port: int, result: str, argv: list[str]
     if cuda:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        set_float32_precision(cfg, cuda)  # as torch-ddp (see DEVIATIONS)
+        use_device_plan(
+            device_plan(cfg, "cuda" if cuda else "cpu")
+        )  # as torch-ddp (see DEVIATIONS)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(cpu_threads(world))  # N processes share the cores

@@ -1,0 +1,82 @@
+"""What the GPU path runs, printed on a CPU-only machine: every trainer's device plan for the GPU
+platform and, for the JAX trainers, a digest of the train step exported for CUDA from the
+trainer's own code (with its convolutions' dtype), at fp32 and bf16 on 2 devices.
+
+    .venv/bin/python scripts/gpu_path.py > after.json
+    git stash; .venv/bin/python scripts/gpu_path.py > before.json; git stash pop
+    diff before.json after.json
+
+A change that claims "no change of behaviour" shows this diff empty (README, Development). The
+program is exported as tests/test_device_plan.py's `cuda_program` builds it; source locations
+are left out of the digest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common.runtime import simulate_host_devices  # noqa: E402
+
+simulate_host_devices(2)  # before JAX starts
+
+import numpy as np  # noqa: E402
+
+from common.config import preset  # noqa: E402
+
+
+def jax_programs() -> dict[str, dict]:
+    import jax
+    from jax.sharding import Mesh
+
+    from common.datasets import load_for
+    from frameworks import jax_pmap, jax_shard, jax_shardmap
+    from frameworks.jax_support import device_plan
+
+    out = {}
+    for mod in (jax_pmap, jax_shard, jax_shardmap):
+        for precision in ("fp32", "bf16"):
+            cfg = preset("smoke", precision=precision, gpus=2)
+            ds = load_for(cfg)
+            mesh = Mesh(np.array(jax.devices()[:2]), ("batch",))
+            plan = device_plan(cfg, "gpu")
+            model = mod.build_model(cfg, ds.channels, ds.num_classes, plan.compute_dtype)
+            state = mod.create_train_state(cfg, model, ds.image_shape, mesh, 1)
+            train, _ = mod.parallelize(plan, mesh)
+            x = np.zeros((cfg.batch_size, *ds.image_shape), np.float32)
+            batch = mod.to_device((x, np.zeros(cfg.batch_size, np.int32)), mesh)
+            text = jax.export.export(jax.jit(train), platforms=("cuda",))(state, batch)
+            text = re.sub(r"loc\(.*?\)|#loc.*", "", text.mlir_module())
+            convs = re.findall(r"stablehlo\.convolution.*?-> tensor<[^>]*x(\w+)>", text)
+            plan_fields = {k: str(v) for k, v in dataclasses.asdict(plan).items()}
+            out[f"{mod.__name__.split('.')[-1]} {precision}"] = {
+                "plan": plan_fields,
+                "program_sha256": hashlib.sha256(text.encode()).hexdigest(),
+                "conv_dtypes": sorted(set(convs)),
+                "all_reduce": "all_reduce" in text,
+            }
+    return out
+
+
+def torch_plans() -> dict[str, dict]:
+    from frameworks.torch_support import device_plan
+
+    out = {}
+    for precision in ("fp32", "bf16", "fp16"):
+        for compile_mode in (None, "reduce-overhead"):
+            cfg = preset("smoke", precision=precision, compile=compile_mode is not None,
+                         compile_mode=compile_mode or "default")  # fmt: skip
+            plan = device_plan(cfg, "cuda")
+            key = f"torch {precision} {compile_mode or 'eager'}"
+            out[key] = {k: str(v) for k, v in dataclasses.asdict(plan).items()}
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps({"jax": jax_programs(), "torch": torch_plans()}, indent=1, sort_keys=True))
