@@ -180,7 +180,7 @@ def execute(plan: Plan) -> int:
     if firsts:
         print(
             f"[{TOOL}] first epoch / a later one, median: "
-            + ", ".join(f"{side} {x:.2f}x" for side, x in firsts.items()),
+            + ", ".join(f"{side} {x:.2f}x" for side, x in firsts.items()),  # type: ignore[union-attr]
             flush=True,
         )
     print(json.dumps({"ab": str(plan.out / "ab.json")}), flush=True)

@@ -168,7 +168,10 @@ def worker_torch_dp(n: int, numels: list[int], reps: int, warmup: int) -> dict[s
     for numel in numels:
         bufs = [torch.ones(numel, device=f"cuda:{i}") for i in range(n)]
         times = repeat(
-            lambda b=bufs: comm.reduce_add(b, destination=0), torch.cuda.synchronize, reps, warmup
+            lambda b=bufs: comm.reduce_add(b, destination=0),  # type: ignore[misc]
+            torch.cuda.synchronize,
+            reps,
+            warmup,
         )
         rows.append(summary(times, numel * 4, n))
     return {
@@ -240,7 +243,8 @@ def worker_mxnet(n: int, numels: list[int], reps: int, warmup: int) -> dict[str,
     for key, numel in enumerate(numels):
         kv.init(key, mx.nd.zeros(numel, ctx=ctx[0]))
         bufs = [mx.nd.ones(numel, ctx=c) for c in ctx]
-        times = repeat(lambda k=key, b=bufs: kv.pushpull(k, b, out=b), mx.nd.waitall, reps, warmup)
+        push = lambda k=key, b=bufs: kv.pushpull(k, b, out=b)  # type: ignore[misc]  # noqa: E731
+        times = repeat(push, mx.nd.waitall, reps, warmup)
         rows.append(summary(times, numel * 4, n))
     return {"device_kind": kind, "backend": "kvstore device", "rows": rows}
 

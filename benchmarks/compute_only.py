@@ -125,7 +125,8 @@ def interleaved(
     alike, so their ratio is robust where separate processes minutes apart are not."""
     for f in (bare, loop, bare, loop):  # the loop's own compilation / warm-up
         f()
-    bare_ms, loop_ms = [], []
+    bare_ms: list[float] = []
+    loop_ms: list[float] = []
     for _ in range(rounds):
         for f, times in ((bare, bare_ms), (loop, loop_ms)):
             sync()

@@ -345,7 +345,7 @@ def relative(init: dict[str, np.ndarray], a: dict[str, np.ndarray],
     """||dA - dB|| / ||dB|| over `keys` together, dX = X - init."""
     da = np.concatenate([(a[k] - init[k]).ravel() for k in keys])
     db = np.concatenate([(b[k] - init[k]).ravel() for k in keys])
-    return float(np.linalg.norm(da - db) / max(np.linalg.norm(db), 1e-300))
+    return float(np.linalg.norm(da - db) / max(float(np.linalg.norm(db)), 1e-300))
 
 
 def compare(init: dict[str, np.ndarray], fw: dict[str, np.ndarray],

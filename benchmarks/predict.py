@@ -573,7 +573,7 @@ def model_of(record: dict[str, Any]) -> tuple[Model | None, str]:
     if build is None:
         return None, f"no gradient tensors modelled for model {name!r}"
     keys = ("dataset", "synthetic_channels", "synthetic_classes", "image_size")
-    data = SimpleNamespace(**{k: cfg.get(k) for k in keys})
+    data: Any = SimpleNamespace(**{k: cfg.get(k) for k in keys})  # the fields Config reads
     channels, classes = data_dims(data)
     width = float(cfg.get("width") or 1.0)
     tensors = tuple(build(classes, width, channels))

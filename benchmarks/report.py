@@ -970,7 +970,7 @@ def make_rebuild(argv: list[str]) -> Rebuild:
         raise UsageError(f"{path}: a run's output is not a path inside {out}")
     for output, _, _ in runs:
         harness.check_record_file(out / output)
-    why = harness.unwritable(out, "dir")
+    why = harness.unwritable(out, "dir")  # type: ignore[assignment]
     if why:
         raise UsageError(f"{out}: {why}")
     harness.claim_existing(out)

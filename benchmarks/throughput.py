@@ -189,7 +189,7 @@ def make_plan(argv: list[str]) -> Plan:
         for fw in frameworks
         if fw not in skipped
         for n in counts
-        if (why := harness.not_applicable(fw, n, gpus))
+        if (why := harness.not_applicable(fw, n, gpus))  # type: ignore[assignment]
     }
     if len(not_applicable) == len(counts) * len([f for f in frameworks if f not in skipped]):
         why = "; ".join(f"{k}: {v}" for k, v in {**skipped, **not_applicable}.items())

@@ -190,7 +190,7 @@ def plan_from(argv: list[str]) -> Plan:
     name = work.pop("preset")
     try:  # the same resolution both sides will do, at every device count: fail before any run
         for n in counts:
-            preset(name, framework=TUTORIALS[names[0]].framework, gpus=n, **work)
+            preset(name, framework=TUTORIALS[names[0]].framework, gpus=n, **work)  # type: ignore[arg-type]
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     flags = ["--preset", name]
@@ -206,7 +206,7 @@ def plan_from(argv: list[str]) -> Plan:
     flags += chosen.flags  # both sides on the kind of device chosen for all
     out = harness.output_dir(ns.out, "tutorials-", "tutorial_loops.json")
     return Plan(
-        tutorials, counts, gpus, skipped, flags, ns.repeat, ns.timeout, ns.wait_load, out,
+        tutorials, counts, gpus, skipped, flags, ns.repeat, ns.timeout, ns.wait_load, out,  # type: ignore[arg-type]
         [*PROG.split(), *argv], chosen,
     )  # fmt: skip
 

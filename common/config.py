@@ -595,7 +595,7 @@ def per_device(global_batch: int, devices: int) -> int:
 def config_from_dict(values: dict[str, Any]) -> Config:
     """Rebuild a Config saved with `to_dict` (JSON turns tuples into lists)."""
     known = {f.name: f for f in dataclasses.fields(Config)}
-    clean = {}
+    clean: dict[str, Any] = {}
     for key, value in values.items():
         if key in known:
             clean[key] = tuple(value) if isinstance(value, list) else value

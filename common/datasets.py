@@ -349,7 +349,7 @@ class _DType:
         )
         if not plain:
             raise _refuse(f"a numpy.dtype state {str(state)[:80]}")
-        self.order = str(_text(state[1]))
+        self.order = str(_text(state[1]))  # type: ignore[index]
 
     def resolve(self) -> np.dtype:
         return np.dtype(self.name if self.order in "|=" else self.order + self.name)
@@ -522,7 +522,8 @@ def read_members(archive: Path, wanted: dict[str, int]) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     try:
         with _open_regular(archive) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz:
-            with tarfile.open(fileobj=_Capped(gz, limit, per_read, archive.name), mode="r:") as tar:
+            capped: Any = _Capped(gz, limit, per_read, archive.name)  # a readable file object
+            with tarfile.open(fileobj=capped, mode="r:") as tar:
                 for count, info in enumerate(tar, 1):
                     if count > MAX_MEMBERS:
                         raise DatasetError(

@@ -204,7 +204,7 @@ def _initial_state(
     if arrays is None:
         arrays = draw(spec, seed)
         buf = io.BytesIO()
-        np.savez(buf, **arrays)
+        np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub: allow_pickle in **kwds
         with zipfile.ZipFile(buf, "a") as archive:  # the key: the archive's comment
             archive.comment = key(digest(arrays))
         try:

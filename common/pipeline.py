@@ -202,7 +202,7 @@ class TrainLoader:
         for step in range(start_step, self.steps):
             idx = order[step * self.global_batch : (step + 1) * self.global_batch][self.shard]
             if self.on_device:  # the same draws, as indices: the device gathers the pixels
-                yield self._indices(idx, dy, dx, fl) if self.augment else self._indices(idx)
+                yield self._indices(idx, dy, dx, fl) if self.augment else self._indices(idx)  # type: ignore[misc]
                 continue
             images = self.ds.train_x[idx]
             if self.augment:

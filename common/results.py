@@ -235,8 +235,8 @@ class RunRecorder:
             return True
         target = self.cfg.target_accuracy
         if target > 0 and self.time_to_target is None and row["test_accuracy"] >= target:
-            self.time_to_target = row["wall_sec"]
-            self.epochs_to_target = row["epoch"]
+            self.time_to_target = float(row["wall_sec"])
+            self.epochs_to_target = int(row["epoch"])
         return reached_target([e["test_accuracy"] for e in self.epochs], target, self.cfg.patience)
 
     def epoch_lr(self, epoch: int, images: int) -> dict[str, float]:

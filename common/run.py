@@ -166,7 +166,8 @@ class Run:
         `to_host` gives; `to_device` puts a loaded one back. Returns the state to train and the
         epochs done (the state given and 0 without a checkpoint)."""
         assert self.recorder is not None, "record() first: the checkpoint holds its epochs"
-        self._save = lambda state, epoch: save(self.cfg, to_host(state), self.recorder, epoch)
+        recorder = self.recorder
+        self._save = lambda state, epoch: save(self.cfg, to_host(state), recorder, epoch)
         if self.cfg.resume and path.exists():
             host_state, self.start = load(self.cfg, to_host(state), self.recorder)
             self.log(f"resumed from {path} after epoch {self.start}")

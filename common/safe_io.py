@@ -166,7 +166,7 @@ def load_npz(
                 name = info.filename[: -len(".npy")]
                 try:
                     with archive.open(info) as member:
-                        out[name] = _read_npy(member, name, *expected[name])
+                        out[name] = _read_npy(member, name, *expected[name])  # type: ignore[arg-type]  # a ZipExtFile reads as a BinaryIO
                 except (zipfile.BadZipFile, OSError, EOFError, zlib.error, RuntimeError,
                         NotImplementedError, ValueError) as exc:  # fmt: skip
                     raise Mismatch(f"member {name}: {exc}") from None
@@ -188,7 +188,7 @@ def _read_npy(member: BinaryIO, name: str, shape: tuple[int, ...], dtype: Any) -
             f"{name} is {got_dtype}{tuple(got_shape)}, expected {np.dtype(dtype)}{tuple(shape)}"
         )
     out = np.empty(math.prod(shape), np.dtype(dtype))
-    view, size, pos = memoryview(out).cast("B"), npy_bytes(shape, dtype), 0
+    view, size, pos = memoryview(out).cast("B"), npy_bytes(shape, dtype), 0  # type: ignore[arg-type]
     while pos < size:
         chunk = member.read(min(1 << 20, size - pos))
         if not chunk:

@@ -468,7 +468,7 @@ def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
     if not cfg.save_state:
         return
     buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
     try:
         atomic_write_bytes(cfg.save_state, buf.getvalue())
     except OSError as exc:  # a full disk: one line, the record says failed

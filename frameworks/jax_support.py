@@ -516,12 +516,12 @@ class CompileMeter:
             self.misses += 1
 
     def record(self) -> dict[str, Any]:
-        on = jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir
+        on = jax.config.values["jax_enable_compilation_cache"] and jax.config.values["jax_compilation_cache_dir"]
         return {
             "pmap_lowering": pmap_lowering(),  # in every JAX record, pmap's or not
             "compile_sec": round(self.sec, 3),
             "compile_cache": {
-                "dir": jax.config.jax_compilation_cache_dir if on else None,
+                "dir": jax.config.values["jax_compilation_cache_dir"] if on else None,
                 "hits": self.hits,
                 "misses": self.misses,
                 "steps": self.steps,  # the exported train steps (cached_step)
@@ -945,7 +945,7 @@ def check_devices(cfg: Config) -> None:
         gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
     except (RuntimeError, AssertionError) as exc:  # no such backend / no plugin for it at all
         if cfg.devices != "cuda":
-            platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+            platforms = os.environ.get("JAX_PLATFORMS") or jax.config.values["jax_platforms"]
             raise ConfigError(
                 f"JAX could not start its devices (JAX_PLATFORMS={platforms!r}"
                 f"{': ' + str(exc).splitlines()[0][:200] if str(exc) else ''}); "

@@ -280,7 +280,7 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
         with writing_checkpoint(index, (OSError, mx.base.MXNetError)):  # a full disk: one line
             index.parent.mkdir(parents=True, exist_ok=True)
             for f, arrays in zip(files, (params, states)):
-                atomic_write_with(f, lambda tmp, a=arrays: mx.nd.save(tmp, a))
+                atomic_write_with(f, lambda tmp, a=arrays: mx.nd.save(tmp, a))  # type: ignore[misc]
             write_json_atomic(index, {"params": files[0].name, "states": files[1].name, **meta})
     except BaseException:  # the index still names the last complete checkpoint's files
         for f in new:

@@ -21,6 +21,9 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 # not spin (spinning made an oversubscribed 1-process torch run 10x slower here).
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 status=0
+# The type checker (pyproject.toml's [tool.mypy]): a bool passed where a platform belongs, say.
+echo "[test] type check: .venv/bin/python -m mypy (common/, frameworks/, benchmarks/)"
+.venv/bin/python -m mypy || status=1
 parallel=()
 ((workers > 1)) && parallel=(-n "$workers" --dist loadfile)
 echo "[test] main environment: .venv/bin/python -m pytest tests --ignore=tests/mxnet ${parallel[*]}"

@@ -170,10 +170,10 @@ def train_step(
         )
         loss = cross_entropy_loss(logits, batch["label"])
         # Kernels (ndim > 1) only: conv and linear weights, as our trainers' decay mask.
-        weight_l2 = sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(params) if x.ndim > 1)
+        weight_l2: Any = sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(params) if x.ndim > 1)
         return loss + weight_decay * 0.5 * weight_l2, (new_model_state, logits)
 
-    lr = learning_rate_fn(state.step)
+    lr = learning_rate_fn(state.step)  # type: ignore[arg-type]
     aux, grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     # The all-reduce, over the axis named in the jax.pmap(..., axis_name=AXIS) in train().
     grads = lax.pmean(grads, axis_name=AXIS)

@@ -148,7 +148,7 @@ def test(
             loss_total = loss_total + loss
     v_accuracy = correct_labels / total_labels
     v_loss = loss_total / len(test_loader)
-    return v_accuracy, v_loss, total_labels
+    return v_accuracy, v_loss, total_labels  # type: ignore[return-value]  # tensors, as the course's
 
 
 def worker(local_rank: int, cfg: Config, port: int, result: str, argv: list[str]) -> None:
@@ -188,8 +188,8 @@ def run_rank(cfg: Config, rank: int, world: int, device: torch.device) -> dict:
     ds = load_for(cfg)
     b = per_device(cfg.batch_size, world)  # the course's per-GPU --batch-size
     train_set, test_set = image_datasets(ds)  # ToTensor + Normalize per item, no workers
-    train_sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, seed=cfg.seed)
-    test_sampler = DistributedSampler(test_set, num_replicas=world, rank=rank, seed=cfg.seed)
+    train_sampler: DistributedSampler = DistributedSampler(train_set, num_replicas=world, rank=rank, seed=cfg.seed)
+    test_sampler: DistributedSampler = DistributedSampler(test_set, num_replicas=world, rank=rank, seed=cfg.seed)
     train_loader = DataLoader(train_set, batch_size=b, drop_last=True, sampler=train_sampler)
     test_loader = DataLoader(test_set, batch_size=b, drop_last=True, sampler=test_sampler)
 
