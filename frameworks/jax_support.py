@@ -516,7 +516,10 @@ class CompileMeter:
             self.misses += 1
 
     def record(self) -> dict[str, Any]:
-        on = jax.config.values["jax_enable_compilation_cache"] and jax.config.values["jax_compilation_cache_dir"]
+        on = (
+            jax.config.values["jax_enable_compilation_cache"]
+            and jax.config.values["jax_compilation_cache_dir"]
+        )
         return {
             "pmap_lowering": pmap_lowering(),  # in every JAX record, pmap's or not
             "compile_sec": round(self.sec, 3),

@@ -188,8 +188,12 @@ def run_rank(cfg: Config, rank: int, world: int, device: torch.device) -> dict:
     ds = load_for(cfg)
     b = per_device(cfg.batch_size, world)  # the course's per-GPU --batch-size
     train_set, test_set = image_datasets(ds)  # ToTensor + Normalize per item, no workers
-    train_sampler: DistributedSampler = DistributedSampler(train_set, num_replicas=world, rank=rank, seed=cfg.seed)
-    test_sampler: DistributedSampler = DistributedSampler(test_set, num_replicas=world, rank=rank, seed=cfg.seed)
+    train_sampler: DistributedSampler = DistributedSampler(
+        train_set, num_replicas=world, rank=rank, seed=cfg.seed
+    )
+    test_sampler: DistributedSampler = DistributedSampler(
+        test_set, num_replicas=world, rank=rank, seed=cfg.seed
+    )
     train_loader = DataLoader(train_set, batch_size=b, drop_last=True, sampler=train_sampler)
     test_loader = DataLoader(test_set, batch_size=b, drop_last=True, sampler=test_sampler)
 
