@@ -145,3 +145,15 @@ def test_sync_bn_on_cpu_is_one_clear_error():
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0  # one line, no traceback
     assert "--bn sync" in proc.stderr and "--bn local" in proc.stderr
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_precision_it_cannot_run_is_one_clear_error_on_every_device(precision, tmp_path):
+    # #38: --precision is no GPU-only branch; MXNet, which trains in fp32 only, says so on a CPU
+    # too (it used to run fp32 there with a note, and refuse only on a GPU).
+    out = tmp_path / "run.json"
+    proc = run("--preset", "smoke", "--precision", precision, "--output", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0  # one line, no traceback
+    assert f"--precision {precision}" in proc.stderr and "use --precision fp32" in proc.stderr
+    assert not out.exists()  # nothing trained, no record
