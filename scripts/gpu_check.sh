@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check in one call, for a machine whose own python already holds CUDA builds of
 # torch and JAX (a lent or an offline machine, where scripts/setup.sh cannot install them):
-#   0. a check of that python (torch and JAX see the GPU; Flax, Optax, pytest, pytest-xdist
+#   0. a check of that python (scripts/gpu_preflight.py: torch and JAX see the GPU; Flax, Optax, pytest, pytest-xdist
 #      import) that stops the call in seconds, exit 2, where they do not,
 #   1. the main test suite as CI runs it (every test pinned to the CPU; parallel workers),
 #   2. then benchmarks/gpu_suite.sh's steps in the order given (default 8, then 1: the GPU tests,
@@ -61,18 +61,12 @@ if [[ ! -f .venv/pyvenv.cfg ]]; then
   mkdir -p .venv/bin && printf "#!/bin/sh\nexec '%s' \"\$@\"\n" "${PYPATH//\'/\'\\\'\'}" >.venv/bin/python &&
     chmod +x .venv/bin/python || fail "cannot write .venv/bin/python"
 fi
-PREFLIGHT='import importlib.util as u, torch, jax, flax, optax, pytest, xdist
-assert torch.cuda.is_available(), "torch sees no GPU (torch " + torch.__version__ + ")"
-assert jax.default_backend() == "gpu", "JAX runs on " + jax.default_backend() + ", not a GPU"
-print("python", __import__("sys").version.split()[0], "torch", torch.__version__, "jax", jax.__version__)
-print("optional:", ", ".join(f"{m} {'yes' if u.find_spec(m) else 'NO'}" for m in
-      ("sklearn", "matplotlib", "rich", "flatbuffers", "tensorboardX", "mxnet")))'
 {
   date -u +"%Y-%m-%d %H:%M:%S UTC"
   nvidia-smi -L 2>&1
   echo ".venv/bin/python: $(tr '\n' ' ' <.venv/bin/python | head -c 300)"
   echo "git $(git describe --always --dirty --abbrev=40 2>/dev/null)"
-  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 180 .venv/bin/python -c "$PREFLIGHT" 2>&1 | tail -3
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 180 .venv/bin/python scripts/gpu_preflight.py 2>&1 | tail -3
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt"
 grep -q "^optional:" "$OUT/machine.txt" || fail "$PYPATH cannot run the check (see $OUT/machine.txt: $(tail -1 "$OUT/machine.txt"))"

@@ -1,11 +1,15 @@
 """scripts/gpu_check.sh, the whole GPU check in one call, on the CPU: its own plumbing, not the
 GPU work (benchmarks/gpu_suite.sh's steps and tests/test_gpu.py run where a GPU is). In a copy
-of the scripts, with a stand-in python that answers the GPU check as a CUDA machine's would and
-runs everything else with the tests' interpreter: .venv/bin/python becomes a script that execs
-the given interpreter (a link would lose a virtual environment's packages), a real environment
-is left alone, a python that sees no GPU stops the call in one line, a step that no longer fits
-the budget is listed as skipped, everything ends up in ONE archive, and bad input is one line
-with exit 2, before anything is written."""
+of the scripts, with a stand-in for the MACHINE, not for the code: the tests' own interpreter
+with fake CUDA packages first on its path (`torch` whose cuda.is_available() is True, `jax`
+whose default backend is "gpu", `flax`, `optax`), so that the real pre-flight
+(scripts/gpu_preflight.py) runs on a real interpreter and answers as on a CUDA machine. (The
+stand-in was once a shell script that echoed the expected answer: the pre-flight's own code
+never ran, and its quoting bug reached the first GPU machine.) .venv/bin/python becomes a
+script that execs the given interpreter (a link would lose a virtual environment's packages), a
+real environment is left alone, a python that sees no GPU stops the call in one line, a step
+that no longer fits the budget is listed as skipped, everything ends up in ONE archive, and bad
+input is one line with exit 2, before anything is written."""
 
 from __future__ import annotations
 
@@ -18,27 +22,35 @@ from pathlib import Path
 
 from tests.conftest import MAIN_PYTHON, ROOT
 
-# The GPU check's answer on a CUDA machine; any other command runs in the tests' interpreter.
-STAND_IN = f"""#!/bin/sh
-case "$2" in *torch.cuda.is_available*)
-  echo "python 3 torch stand-in jax stand-in"; echo "optional: sklearn yes, mxnet NO"; exit 0 ;;
-esac
-exec "{MAIN_PYTHON}" "$@"
-"""
-
-
-def project(where: Path) -> Path:
-    for rel in ("scripts/gpu_check.sh", "benchmarks/gpu_suite.sh"):
-        (where / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / rel, where / rel)
-    return where
+# A CUDA machine's packages, as far as the pre-flight asks them.
+FAKE_CUDA = {
+    "torch/__init__.py": (
+        '__version__ = "2.11.0+cu130"\n\n\nclass cuda:\n'
+        "    @staticmethod\n    def is_available():\n        return True\n"
+    ),
+    "jax/__init__.py": '__version__ = "0.10.2"\n\n\ndef default_backend():\n    return "gpu"\n',
+    "flax/__init__.py": "",
+    "optax/__init__.py": "",
+}
 
 
 def stand_in(path: Path) -> Path:
+    """The tests' interpreter with the fake CUDA packages first on its path."""
+    fakes = path.parent / "fake-cuda"
+    for rel, text in FAKE_CUDA.items():
+        (fakes / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fakes / rel).write_text(text)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(STAND_IN)
+    path.write_text(f'#!/bin/sh\nPYTHONPATH="{fakes}" exec "{MAIN_PYTHON}" "$@"\n')
     path.chmod(0o755)
     return path
+
+
+def project(where: Path) -> Path:
+    for rel in ("scripts/gpu_check.sh", "scripts/gpu_preflight.py", "benchmarks/gpu_suite.sh"):
+        (where / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, where / rel)
+    return where
 
 
 def check(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -71,7 +83,8 @@ def test_the_interpreter_is_wrapped_and_everything_is_one_archive(tmp_path: Path
         commands, machine = read("commands.txt"), read("machine.txt")
     assert "- skipped (time budget): env STEPS=1 bash benchmarks/gpu_suite.sh" in commands
     assert "(exit 1)" in commands
-    assert "optional: sklearn yes, mxnet NO" in machine
+    assert "torch 2.11.0+cu130 jax 0.10.2" in machine  # what the real pre-flight printed
+    assert "optional: sklearn yes" in machine and "mxnet NO" in machine
 
 
 def test_a_real_environment_is_left_alone_and_the_tests_step_is_timed(tmp_path: Path) -> None:
@@ -84,7 +97,7 @@ def test_a_real_environment_is_left_alone_and_the_tests_step_is_timed(tmp_path: 
     out = tmp_path / "run"
     proc = check(root, "--steps", "", str(out), "130")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert own.read_text() == STAND_IN  # not replaced
+    assert own.read_text().startswith('#!/bin/sh\nPYTHONPATH="')  # not replaced
     assert "1 passed" in (out / "tests.log").read_text()
     assert (out / "tests.xml").is_file()
     commands = (out / "commands.txt").read_text()
