@@ -3,15 +3,19 @@
 Every record made with --profile holds a "breakdown" (common/breakdown.py): per step, compute,
 exposed communication, input wait and host gaps, which add up to the profiled step, and all
 communication (hidden or not) beside them. This module turns a sweep's records into a table
-(`section`) and a stacked bar per framework and device count (`plot`).
+(`section`) and a stacked bar per framework and device count (`plot`). `kernel_dtype_shares` reads
+a GPU trace's kernels for the dtype they compute in (benchmarks/gpu_verdicts.py's precision check).
 """
 
 from __future__ import annotations
 
+import re
 import statistics
+from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import mode_label, row_key
+from common.breakdown import WINDOW, complete, load_events
 from common.profiling import WARMUP
 
 TITLE = "Where the step's time goes (--profile)"
@@ -114,3 +118,72 @@ def plot(plt: Any, records: list[dict[str, Any]], title: str) -> Any:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     return fig
+
+
+# ---- the dtype of a trace's GPU kernels ---------------------------------------------------------
+
+# A GPU kernel's dtype, from its name: first match wins (a bf16 convolution's name also holds
+# "f32", its accumulator). Seen on an H200 (docs/setup.md): cuDNN/cuBLAS xmma kernels name their
+# operands (sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_..., sm80_xmma_gemm_f32f32_...),
+# cutlass its element type (cutlass_tensorop_bf16_s16816fprop_..., cutlass::bfloat16_t), torch's
+# ATen kernels their template type (c10::BFloat16, float, __nv_bfloat16); XLA's fusions
+# (loop_add_fusion_20) and Inductor's Triton kernels (triton_poi_fused_...) name none.
+KERNEL_DTYPES = (
+    ("bfloat16", re.compile(r"bf16|bfloat16", re.IGNORECASE)),
+    ("float16", re.compile(r"(?<!b)f16|fp16|\bhalf\b|c10::Half|__half", re.IGNORECASE)),
+    ("float32", re.compile(r"(?<![a-z0-9])c?f32|\bfloat\b|tf32", re.IGNORECASE)),
+)
+
+
+def kernel_dtype(name: str) -> str:
+    """The dtype a GPU kernel's name says it computes in ("bfloat16", "float16", "float32"), ""
+    where the name says none."""
+    for dtype, pattern in KERNEL_DTYPES:
+        if pattern.search(name):
+            return dtype
+    return ""
+
+
+def gpu_kernels(events: list[dict[str, Any]], flavour: str) -> list[dict[str, Any]]:
+    """The GPU kernels of a trace, as complete events: what common/breakdown.py counts as a
+    GPU's work, less memory copies (torch: category "kernel"; jax: the hlo ops of a /device:
+    process's "Stream" threads; mxnet: the operators of the gpu/N lanes)."""
+    meta = [e for e in events if e.get("ph") == "M"]
+    procs = {e.get("pid"): str((e.get("args") or {}).get("name", ""))
+             for e in meta if e.get("name") == "process_name"}  # fmt: skip
+    threads = {(e.get("pid"), e.get("tid")): str((e.get("args") or {}).get("name", ""))
+               for e in meta if e.get("name") == "thread_name"}  # fmt: skip
+
+    def is_kernel(e: dict[str, Any]) -> bool:
+        if flavour == "torch":
+            return e.get("cat") == "kernel"
+        if flavour == "jax":
+            return bool((e.get("args") or {}).get("hlo_op")) and (
+                procs.get(e.get("pid"), "").startswith("/device:")
+                and threads.get((e.get("pid"), e.get("tid")), "").startswith("Stream")
+            )
+        return e.get("cat") == "operator" and procs.get(e.get("pid"), "").startswith("gpu/")
+
+    return [e for e in complete(events) if is_kernel(e)]
+
+
+def kernel_dtype_shares(path: str | Path, flavour: str) -> dict[str, Any]:
+    """How a trace's GPU kernel time divides by the dtype the kernels' names say (`kernel_dtype`),
+    within the profiled window (the whole trace if it has none): {"kernel_ms": total, "kernels":
+    how many, "bfloat16"/"float16"/"float32"/"unnamed": share of kernel_ms, "named": 1 -
+    unnamed}. TraceError (common/breakdown.py) when the trace cannot be read."""
+    events = load_events(path)
+    windows = [e for e in complete(events) if e.get("name") == WINDOW]
+    lo, hi = (windows[-1]["ts"], windows[-1]["ts"] + windows[-1]["dur"]) if windows else (
+        float("-inf"), float("inf"))  # fmt: skip
+    time = {dtype: 0.0 for dtype, _ in KERNEL_DTYPES} | {"unnamed": 0.0}
+    count = 0
+    for e in gpu_kernels(events, flavour):
+        inside = min(e["ts"] + e["dur"], hi) - max(e["ts"], lo)
+        if inside > 0:
+            time[kernel_dtype(str(e.get("name", ""))) or "unnamed"] += inside
+            count += 1
+    total = sum(time.values())
+    shares: dict[str, Any] = {k: (v / total if total else 0.0) for k, v in time.items()}
+    shares["named"] = 1.0 - shares["unnamed"] if total else 0.0
+    return {"kernel_ms": total / 1000.0, "kernels": count, **shares}

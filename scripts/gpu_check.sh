@@ -8,16 +8,21 @@
 #      which have run on no GPU in their present form, then the headline table), in the time
 #      left,
 # and, with --archive, everything packed into ONE file (the logs, the exact commands, the
-# tables and the records), the loose folder removed.
+# tables and the records), the loose folder removed. It ends with the verdicts on what it wrote
+# (benchmarks/gpu_verdicts.py: tests, precision, real/compute-only, the GPU; also written to
+# OUT_DIR/verdicts.txt), when step 1, the table they judge, was asked: exit 1 if one fails.
 #
 #   bash scripts/gpu_check.sh [--python PATH] [--steps LIST] [--no-tests] [--archive FILE] \
 #       OUT_DIR [SECONDS]
+#   bash scripts/gpu_check.sh [--python PATH] --judge ARCHIVE   # the verdicts on an earlier one
 #
 # --python  the interpreter with CUDA torch, JAX, Flax, Optax, pytest and pytest-xdist (default:
 #           python3). Unless .venv is already an environment (it has a pyvenv.cfg),
 #           .venv/bin/python becomes a two-line script that execs it: a link to a virtual
 #           environment's python would lose its packages, and scripts/setup.sh uses such a
 #           script as it is and never rebuilds it.
+# --judge   print the verdicts on ARCHIVE (or an OUT_DIR) and exit: 0 all pass, 1 one fails, 2
+#           it cannot be read. Runs on .venv/bin/python, else python3 (--python PATH: that one).
 # --steps   gpu_suite.sh's steps, run in this order (default 8,1); "" for none.
 # SECONDS   the budget of the whole call (default 540): the tests get at most TESTS_SEC of it
 #           (default 240), the suite's steps what is left, 30 s are kept for packing.
@@ -27,11 +32,12 @@
 # (.tar.xz) holds OUT_DIR (without the profiler traces if it would pass 15 MiB).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=python3 STEPS_LIST=8,1 TESTS=1 ARCHIVE=""
+PY=python3 STEPS_LIST=8,1 TESTS=1 ARCHIVE="" JUDGE="" PY_GIVEN=0
 fail() { echo "gpu_check.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --python) PY=${2:?--python needs the path of an interpreter}; shift 2 ;;
+    --python) PY=${2:?--python needs the path of an interpreter}; PY_GIVEN=1; shift 2 ;;
+    --judge) JUDGE=${2:?--judge needs the archive to judge}; shift 2 ;;
     --steps) STEPS_LIST=${2?--steps needs a list such as 8,1}; shift 2 ;;
     --no-tests) TESTS=0; shift ;;
     --archive) ARCHIVE=${2:?--archive needs a file name}; shift 2 ;;
@@ -39,6 +45,12 @@ while [[ $# -gt 0 ]]; do
     *) break ;;
   esac
 done
+if [[ -n "$JUDGE" ]]; then  # the verdicts on an earlier check, nothing else
+  [[ "$JUDGE" == /* ]] || JUDGE="$PWD/$JUDGE"
+  cd "$ROOT" || fail "cannot enter $ROOT"
+  ((PY_GIVEN)) || { [[ -x .venv/bin/python ]] && PY=.venv/bin/python; }
+  exec "$PY" -m benchmarks.gpu_verdicts "$JUDGE"
+fi
 OUT=${1:?usage: bash scripts/gpu_check.sh [--python PATH] [--steps LIST] [--no-tests] [--archive FILE] OUT_DIR [SECONDS]}
 BUDGET=${2:-540}
 TESTS_SEC=${TESTS_SEC:-240}
@@ -107,6 +119,15 @@ if [[ -n "$STEPS_LIST" ]]; then
     "$OUT/suite" "$((left - 20))" >"$OUT/suite.log" 2>&1
   tail -40 "$OUT/suite.log"
 fi
+verdicts=""
+if [[ ",$STEPS_LIST," == *,1,* ]]; then  # the verdicts judge step 1's table: none without it
+  judged=0
+  verdicts=$(.venv/bin/python -m benchmarks.gpu_verdicts "$OUT" 2>&1) || judged=$?
+  printf '%s\n' "$verdicts" >"$OUT/verdicts.txt"
+  ((judged == 0)) || status=1
+else
+  verdicts="gpu_check: no verdicts (they judge step 1's throughput table, not asked)"
+fi
 echo "gpu_check: $OUT after $SECONDS s (exit $status)" | tee -a "$OUT/commands.txt"
 if [[ -n "$ARCHIVE" ]]; then
   export XZ_OPT=-T0
@@ -125,4 +146,5 @@ if [[ -n "$ARCHIVE" ]]; then
     status=1
   fi
 fi
+printf '%s\n' "$verdicts"
 exit $status

@@ -46,8 +46,17 @@ def stand_in(path: Path) -> Path:
     return path
 
 
+# What the scripts run of the project: the pre-flight, the suite, the judge and what it imports.
+COPIED = (
+    *("scripts/gpu_check.sh", "scripts/gpu_preflight.py", "benchmarks/gpu_suite.sh"),
+    *("benchmarks/__init__.py", "benchmarks/gpu_verdicts.py", "benchmarks/breakdowns.py"),
+    *("benchmarks/harness.py", "common/__init__.py", "common/breakdown.py", "common/config.py"),
+    *("common/devices.py", "common/profiling.py", "common/runtime.py", "common/safe_io.py"),
+)
+
+
 def project(where: Path) -> Path:
-    for rel in ("scripts/gpu_check.sh", "scripts/gpu_preflight.py", "benchmarks/gpu_suite.sh"):
+    for rel in COPIED:
         (where / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, where / rel)
     return where
@@ -85,6 +94,30 @@ def test_the_interpreter_is_wrapped_and_everything_is_one_archive(tmp_path: Path
     assert "(exit 1)" in commands
     assert "torch 2.11.0+cu130 jax 0.10.2" in machine  # what the real pre-flight printed
     assert "optional: sklearn yes" in machine and "mxnet NO" in machine
+    assert proc.stdout.splitlines()[-1].startswith("gpu_verdicts: no throughput.json")  # judged
+
+
+def test_a_run_ends_with_the_verdicts_on_what_it_wrote(tmp_path: Path) -> None:
+    """The GPU suite's work stood in for by its output (the H200 fixture of
+    tests/test_gpu_verdicts.py, written where step 1 and step 8 write); the judge itself runs."""
+    root = project(tmp_path / "p")
+    fixture = ROOT / "tests" / "fixtures" / "gpu_check" / "suite"
+    (root / "benchmarks" / "gpu_suite.sh").write_text(f'cp -r "{fixture}/." "$3"\n')
+    python = stand_in(tmp_path / "bin" / "python")
+    archive = tmp_path / "gpu.tar.xz"
+    proc = check(root, "--python", str(python), "--no-tests", "--steps", "8,1",
+                 "--archive", str(archive), str(tmp_path / "run"), "100")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # what the judge failed
+    last = proc.stdout.splitlines()
+    assert last[-1] == "gpu_verdicts: 6 of 10 checks pass, 4 FAIL", proc.stdout
+    assert any(ln.startswith("FAIL  precision jax-pmap x1") for ln in last[-13:])
+    with tarfile.open(archive) as tar:
+        names = {Path(n).name: n for n in tar.getnames()}
+        assert tar.extractfile(names["verdicts.txt"]).read().decode().endswith("4 FAIL\n")
+    again = check(root, "--judge", str(archive))  # the same verdicts, from the archive
+    assert again.returncode == 1 and again.stdout.splitlines()[-1] == last[-1], again.stderr
+    proc = check(root, "--judge", str(tmp_path / "nope.tar.xz"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no file" in proc.stderr
 
 
 def test_a_real_environment_is_left_alone_and_the_tests_step_is_timed(tmp_path: Path) -> None:
@@ -102,6 +135,7 @@ def test_a_real_environment_is_left_alone_and_the_tests_step_is_timed(tmp_path: 
     assert (out / "tests.xml").is_file()
     commands = (out / "commands.txt").read_text()
     assert "-n " in commands and "--dist loadfile" in commands and "exit 0 after" in commands
+    assert proc.stdout.splitlines()[-1].startswith("gpu_check: no verdicts")  # no step 1 asked
 
 
 def test_a_python_that_sees_no_gpu_stops_the_call_in_one_line(tmp_path: Path) -> None:
