@@ -156,13 +156,30 @@ def differs(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cache_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A persistent XLA compilation cache for this module's JAX runs: the full, killed and
-    resumed runs compile the same programs once (torch and MXNet ignore it)."""
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla-cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    }
+def full_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`run(framework)` -> the folder of RESUME_ARGS's uninterrupted run (`--pipeline auto`:
+    the host pipeline on a CPU), made once per module: ckpt/ (its checkpoint), record.json and
+    state.npz (--save-state). The kill/resume test resumes a killed run to it, the device
+    pipeline test compares a `--pipeline device` run with it. The JAX runs share the session's
+    compilation cache (conftest's HOME): the killed and resumed runs load its programs."""
+    made: dict[str, Path] = {}
+
+    def run(framework: str) -> Path:
+        if framework not in made:
+            where = tmp_path_factory.mktemp(f"{framework}-full")
+            ok(
+                run_trainer(
+                    framework,
+                    *RESUME_ARGS,
+                    *("--checkpoint-dir", str(where / "ckpt")),
+                    *("--output", str(where / "record.json")),
+                    *("--save-state", str(where / "state.npz")),
+                )
+            )
+            made[framework] = where
+        return made[framework]
+
+    return run
 
 
 @pytest.mark.parametrize("framework", framework_params())
@@ -190,20 +207,10 @@ def test_startup_failure_leaves_a_failed_record(framework: str, tmp_path: Path) 
 
 @pytest.mark.parametrize("framework", framework_params())
 def test_kill_resume_ends_with_the_uninterrupted_weights(
-    framework: str, tmp_path: Path, cache_env: dict[str, str]
+    framework: str, tmp_path: Path, full_runs: Any
 ) -> None:
     skip_without_interpreter(framework)
-    ok(
-        run_trainer(
-            framework,
-            *RESUME_ARGS,
-            "--checkpoint-dir",
-            str(tmp_path / "full"),
-            "--output",
-            str(tmp_path / "full.json"),
-            env=cache_env,
-        )
-    )
+    full_dir = full_runs(framework)
     killed = run_trainer(
         framework,
         *RESUME_ARGS,
@@ -211,7 +218,7 @@ def test_kill_resume_ends_with_the_uninterrupted_weights(
         str(tmp_path / "cut"),
         "--output",
         str(tmp_path / "cut.json"),
-        env={**cache_env, "DPBENCH_FAIL": f"{framework}@1"},
+        env={"DPBENCH_FAIL": f"{framework}@1"},
     )
     assert "epoch 2/2" not in killed.stdout
     if framework == "torch-ddp":
@@ -234,11 +241,10 @@ def test_kill_resume_ends_with_the_uninterrupted_weights(
         "--resume",
         "--output",
         str(tmp_path / "cut.json"),
-        env=cache_env,
     )
     ok(resumed)
     assert "resumed from" in resumed.stdout and "epoch 1/2" not in resumed.stdout
-    full, full_meta = checkpoint(framework, tmp_path / "full")
+    full, full_meta = checkpoint(framework, full_dir / "ckpt")
     cut, cut_meta = checkpoint(framework, tmp_path / "cut")
     assert full_meta["epoch"] == cut_meta["epoch"] == 2
     assert full_meta["step"] == cut_meta["step"] == 4
@@ -247,7 +253,7 @@ def test_kill_resume_ends_with_the_uninterrupted_weights(
     # The comparison can fail: the checkpoint after epoch 1 (what a resume that skipped
     # epoch 2, or restarted at the wrong epoch, would have ended with) is not the final one.
     assert differs(after_epoch_1, full)
-    a, b = read_json(tmp_path / "full.json"), read_json(tmp_path / "cut.json")
+    a, b = read_json(full_dir / "record.json"), read_json(tmp_path / "cut.json")
     assert [e["epoch"] for e in b["epochs"]] == [1, 2]  # epoch 1 from the checkpoint
     assert [e["train_loss"] for e in b["epochs"]] == [e["train_loss"] for e in a["epochs"]]
     assert a["epochs"][0]["train_loss"] != a["epochs"][1]["train_loss"]
@@ -398,30 +404,37 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
 
 @pytest.mark.parametrize("framework", framework_params())
 def test_device_pipeline_trains_exactly_as_the_host_pipeline(
-    framework: str, tmp_path: Path
+    framework: str, tmp_path: Path, full_runs: Any
 ) -> None:
-    """At 2 devices, with augmentation: the same batches reach the same devices, so the same
-    final state, bitwise (the normalisation is the same float32 operations on both paths; the
-    batch-level equality and its failure modes are in tests/test_device_pipeline.py). Shown to
-    fail on crops one pixel off (DPBENCH_INJECT=crop-shift@device-pipeline)."""
+    """At 2 devices, with augmentation, over RESUME_ARGS's 2 epochs (dropout masks, cosine LR):
+    the same batches reach the same devices, so the same final state as the host pipeline's
+    (the uninterrupted run of the kill/resume test), bitwise (the normalisation is the same
+    float32 operations on both paths; the batch-level equality and its failure modes are in
+    tests/test_device_pipeline.py). Shown to fail on crops one pixel off
+    (DPBENCH_INJECT=crop-shift@device-pipeline, in common/pipeline.py: the same for every
+    framework, so shown once, with the cheapest)."""
     skip_without_interpreter(framework)
 
-    def final_state(pipeline: str, env: dict[str, str] | None = None) -> dict[str, np.ndarray]:
-        out = tmp_path / f"{pipeline}{'-injected' if env else ''}"
+    def final_state(folder: Path) -> dict[str, np.ndarray]:
+        with np.load(folder / "state.npz") as f:
+            return {k: f[k] for k in f.files}
+
+    def device_run(env: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+        out = tmp_path / f"device{'-injected' if env else ''}"
         proc = run_trainer(
             framework,
-            *(*SMOKE, "--gpus", "2", "--epochs", "1", "--max-steps-per-epoch", "2", "--augment"),
-            *("--pipeline", pipeline, "--output", str(out / "record.json")),
+            *(*RESUME_ARGS, "--pipeline", "device", "--output", str(out / "record.json")),
             *("--save-state", str(out / "state.npz")),
             env=env,
         )
         ok(proc)
-        assert read_json(out / "record.json")["pipeline"].startswith(pipeline)
-        with np.load(out / "state.npz") as f:
-            return {k: f[k] for k in f.files}
+        assert read_json(out / "record.json")["pipeline"].startswith("device")
+        return final_state(out)
 
-    host = final_state("host")
-    assert_same_arrays(final_state("device"), host)
-    if framework == "torch-ddp":  # once: the check fails when the device crops are off
-        shifted = final_state("device", {"DPBENCH_INJECT": "crop-shift@device-pipeline"})
+    host_dir = full_runs(framework)
+    assert read_json(host_dir / "record.json")["pipeline"].startswith("host")
+    host = final_state(host_dir)
+    assert_same_arrays(device_run(), host)
+    if framework == "torch-dp":  # once: the check fails when the device crops are off
+        shifted = device_run({"DPBENCH_INJECT": "crop-shift@device-pipeline"})
         assert differs(shifted, host)
