@@ -118,10 +118,11 @@ def test_auto_is_device_on_gpus_when_the_training_set_fits() -> None:
 def test_torch_train_put_equals_the_host_batches(ds, channels_last: bool) -> None:
     torch = pytest.importorskip("torch")
     from common.config import Config
-    from frameworks.torch_support import to_device, train_put
+    from frameworks.torch_support import device_plan, to_device, train_put
 
     cfg = Config(channels_last=channels_last)
-    state = type("State", (), {"device": torch.device("cpu"), "cfg": cfg})()
+    plan = device_plan(cfg, "cpu")  # channels-last as the config says
+    state = type("State", (), {"device": torch.device("cpu"), "cfg": cfg, "plan": plan})()
     host = TrainLoader(ds, GLOBAL_BATCH, seed=5, layout="NCHW", prefetch=0)
     device = TrainLoader(ds, GLOBAL_BATCH, seed=5, layout="NCHW", prefetch=0, on_device=True)
     put_host, put_device = train_put(host, state), train_put(device, state)

@@ -63,18 +63,17 @@ def torch_dtype(name: str):
 @pytest.mark.parametrize("framework", TRAINERS)
 def test_bf16_runs_on_the_cpu_and_the_record_says_what_ran(framework: str, tmp_path: Path) -> None:
     gpus = "1" if framework == "torch-dp" else "2"
-    runs = {}
-    for precision in ("bf16", "fp32") if framework in ("jax-pmap", "torch-ddp") else ("bf16",):
-        out = tmp_path / f"{precision}.json"
-        args = (*ONE_STEP, "--gpus", gpus, "--precision", precision, "--output", str(out))
-        ok(run_trainer(framework, *args))
-        runs[precision] = read_json(out)
-    ran = runs["bf16"]["ran"]
+    # (fp32: every record of test_trainer_contract's digits runs says float32)
+    out = tmp_path / "bf16.json"
+    ok(
+        run_trainer(
+            framework, *ONE_STEP, "--gpus", gpus, "--precision", "bf16", "--output", str(out)
+        )
+    )
+    ran = read_json(out)["ran"]
     assert ran["activation_dtype"] == "bfloat16", ran
     layout = "NHWC" if framework.startswith("jax") else "channels_last"
     assert ran["input_memory_format"] == layout and ran["mode"], ran
-    if "fp32" in runs:
-        assert runs["fp32"]["ran"]["activation_dtype"] == "float32", runs["fp32"]["ran"]
 
 
 # A run whose step computes in float32 although --precision bf16 was asked: the bug injected

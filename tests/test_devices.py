@@ -280,7 +280,10 @@ def test_a_cuda_plugin_that_cannot_start_is_one_line(tmp_path: Path) -> None:
     )
     site = f"{tmp_path / 'site'}{os.pathsep}{Path(__file__).resolve().parent.parent}"
     env = {"PYTHONPATH": site, "JAX_PLATFORMS": None, "DPBENCH_DEVICES": None}
-    proc = run_trainer("jax-pmap", *SMOKE, "--epochs", "1", env=env)
+    # A compilation cache of its own: the session's, shared with other workers' trainers, may
+    # add its own note line (an entry another process was writing; tests/test_hermetic.py).
+    cache = ("--cache-dir", str(tmp_path / "cache"))
+    proc = run_trainer("jax-pmap", *SMOKE, "--epochs", "1", *cache, env=env)
     ok(proc)
     (line,) = proc.stderr.strip().splitlines()
     # the stand-in's reason, or on a GPU machine (GPUs hidden by the main pass) the real

@@ -393,6 +393,7 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
     assert rec["init"]["mode"] == "shared" and len(rec["init"]["sha256"]) == 64
     assert rec["threads"]["total"] == rec["threads"]["cores"]  # the threads rule on CPU
     assert rec["execution"] and rec["float32_precision"] == "fp32 (CPU)"
+    assert rec["ran"]["activation_dtype"] == "float32"  # the default fp32, read from the run
     assert rec["pipeline"].startswith("host")  # --pipeline auto on a CPU
     if framework.startswith("jax"):  # the default XLA:CPU path at 16x16 on 2 devices
         assert rec["execution"].endswith("XLA:CPU (its own code)")  # tests/test_xla_cpu.py
