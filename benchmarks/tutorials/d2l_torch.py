@@ -46,13 +46,7 @@ from common.runtime import cpu_threads
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
 from frameworks.torch_dp import FRAMEWORK as COMPARED, build_model, check_config
-from frameworks.torch_support import (
-    device_plan,
-    initialize,
-    make_optimizer,
-    sync,
-    use_device_plan,
-)
+from frameworks.torch_support import device_plan, initialize, make_optimizer, sync, use_device_plan
 
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (PyTorch), "

@@ -60,13 +60,7 @@ from common.runtime import cpu_threads, free_port
 from common.schedule import scaled_lr
 from common.trainer import describe, keep_measured_epochs, run_main
 from frameworks.torch_ddp import FRAMEWORK as COMPARED, build_model
-from frameworks.torch_support import (
-    device_plan,
-    initialize,
-    make_optimizer,
-    sync,
-    use_device_plan,
-)
+from frameworks.torch_support import device_plan, initialize, make_optimizer, sync, use_device_plan
 
 SOURCE = (
     "NVIDIA DLI, Data Parallelism: How to Train Deep Learning Models on Multiple GPUs, "
