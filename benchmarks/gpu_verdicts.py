@@ -25,7 +25,6 @@ library and numpy only: judged anywhere, without the frameworks.
 
 from __future__ import annotations
 
-import json
 import lzma
 import sys
 import tarfile
@@ -38,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.breakdowns import kernel_dtype_shares
+from common import json_input
 from common.breakdown import TraceError
+from common.json_input import Required
 from common.safe_io import read_regular
 
 MIN_RATIO = 0.85  # a compiled row's real loop against its compute-only step
@@ -99,8 +100,47 @@ def top(folder: Path) -> Path:
         folder = entries[0]
 
 
-def read_json(path: Path) -> Any:
-    return json.loads(read_regular(path, FILE_LIMIT, "file", FIX, InputError))
+# The fields of throughput.json (benchmarks.throughput) and of a run record that the checks
+# read, with the types they need (common/json_input.py).
+_TEXT = (str, None)
+TABLE_SCHEMA = {
+    "rows": Required(
+        [
+            {
+                "framework": _TEXT,
+                "mode": _TEXT,
+                "status": _TEXT,
+                "note": _TEXT,
+                "real_images_per_sec": (float, None),
+                "compute_images_per_sec": (float, None),
+                "real": (
+                    [{"status": _TEXT, "record": _TEXT, "trace": _TEXT, "device_kind": _TEXT}],
+                    None,
+                ),
+                "compute": ([{"device_kind": _TEXT}], None),
+            }
+        ]
+    ),
+    "settings": ({"out": _TEXT}, None),
+}
+RECORD_SCHEMA = {
+    "config": ({"precision": _TEXT}, None),
+    "ran": ({"activation_dtype": _TEXT}, None),
+    "profile": ({"trace": _TEXT}, None),
+    "device_kind": _TEXT,
+}
+
+
+def read_json(path: Path, schema: Any) -> Any:
+    """The JSON in `path`, of `schema`; InputError (one line naming the file and the field)
+    when it cannot be read or used."""
+    raw = read_regular(path, FILE_LIMIT, "file", FIX, InputError)
+    try:
+        return json_input.load(raw, schema, str(path))
+    except json_input.Refused as exc:
+        raise InputError(f"{exc}; {FIX}") from None
+    except ValueError as exc:
+        raise InputError(f"{path} is not JSON ({exc}); {FIX}") from None
 
 
 def tables(root: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -111,8 +151,8 @@ def tables(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     out = []
     for path in found:
         try:
-            table = read_json(path)
-        except (InputError, ValueError) as exc:
+            table = read_json(path, TABLE_SCHEMA)
+        except InputError as exc:
             where = path.relative_to(root)
             raise InputError(f"{where} is not a throughput table ({exc})") from None
         if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
@@ -172,7 +212,7 @@ def precision(where: Path, table: dict[str, Any], row: dict[str, Any], label: st
     for real in row.get("real") or []:
         if real.get("status") != "ok":
             continue
-        record = read_json(local(where, table, str(real.get("record") or "")))
+        record = read_json(local(where, table, str(real.get("record") or "")), RECORD_SCHEMA)
         config = record.get("config") or {}
         asked = ASKED.get(str(config.get("precision")), str(config.get("precision")))
         said = (record.get("ran") or {}).get("activation_dtype")
@@ -234,7 +274,9 @@ def saw_gpu(where: Path, table: dict[str, Any], row: dict[str, Any], label: str)
     kinds = []
     for real in row.get("real") or []:
         record = local(where, table, str(real.get("record") or ""))
-        kinds.append(read_json(record).get("device_kind") if record.is_file() else None)
+        kinds.append(
+            read_json(record, RECORD_SCHEMA).get("device_kind") if record.is_file() else None
+        )
         kinds.append(real.get("device_kind"))
     kinds += [c.get("device_kind") for c in row.get("compute") or []]
     seen = [str(k) for k in kinds if k]

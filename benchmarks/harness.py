@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from common import devices
+from common import devices, json_input
 from common.config import (
     COMPILE_MODES,
     CUDA_GRAPH_MODES,
@@ -59,6 +59,7 @@ from common.config import (
     ConfigError,
 )
 from common.devices import CHOICES as DEVICE_CHOICES
+from common.results import RECORD_SCHEMA
 from common.runtime import (
     ENTRY_POINTS,
     MIN_FREE_BYTES,
@@ -69,7 +70,7 @@ from common.runtime import (
     cpu_threads,
     unwritable,
 )
-from common.safe_io import read_regular, regular_file
+from common.safe_io import read_regular
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
 TOOL = "python -m benchmarks.{}"  # how each tool is started
@@ -1093,27 +1094,52 @@ def mode_notes(table: Sequence[dict[str, Any]]) -> list[str]:
 RECORD_LIMIT = 64 << 20  # a run record or a config.json: far above any the tools write (~100 KB)
 
 
-def read_json_file(path: Path, what: str, fix: str, limit: int = RECORD_LIMIT) -> Any:
+def read_json_file(
+    path: Path, what: str, fix: str, limit: int = RECORD_LIMIT, schema: Any = object
+) -> Any:
     """The JSON in `path`, read only if it is a regular file (links followed) of at most
     `limit` bytes (common/safe_io.py): a FIFO, a device or an oversized file is UsageError at
-    once, not a hang or a read of gigabytes. OSError (missing) and ValueError (no JSON) pass."""
-    return json.loads(read_regular(path, limit, what, fix, UsageError))
+    once, not a hang or a read of gigabytes. JSON a reader cannot use (nesting, a number out of
+    range, a field not of `schema`'s type: common/json_input.py) is UsageError naming the file
+    and the field. OSError (missing) and ValueError (no JSON) pass."""
+    raw = read_regular(path, limit, what, fix, UsageError)
+    try:
+        return json_input.load(raw, schema, f"{what} {path}".strip())
+    except json_input.Refused as exc:
+        raise UsageError(f"{exc}; {fix}") from None
+
+
+RECORD_FIX = "delete it or rerun this run"
 
 
 def check_record_file(path: Path) -> None:
-    """A run record that exists is a regular file of sane size (UsageError otherwise)."""
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        regular_file(path, RECORD_LIMIT, "run record", "delete it or rerun this run", UsageError)
+    """A run record that exists is a regular file of sane size whose fields the tools can use
+    (RECORD_SCHEMA), unless it is no record at all (truncated, not JSON, no status: report
+    calls it "damaged"); UsageError otherwise."""
+    _record(path)
+
+
+def _record(path: Path) -> dict[str, Any] | None:
+    try:
+        data = read_json_file(path, "run record", RECORD_FIX)
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None
+    if not isinstance(data, dict) or "status" not in data:
+        return None
+    try:
+        return json_input.check(data, RECORD_SCHEMA, f"run record {path}")  # type: ignore[no-any-return]
+    except json_input.Refused as exc:
+        raise UsageError(f"{exc}; {RECORD_FIX}") from None
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
     """A run's JSON record, or None when it is missing or is not a record (a crashed run; a
-    FIFO, a device or an oversized file in its place: read_json_file)."""
+    FIFO, a device or an oversized file in its place: read_json_file; JSON whose fields the
+    tools cannot use: RECORD_SCHEMA, check_record_file says which)."""
     try:
-        data = read_json_file(path, "run record", "delete it or rerun this run")
-    except (OSError, ValueError, UsageError):
+        return _record(path)
+    except (OSError, UsageError):
         return None
-    return data if isinstance(data, dict) and "status" in data else None
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

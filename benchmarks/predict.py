@@ -33,6 +33,7 @@ from typing import Any
 from benchmarks import harness
 from benchmarks.harness import UsageError
 from common.init import parameter_spec, trainable_sizes
+from common.json_input import Whole
 
 PROG = "python -m benchmarks.predict"
 MIB = 1024 * 1024
@@ -296,6 +297,13 @@ class Breakdown:
 
 
 BREAKDOWN_KEYS = {f.name for f in Breakdown.__dataclass_fields__.values()}
+MAX_BATCH = 1 << 24  # a per-device batch no device holds; larger is a damaged table
+# Their types, for --breakdown (common/json_input.py): a wrong one is one line naming it.
+BREAKDOWN_SCHEMA = {
+    "step_ms": float, "batch": Whole(1, MAX_BATCH), "compute_ms": (float, None),
+    "backward_ms": (float, None), "input_wait_ms": float, "comm_ms": (float, None),
+    "exposed_comm_ms": (float, None), "source": str,
+}  # fmt: skip
 
 OVERLAP = {  # framework -> (the fraction of the backward that can hide communication, why)
     "torch-ddp": (0.5, "DDP all-reduces each bucket once its gradients are ready, during "
@@ -772,7 +780,9 @@ def measured_vs_predicted(
 def read_breakdown(path: str) -> Breakdown:
     """--breakdown FILE: a JSON object with Breakdown's keys (unknown keys are an error)."""
     try:
-        data = harness.read_json_file(Path(path), "--breakdown", "give a JSON file", 1 << 20)
+        data = harness.read_json_file(
+            Path(path), "--breakdown", "give a JSON file", 1 << 20, schema=BREAKDOWN_SCHEMA
+        )
     except (OSError, ValueError) as exc:
         raise UsageError(f"--breakdown {path}: cannot read it as JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -818,6 +828,15 @@ def read_throughput_table(path: str) -> list[tuple[str, str, Breakdown]]:
             real, compute = float(cell["real img/s"]), float(cell["compute img/s"])
         except ValueError:
             continue
+        sane = (("batch", 0 < batch <= MAX_BATCH), ("real img/s", 0 < real < math.inf),
+                ("compute img/s", 0 < compute < math.inf))  # fmt: skip  # 1e999 parses as inf
+        for column, fine in sane:
+            if not fine:
+                raise UsageError(
+                    f"--throughput-table {path}: {cell['framework']}'s {column} is "
+                    f"{cell[column][:40]}, not a positive finite number (a batch: at most "
+                    f"{MAX_BATCH})"
+                )
         fw = cell["framework"]
         mode = cell.get("mode") or mode_from_notes(text, fw)
         step, comp = batch / real * 1e3, batch / compute * 1e3

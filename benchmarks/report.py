@@ -33,6 +33,7 @@ from typing import Any
 
 from benchmarks import breakdowns, harness
 from benchmarks.harness import UsageError, markdown_table, print_table as show, write_atomic
+from common.json_input import Required, Whole
 
 LEFT = ("framework", "mode", "status", "BN", "device kind")
 CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"
@@ -863,6 +864,58 @@ def predicted_plot(plt: Any, sweep: Sweep, records: list[dict[str, Any]], title:
 
 TOOL = "report"
 
+# The fields of a comparison's config.json that report reads (benchmarks.compare writes them),
+# with the types it needs (common/json_input.py); the runs' records: RECORD_SCHEMA.
+CONFIG_SCHEMA = {
+    "base_config": Required(
+        {
+            "model": Required(str),
+            "width": Required(float),
+            "dataset": Required(str),
+            "preset": Required(str),
+            "target_accuracy": (float, None),
+        }
+    ),
+    "scaling": Required(str),
+    "command": Required(str),
+    "frameworks": Required([str]),
+    "device_counts": Required([Whole(1)]),
+    "runs": Required(
+        [
+            {
+                "output": Required(str),
+                "framework": Required(str),
+                "run_id": Required(str),
+                "devices": Required(Whole(1)),
+                "seed": (int, None),
+                "peak_lr": (float, None),
+                "global_batch_size": (Whole(1), None),
+                "config": (dict, None),
+                "command": ([str], None),
+                "log": (str, None),
+            }
+        ]
+    ),
+    "skipped": (dict, None),
+    "not_applicable": (
+        [{"framework": Required(str), "devices": Required(Whole(1)), "reason": Required(str)}],
+        None,
+    ),
+    "device_kind": (str, None),
+    "host": (
+        {
+            "cpu_count": (Whole(1), None),
+            "gpus": ([str], None),
+            "cpu": (str, None),
+            "platform": (str, None),
+        },
+        None,
+    ),
+    "started": (str, None),
+    "finished": (str, None),
+    "status": (str, None),
+}
+
 
 @dataclass
 class Rebuild:
@@ -948,7 +1001,9 @@ def make_rebuild(argv: list[str]) -> Rebuild:
     out = Path(ns.dir).expanduser().resolve()
     path = out / "config.json"
     try:  # a regular file of sane size (harness.read_json_file): a FIFO is no hang
-        config = harness.read_json_file(path, "", "give the directory benchmarks.compare wrote")
+        config = harness.read_json_file(
+            path, "", "give the directory benchmarks.compare wrote", schema=CONFIG_SCHEMA
+        )
     except (FileNotFoundError, NotADirectoryError):
         raise UsageError(f"{path} not found; give the directory benchmarks.compare wrote") from None
     except OSError as exc:  # a name too long for the file system

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -44,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import json_input
 from common.safe_io import read_regular
 
 # The ranges common/profiling.py adds to every trace ("_", not ":": XLA keeps only what
@@ -135,6 +135,10 @@ def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
 # ---- reading a trace ---------------------------------------------------------------------------
 
 
+# The fields of a trace event that the breakdown reads (common/json_input.py).
+EVENT_SCHEMA = {"ts": float, "dur": float, "ph": str, "args": (dict, None)}
+
+
 def load_events(path: str | Path) -> list[dict[str, Any]]:
     """The trace events of a Chrome trace JSON file (.json or .json.gz): regular files only,
     bounded (common/safe_io.py)."""
@@ -145,13 +149,19 @@ def load_events(path: str | Path) -> list[dict[str, Any]]:
             raw = gzip.GzipFile(fileobj=io.BytesIO(raw)).read(TRACE_LIMIT + 1)
             if len(raw) > TRACE_LIMIT:
                 raise TraceError(f"trace {path} inflates past {TRACE_LIMIT} bytes; {fix}")
-        data = json.loads(raw)
+        data = json_input.parse(raw, f"trace {path}")
     except (OSError, ValueError, EOFError) as exc:
         raise TraceError(f"trace {path}: not Chrome trace JSON ({exc})") from None
+    except json_input.Refused as exc:
+        raise TraceError(str(exc)) from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"trace {path}: no traceEvents list")
-    return [e for e in events if isinstance(e, dict)]
+    events = [e for e in events if isinstance(e, dict)]
+    try:
+        return json_input.check(events, [EVENT_SCHEMA], f"trace {path}")  # type: ignore[no-any-return]
+    except json_input.Refused as exc:
+        raise TraceError(str(exc)) from None
 
 
 def complete(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
