@@ -59,6 +59,7 @@ from common.config import (
     ConfigError,
 )
 from common.devices import CHOICES as DEVICE_CHOICES
+from common.launch_env import check_launch_env
 from common.results import RECORD_SCHEMA
 from common.runtime import (
     ENTRY_POINTS,
@@ -763,6 +764,10 @@ def run_tool(
     _CLAIMS.clear()
     locks: list[tuple[Any, Path]] = []
     try:
+        try:  # before any work: RANK, JAX_*, cache dirs, DPBENCH_* (common/launch_env.py)
+            check_launch_env()
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
         plan = make_plan(args)
         for out, marker in _CLAIMS:
             locks.append((claim(out, marker), out))
