@@ -55,6 +55,7 @@ from common.init import parameter_spec, state_bytes
 from common.results import host_info, write_json_atomic
 from common.runtime import ROOT
 from common.safe_io import open_regular
+from common.sealed import unseal_arrays
 
 PROG = "python -m benchmarks.parity"
 REFERENCE = "torch-ddp"
@@ -330,14 +331,17 @@ def state_limit(config: dict[str, Any]) -> int:
 
 def load_state(path: Path, limit: int) -> dict[str, np.ndarray]:
     """A saved state: a regular file of at most `limit` bytes, no member inflating past it
-    (common/safe_io.py; a FIFO or a link to /dev/zero is a ConfigError, not a hang)."""
+    (common/safe_io.py; a FIFO or a link to /dev/zero is a ConfigError, not a hang), whose
+    arrays are the ones its digest names (common/sealed.py; damaged: a ConfigError)."""
     with open_regular(path, limit, "saved state", "rerun parity") as raw, np.load(raw) as f:
         inflated = sum(i.file_size for i in f.zip.infolist())  # all members together
         if inflated > limit:
             raise ConfigError(f"saved state {path}: its content inflates past {limit} bytes")
-        return {
-            k: f[k].astype(np.float64) for k in f.files if not k.endswith("num_batches_tracked")
-        }
+        arrays = {k: f[k] for k in f.files}
+        unseal_arrays(arrays, f.zip.comment, f"saved state {path}", "rerun parity")  # its sha256
+    return {
+        k: a.astype(np.float64) for k, a in arrays.items() if not k.endswith("num_batches_tracked")
+    }
 
 
 def relative(init: dict[str, np.ndarray], a: dict[str, np.ndarray],

@@ -16,7 +16,8 @@ behave the same wherever the framework is not the reason:
   tensors (its format, epoch, step, the recorder's state, the config, how the run executed),
   and `check_resume`: a checkpoint of another run (other settings, device count, device kind,
   library versions), past `--epochs`, or whose counters disagree with its record, is refused
-  with one line. Checkpoint files are opened bounded (`open_checkpoint`, common/safe_io.py).
+  with one line. Checkpoint files are opened bounded (`open_checkpoint`, common/safe_io.py)
+  and carry the sha256 of their content, checked before anything is loaded (common/sealed.py).
 - `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir` (an exclusive flock held for
   the whole process); a second is refused with one line.
 - SIGTERM / SIGINT (a cancelled job, Ctrl-C) raise `Interrupted` in the main thread: the record
@@ -26,7 +27,6 @@ behave the same wherever the framework is not the reason:
 from __future__ import annotations
 
 import fcntl
-import io
 import os
 import re
 import signal
@@ -37,8 +37,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from common import cli, devices, tensorboard
 from common.config import Config, ConfigError, check_same_run, data_dims
@@ -54,6 +52,7 @@ from common.runtime import (
     unwritable,
 )
 from common.safe_io import open_regular, read_regular, regular_file, weights_problem
+from common.sealed import SEAL_BYTES, seal, seal_arrays, unseal
 
 BAD_INPUT = (ConfigError, DatasetError)
 
@@ -448,9 +447,22 @@ def read_checkpoint(path: Path, limit: int | None) -> bytes:
     return read_regular(path, limit, "checkpoint", CHECKPOINT_FIX)
 
 
+def write_sealed_checkpoint(path: Path, payload: bytes) -> None:
+    """A checkpoint file (torch's .pt, JAX's .msgpack): `payload` and the sha256 that binds it
+    (common/sealed.py), in one atomic write; a full disk is one line, no temp file left."""
+    with writing_checkpoint(path):
+        atomic_write_bytes(path, seal(payload))
+
+
+def read_sealed_checkpoint(path: Path, limit: int | None) -> bytes:
+    """The payload of a `write_sealed_checkpoint` file, read bounded, once its content matches
+    its sha256: a damaged file is one line naming it (exit 2) before anything is loaded."""
+    data = read_checkpoint(path, None if limit is None else limit + SEAL_BYTES)
+    return unseal(data, f"checkpoint {path}", CHECKPOINT_FIX)
+
+
 def check_checkpoint_file(path: Path, limit: int | None) -> None:
-    """A file a checkpoint names (MXNet's weights and optimiser states) is a regular file of at
-    most `limit` bytes, checked before the framework opens it by name."""
+    """A checkpoint file is a regular file of at most `limit` bytes (stat only: nothing opened)."""
     regular_file(path, limit, "checkpoint", CHECKPOINT_FIX)
 
 
@@ -464,13 +476,12 @@ def check_weights(arrays: dict[str, Any], path: Path) -> None:
 
 def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
     """`--save-state PATH`: the final parameters and BN statistics (numpy arrays in torch's
-    names and layouts, from the framework's support module) as one .npz, written atomically."""
+    names and layouts, from the framework's support module) as one .npz, written atomically
+    with the sha256 of its arrays (its zip comment, common/sealed.py)."""
     if not cfg.save_state:
         return
-    buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
     try:
-        atomic_write_bytes(cfg.save_state, buf.getvalue())
+        atomic_write_bytes(cfg.save_state, seal_arrays(arrays))
     except OSError as exc:  # a full disk: one line, the record says failed
         raise WriteFailed(
             f"cannot write --save-state {cfg.save_state} ({exc.strerror or exc}): free some "

@@ -64,10 +64,10 @@ from common.trainer import (
     failure_record,
     first_line,
     prog_name,
-    read_checkpoint,
+    read_sealed_checkpoint,
     reading_checkpoint,
     restore_meta,
-    writing_checkpoint,
+    write_sealed_checkpoint,
 )
 from frameworks.jax_models import compute_dtype, decay_mask
 
@@ -221,8 +221,7 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
     `state` is the host copy (the trainer's unreplicate)."""
     meta = checkpoint_meta(cfg, recorder, epoch, int(state.step))
     payload = {"state": serialization.to_state_dict(state), "meta": json.dumps(meta)}
-    with writing_checkpoint(checkpoint_path(cfg)):  # a full disk: one line, no temp file left
-        atomic_write_bytes(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
+    write_sealed_checkpoint(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
 
 
 def load_checkpoint(
@@ -235,7 +234,7 @@ def load_checkpoint(
     not the optimiser's."""
     path = checkpoint_path(cfg)
     with reading_checkpoint(path):  # corrupt or foreign: one line, exit 2
-        ckpt = serialization.msgpack_restore(read_checkpoint(path, checkpoint_limit(cfg)))
+        ckpt = serialization.msgpack_restore(read_sealed_checkpoint(path, checkpoint_limit(cfg)))
         restored = serialization.from_state_dict(state, ckpt["state"])
         want, got = leaf_types(state), leaf_types(restored)
         for name in want:
@@ -286,8 +285,8 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
 
 def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
     """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
-    the file read bounded: at most `limit` bytes."""
-    return json.loads(serialization.msgpack_restore(read_checkpoint(path, limit))["meta"])
+    the file read bounded: at most `limit` bytes, and checked against its sha256."""
+    return json.loads(serialization.msgpack_restore(read_sealed_checkpoint(path, limit))["meta"])
 
 
 # -- devices ------------------------------------------------------------------------------------

@@ -33,9 +33,10 @@ from common.devices import need_gpus
 from common.pipeline import TrainLoader
 from common.results import RunRecorder, write_json_atomic
 from common.runtime import atomic_write_with
+from common.sealed import check_digest, seal_json, sha256_hex, unseal_json
 from common.timing import PhaseTimer
 from common.trainer import (
-    check_checkpoint_file,
+    CHECKPOINT_FIX,
     check_weights,
     checkpoint_limit,
     checkpoint_meta,
@@ -261,7 +262,8 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
     renamed into place, then the index (atomic JSON) that names them; older files go last. A
     write that fails (a full disk) removes this epoch's files, so that none is left that no
     index names, and is one line (`writing_checkpoint`). Both files are MXNet's NDArray
-    format (`mx.nd.save`), never a pickle: `--resume` reads nothing that can run code."""
+    format (`mx.nd.save`), never a pickle: `--resume` reads nothing that can run code. The
+    index holds the sha256 of each file and of its own fields (common/sealed.py)."""
     index = checkpoint_path(cfg)
     tag = f"{cfg.framework}-epoch{epoch + 1}"
     # Context 0's copy of the (identical) replicas, in save_parameters' format. Gluon's own
@@ -281,7 +283,9 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
             index.parent.mkdir(parents=True, exist_ok=True)
             for f, arrays in zip(files, (params, states)):
                 atomic_write_with(f, lambda tmp, a=arrays: mx.nd.save(tmp, a))  # type: ignore[misc]
-            write_json_atomic(index, {"params": files[0].name, "states": files[1].name, **meta})
+            named = {key: f.name for key, f in zip(("params", "states"), files)}
+            digests = {f"{key}_sha256": sha256_hex(f.read_bytes()) for key, f in zip(named, files)}
+            write_json_atomic(index, seal_json({**named, **digests, **meta}))
     except BaseException:  # the index still names the last complete checkpoint's files
         for f in new:
             f.unlink(missing_ok=True)
@@ -371,10 +375,11 @@ def load_checkpoint(
     """Restore the latest checkpoint into every context; return the state and the epoch to
     continue from. A corrupt or foreign file is bad input (one line, exit 2), as are another
     run's metadata, weights of other shapes or dtypes (Gluon's load_parameters refuses them)
-    and weights no training leaves; every file is read bounded."""
+    and weights no training leaves; every file is read bounded and checked against its sha256
+    before MXNet opens it."""
     index, limit = checkpoint_path(cfg), checkpoint_limit(cfg)
     with reading_checkpoint(index):
-        ckpt = json.loads(read_checkpoint(index, limit))
+        ckpt = read_index(index, limit)
         epoch, state.step = restore_meta(ckpt, recorder, index)
         params, states_file = (named_file(index, ckpt, key, limit) for key in ("params", "states"))
         state.model.load_parameters(str(params), ctx=state.ctx)
@@ -387,14 +392,22 @@ def load_checkpoint(
     return state, epoch
 
 
+def read_index(index: Path, limit: int | None) -> dict[str, Any]:
+    """A checkpoint's index (JSON, read bounded) once its fields match its sha256."""
+    return unseal_json(json.loads(read_checkpoint(index, limit)), f"checkpoint {index}",
+                       CHECKPOINT_FIX)  # fmt: skip
+
+
 def named_file(index: Path, ckpt: Any, key: str, limit: int | None) -> Path:
     """The weights or optimiser file a checkpoint's index names: beside the index, a regular
-    file of at most `limit` bytes (MXNet opens it by name)."""
+    file of at most `limit` bytes whose content has the sha256 the index holds (MXNet then
+    opens it by name)."""
     name = Path(str(ckpt[key]))
     if name.name != str(name):
         raise ValueError(f"{key} file {name} is not beside the index")
     path = index.with_name(name.name)
-    check_checkpoint_file(path, limit)
+    data = read_checkpoint(path, limit)
+    check_digest(data, ckpt.get(f"{key}_sha256"), f"checkpoint {path}", CHECKPOINT_FIX)
     return path
 
 
@@ -409,7 +422,7 @@ def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
     """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
     the weights and optimiser files it names must parse too, so that a corrupt one is refused
     before the run. Every file read bounded: at most `limit` bytes."""
-    ckpt = json.loads(read_checkpoint(path, limit))
+    ckpt = read_index(path, limit)
     for key in ("params", "states"):
         mx.nd.load(str(named_file(path, ckpt, key, limit)))
     return ckpt

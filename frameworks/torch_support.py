@@ -24,17 +24,16 @@ from common.devices import need_gpus
 from common.init import initial_state
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
-from common.runtime import atomic_write_bytes
 from common.timing import PhaseTimer
 from common.trainer import (
     CHECKPOINT_FIX,
     check_weights,
     checkpoint_limit,
     checkpoint_meta,
-    open_checkpoint,
+    read_sealed_checkpoint,
     reading_checkpoint,
     restore_meta,
-    writing_checkpoint,
+    write_sealed_checkpoint,
 )
 from frameworks.torch_models import decay_parameters
 
@@ -439,8 +438,7 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
         },
         buf,
     )
-    with writing_checkpoint(checkpoint_path(cfg)):  # a full disk: one line, no temp file left
-        atomic_write_bytes(checkpoint_path(cfg), buf.getvalue())
+    write_sealed_checkpoint(checkpoint_path(cfg), buf.getvalue())  # with its sha256
 
 
 def load_checkpoint(
@@ -452,8 +450,9 @@ def load_checkpoint(
     would cast them), weights no training leaves."""
     path = checkpoint_path(cfg)
     with reading_checkpoint(path):  # corrupt or foreign: one line, exit 2
-        with open_checkpoint(path, checkpoint_limit(cfg)) as f:
-            ckpt = load_tensors(f, state.device)
+        # the content's sha256 first: a tensor changed with its zip CRCs rewritten is refused
+        payload = read_sealed_checkpoint(path, checkpoint_limit(cfg))
+        ckpt = load_tensors(io.BytesIO(payload), state.device)
         epoch, step = restore_meta(ckpt, recorder, path)
         weights = ckpt["model"]
         for name, want in state.module.state_dict().items():
@@ -483,9 +482,8 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
 
 def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
     """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
-    the file read bounded: at most `limit` bytes."""
-    with open_checkpoint(path, limit) as f:
-        return load_tensors(f, "cpu")
+    the file read bounded: at most `limit` bytes, and checked against its sha256."""
+    return load_tensors(io.BytesIO(read_sealed_checkpoint(path, limit)), "cpu")
 
 
 def load_tensors(path: Path | IO[bytes], device: Any) -> Any:

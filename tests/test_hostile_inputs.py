@@ -43,6 +43,7 @@ from tests.conftest import (
     MXNET_PYTHON,
     SMOKE,
     one_line_error,
+    reseal_index,
     run_module,
     run_trainer,
     skip_without_interpreter,
@@ -323,9 +324,10 @@ def test_an_mxnet_index_naming_a_corrupt_states_file_is_refused_before_training(
     skip_without_interpreter("mxnet-gluon")
     cfg = cli.parse_args([*SMOKE, "--checkpoint-dir", str(tmp_path)], "mxnet-gluon")
     index = {"params": "w.params", "states": "w.states", "epoch": 1, "step": 4}
-    (tmp_path / "mxnet-gluon.json").write_text(json.dumps({**index, "config": cfg.to_dict()}))
     (tmp_path / "w.params").write_bytes(b"\x12\x01" * 100)
     (tmp_path / "w.states").write_bytes(b"\x12\x01" * 100)
+    (tmp_path / "mxnet-gluon.json").write_text("{}")
+    reseal_index(tmp_path / "mxnet-gluon.json", **index, config=cfg.to_dict())  # digests match
     args = (*SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
     line = one_line_error(run_trainer("mxnet-gluon", *args), "cannot read checkpoint")
     assert "Invalid NDArray file format" in line and "Traceback" not in line

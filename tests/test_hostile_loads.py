@@ -39,7 +39,7 @@ from common.datasets import DatasetError
 from common.init import cache_key, digest, draw, initial_state, parameter_spec
 from common.results import RunRecorder
 from common.trainer import checkpoint_meta, restore_meta
-from tests.conftest import SMOKE, module_of, one_line_error, run_trainer
+from tests.conftest import SMOKE, module_of, one_line_error, payload, reseal, run_trainer
 from tests.test_hostile_data import _official
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_a_tampered_torch_checkpoint_is_one_line_and_exit_2(
 
     ck = tmp_path / "ck"
     shutil.copytree(torch_ckpt, ck)
-    ckpt = torch.load(ck / "torch-dp.pt", weights_only=True)
+    ckpt = torch.load(io.BytesIO(payload(ck / "torch-dp.pt")), weights_only=True)
     model = ckpt["model"]
     if tamper == "fp16":
         ckpt["model"] = {k: v.half() if v.is_floating_point() else v for k, v in model.items()}
@@ -202,7 +202,9 @@ def test_a_tampered_torch_checkpoint_is_one_line_and_exit_2(
         model["conv1.weight"] = model["conv1.weight"] * (0 if tamper == "zeros" else float("nan"))
     else:
         ckpt["step"] = 5
-    torch.save(ckpt, ck / "torch-dp.pt")
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    reseal(ck / "torch-dp.pt", buf.getvalue())  # a matching sha256: the checks behind it
     before, out = files(ck), tmp_path / "run.json"
     capsys.readouterr()
     assert main(torch_args(ck, out)) == 2
@@ -228,7 +230,7 @@ def jax_args(ck: Path) -> list[str]:
 def tamper_msgpack(path: Path, how: str) -> None:
     from flax import serialization
 
-    ckpt = serialization.msgpack_restore(path.read_bytes())
+    ckpt = serialization.msgpack_restore(payload(path))
     meta = json.loads(ckpt["meta"])
 
     def each(tree: dict[str, Any], f: Any) -> dict[str, Any]:
@@ -245,7 +247,7 @@ def tamper_msgpack(path: Path, how: str) -> None:
     elif how == "negative":
         meta["epoch"] = -1
     ckpt["meta"] = json.dumps(meta)
-    path.write_bytes(serialization.msgpack_serialize(ckpt))
+    reseal(path, serialization.msgpack_serialize(ckpt))  # a matching sha256
 
 
 @pytest.mark.parametrize(

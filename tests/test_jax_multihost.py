@@ -23,6 +23,7 @@ from tests.conftest import (
     ROOT,
     SMOKE,
     ok,
+    payload,
     read_json,
     relative_update_difference,
     run_trainer,
@@ -70,13 +71,13 @@ def test_two_processes_of_two_devices_equal_one_device(framework: str, tmp_path:
     record = read_json(tmp_path / "record0.json")
     assert record["devices"] == 4 and record["status"] == "ok"
     assert record["test_examples"] == record["test_set_size"] == 10
-    ckpt = serialization.msgpack_restore((tmp_path / "ckpt0" / f"{framework}.msgpack").read_bytes())
+    ckpt = serialization.msgpack_restore(payload(tmp_path / "ckpt0" / f"{framework}.msgpack"))
     assert int(ckpt["state"]["step"]) == 1
     # One step of two different programs (4 devices in 2 processes, 1 device): their updates
     # agree to float rounding (see UPDATE_RTOL), relative to the update.
     ref = tmp_path / "one"  # the same first global batch on one device
     ok(run_trainer("jax-pmap", *ONE_STEP, "--gpus", "1", "--checkpoint-dir", str(ref)))
-    one = serialization.msgpack_restore((ref / "jax-pmap.msgpack").read_bytes())["state"]
+    one = serialization.msgpack_restore(payload(ref / "jax-pmap.msgpack"))["state"]
     arrays, _ = initial_state(preset("smoke", seed=CONDITIONED_SEED), 3, 10)
     diff = relative_update_difference(
         flatten_dict(from_torch_state(arrays)["params"]),

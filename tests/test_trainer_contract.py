@@ -17,6 +17,7 @@ The framework-specific checks stay in tests/test_<framework>.py and tests/mxnet/
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -35,6 +36,7 @@ from tests.conftest import (
     module_of,
     ok,
     one_line_error,
+    payload,
     python_for,
     read_json,
     relative_update_difference,
@@ -127,7 +129,7 @@ def checkpoint(framework: str, ckpt_dir: Path) -> tuple[dict[str, np.ndarray], d
     if framework.startswith("torch"):
         import torch
 
-        ckpt = torch.load(ckpt_dir / f"{framework}.pt", weights_only=True)
+        ckpt = torch.load(io.BytesIO(payload(ckpt_dir / f"{framework}.pt")), weights_only=True)
         arrays = {k: v.numpy() for k, v in ckpt["model"].items()}
         for i, state in ckpt["optimizer"]["state"].items():
             arrays.update({f"optimizer/{i}/{k}": np.asarray(v) for k, v in state.items()})
@@ -135,7 +137,7 @@ def checkpoint(framework: str, ckpt_dir: Path) -> tuple[dict[str, np.ndarray], d
     if framework.startswith("jax"):
         from flax import serialization, traverse_util
 
-        ckpt = serialization.msgpack_restore((ckpt_dir / f"{framework}.msgpack").read_bytes())
+        ckpt = serialization.msgpack_restore(payload(ckpt_dir / f"{framework}.msgpack"))
         arrays = traverse_util.flatten_dict(ckpt["state"], sep="/")
         return {k: np.asarray(v) for k, v in arrays.items()}, json.loads(ckpt["meta"])
     index = ckpt_dir / f"{framework}.json"

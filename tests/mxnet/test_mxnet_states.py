@@ -5,7 +5,6 @@ refused. Kill-and-resume of the whole trainer: tests/test_trainer_contract.py.""
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 from pathlib import Path
@@ -18,6 +17,7 @@ from common.config import ConfigError, preset
 from common.results import RunRecorder
 from frameworks import mxnet_gluon as G
 from frameworks.mxnet_support import checkpoint_path, load_checkpoint, save_checkpoint, state_names
+from tests.conftest import reseal_index
 
 
 def make_state(cfg, n: int) -> G.TrainState:
@@ -130,7 +130,6 @@ def test_states_of_another_model_are_refused(tmp_path: Path) -> None:
     other, _ = G.train_step(other, G.to_device(batch(1), other))
     params = next(tmp_path.glob("*.params"))
     other.model.save_parameters(str(params))
-    index = json.loads(checkpoint_path(narrow).read_text())
-    checkpoint_path(narrow).write_text(json.dumps({**index, "config": narrow.to_dict()}))
+    reseal_index(checkpoint_path(narrow), config=narrow.to_dict())  # digests that match
     with pytest.raises(ConfigError, match="optimiser state"):
         load_checkpoint(narrow, make_state(narrow, 1), recorder(narrow))
