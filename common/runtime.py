@@ -387,6 +387,9 @@ def unwritable(
     (the line says both numbers). Checked before a run starts,
     so that a run does not train for an hour and then lose its result. Creates nothing. A
     name the file system cannot hold (a component over 255 bytes, a loop of links) says so."""
+    last = os.fspath(path).replace(os.sep, "/").rpartition("/")[2]
+    if kind == "file" and last in ("", ".", ".."):  # Path() would drop a trailing slash
+        return f"{os.fspath(path)} names a directory (a trailing '/', '.' or '..'), not a file"
     path = Path(path).expanduser().absolute()
     try:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
