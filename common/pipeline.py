@@ -173,8 +173,10 @@ class TrainLoader:
         max_steps: int = 0,
         prefetch: int = 2,
         on_device: bool = False,
+        on_step: Callable[[], None] | None = None,
     ):
         self.ds = ds
+        self.on_step = on_step  # before every batch is handed over (Run: a pending stop raises)
         self.on_device = on_device
         self.global_batch = global_batch
         self.seed = seed
@@ -225,7 +227,7 @@ class TrainLoader:
 
     def epoch(self, epoch: int, start_step: int = 0) -> Any:  # a Prefetcher, maybe profiled
         """Iterator over this rank's batches of `epoch`, prepared `prefetch` batches ahead."""
-        batches = Prefetcher(self._batches(epoch, start_step), self.prefetch)
+        batches = Prefetcher(self._batches(epoch, start_step), self.prefetch, self.on_step)
         return batches if self.profile is None else self.profile.wrap(batches, self.steps, epoch)
 
 
@@ -280,13 +282,17 @@ class Prefetcher:
 
     numpy releases the GIL in the copies that dominate batch assembly, so this overlaps with the
     framework's (asynchronous) step. `wait_sec` accumulates the time the consumer spent blocked:
-    the "data wait" phase of the per-phase timing.
+    the "data wait" phase of the per-phase timing. `on_step` runs in the consumer before every
+    batch is handed over (a stop requested by a signal raises there: one check per step).
     """
 
     _DONE = object()
 
-    def __init__(self, source: Iterator[Any], depth: int = 2):
+    def __init__(
+        self, source: Iterator[Any], depth: int = 2, on_step: Callable[[], None] | None = None
+    ):
         self.wait_sec = 0.0
+        self._on_step = on_step
         self._exhausted = False  # the end marker is consumed once; later next() calls stop too
         if depth <= 0:
             self._it: Iterator[Any] | None = source
@@ -316,6 +322,8 @@ class Prefetcher:
         return self
 
     def __next__(self) -> Any:
+        if self._on_step is not None:
+            self._on_step()
         if self._exhausted:  # iterator protocol: StopIteration again, never block on the queue
             raise StopIteration
         t0 = time.perf_counter()

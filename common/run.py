@@ -45,7 +45,7 @@ from common.profiling import ProfileWindow, profiler_for
 from common.results import RunRecorder, timing_summary
 from common.runtime import injected_failure, printer
 from common.timing import PhaseTimer, Timer
-from common.trainer import keep_measured_epochs, save_final_state
+from common.trainer import keep_measured_epochs, raise_if_interrupted, save_final_state
 
 S = TypeVar("S")  # a framework's train state
 
@@ -97,6 +97,7 @@ class Run:
             max_steps=cfg.max_steps_per_epoch,
             prefetch=cfg.prefetch,
             on_device=crops_on_device(cfg.pipeline, gpu, self.ds.train_x.nbytes, device_bytes),
+            on_step=raise_if_interrupted,  # a stop signal ends the run at the next step
         )
         self.eval_batch = max(1, cfg.eval_batch_size // world)
         self.evals = EvalLoader(self.ds, self.eval_batch, rank, world, layout=layout, pad_to=pad_to)
@@ -218,6 +219,7 @@ class Run:
             if self.barrier is not None:  # the checkpoint on disk before any rank may be killed
                 self.barrier()
         injected_failure(self.framework, epoch + 1)  # DPBENCH_FAIL=<framework>@<epoch> (tests)
+        raise_if_interrupted()  # a stop during the test pass: the last epoch does not end "ok"
         if not stop and epoch == self.start and epoch + 1 < cfg.epochs:
             self.phases.reset()  # phase times exclude the warm-up epoch
         return stop

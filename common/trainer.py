@@ -21,7 +21,9 @@ behave the same wherever the framework is not the reason:
 - `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir` (an exclusive flock held for
   the whole process); a second is refused with one line.
 - SIGTERM / SIGINT (a cancelled job, Ctrl-C) raise `Interrupted` in the main thread: the record
-  keeps the epochs measured so far with status "interrupted", exit code 128 + the signal.
+  keeps the epochs measured so far with status "interrupted", exit code 128 + the signal. The
+  signal also sets a flag that every step checks (`raise_if_interrupted`): a raise that Python
+  swallowed (inside a gc callback, "Exception ignored in ...") still stops the run.
 """
 
 from __future__ import annotations
@@ -99,9 +101,23 @@ def shield_interrupts() -> None:
             signal.signal(s, signal.SIG_IGN)
 
 
+_pending: list[int] = []  # the stop signal received inside `interruptible` (at most one)
+
+
 def _raise_interrupted(signum: int, frame: Any) -> None:
+    if not _pending:
+        _pending.append(signum)  # first: a raise that lands in a callback may be swallowed
     shield_interrupts()
     raise Interrupted(signum)
+
+
+def raise_if_interrupted() -> None:
+    """Raise `Interrupted` if a stop signal came (checked at every step, common/run.py): the
+    handler's own raise is lost where it lands in code whose exceptions Python ignores (a gc
+    callback such as JAX's _xla_gc_callback, a __del__, a weakref callback), and the run
+    trained on and recorded "ok"."""
+    if _pending:
+        raise Interrupted(_pending[0])
 
 
 # The SIGTERM / SIGINT handlers `interruptible` replaced: what a forked child gets back.
@@ -131,6 +147,7 @@ def interruptible() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _pending.clear()
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
     for s, handler in previous.items():
         if handler is not None and handler is not _raise_interrupted:  # None: set outside Python
@@ -140,6 +157,7 @@ def interruptible() -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        _pending.clear()
 
 
 def prog_name(framework: str) -> str:

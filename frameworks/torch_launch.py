@@ -43,7 +43,14 @@ from common.runtime import (
     process_state,
     stale_launch_env,
 )
-from common.trainer import BAD_INPUT, Interrupted, RunFailed, describe, shield_interrupts
+from common.trainer import (
+    BAD_INPUT,
+    Interrupted,
+    RunFailed,
+    describe,
+    raise_if_interrupted,
+    shield_interrupts,
+)
 
 
 @dataclass(frozen=True)
@@ -197,6 +204,7 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
         while any(p.exitcode is None for p in workers):
             live = [p.sentinel for p in workers if p.exitcode is None]
             wait([*reports.values(), *live], timeout=1.0)
+            raise_if_interrupted()  # a stop whose raise was swallowed
             read(reports)
             if errors or any(p.exitcode not in (None, 0) for p in workers):
                 break
