@@ -182,7 +182,9 @@ class Run:
         """Around the epoch loop: a crash keeps the epochs measured so far in a "failed"
         record; a rank of a multi-process run then exits, so that the others are stopped."""
         assert self.recorder is not None
-        with keep_measured_epochs(self.recorder, reraise=self.world > 1):
+        report = self.report
+        to_parent = None if report is None else lambda tb: report.send(("traceback", tb))
+        with keep_measured_epochs(self.recorder, reraise=self.world > 1, on_traceback=to_parent):
             try:
                 yield
             finally:

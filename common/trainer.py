@@ -324,13 +324,19 @@ def run_main(
 
 
 @contextmanager
-def keep_measured_epochs(recorder: RunRecorder, reraise: bool = False) -> Iterator[None]:
+def keep_measured_epochs(
+    recorder: RunRecorder,
+    reraise: bool = False,
+    on_traceback: Callable[[str], Any] | None = None,
+) -> Iterator[None]:
     """Around a training loop: an exception marks the run failed and keeps the epochs measured
     so far (the record is still written). `reraise` for a rank of a multi-process job, which
     must exit so that the launcher stops the others (they would wait in a collective): the
     record is written first and RunFailed raised. An interruption (SIGTERM, SIGINT) writes the
     record as "interrupted" and goes on up to `run_main`, as does bad input found on the way (a
-    cache file that is a FIFO, say: one line, exit 2, no record)."""
+    cache file that is a FIFO, say: one line, exit 2, no record). The traceback of a crash goes
+    to stderr, or to `on_traceback` (a spawned rank: its parent decides whether it is the cause,
+    or the echo of another rank's death)."""
     try:
         yield
     except BAD_INPUT:
@@ -341,7 +347,11 @@ def keep_measured_epochs(recorder: RunRecorder, reraise: bool = False) -> Iterat
         exc.recorded = True
         raise
     except Exception as exc:
-        if not isinstance(exc, WriteFailed):  # its one line says it all
+        if isinstance(exc, WriteFailed):  # its one line says it all
+            pass
+        elif on_traceback is not None:
+            on_traceback(traceback.format_exc())
+        else:
             traceback.print_exc()
         recorder.fail(describe(exc))
         if reraise:

@@ -171,6 +171,7 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
     reports: dict[int, Connection] = {}  # rank -> its report pipe, until it closes
     record: dict = {}
     errors: dict[int, tuple[str, str]] = {}  # rank -> (kind, one line), in order of arrival
+    tracebacks: dict[int, str] = {}  # rank -> the traceback of its crash (printed if the cause)
 
     def read(conns: dict[int, Connection]) -> None:
         nonlocal record
@@ -183,6 +184,8 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
                     continue
                 if kind == "record":
                     record = payload
+                elif kind == "traceback":
+                    tracebacks.setdefault(rank, payload)
                 else:
                     errors.setdefault(rank, (kind, payload))
 
@@ -215,8 +218,12 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
         if signalled and not errors:  # a scheduler signalled the whole job, workers first
             raise Interrupted(signalled[0])
         if errors or any(p.exitcode not in (None, 0) for p in workers):
-            error, bad_input = _failure(cfg, workers, errors)
+            died = _killed_rank(workers, errors)
+            error, bad_input = died or _failure(cfg, workers, errors)
             _stop(workers, cfg)
+            read(reports)
+            if not died and errors and next(iter(errors)) in tracebacks:
+                print(tracebacks[next(iter(errors))], end="", file=sys.stderr)
             if bad_input:
                 raise ConfigError(error)
             if record:
@@ -270,6 +277,28 @@ def _failure(cfg: Config, workers: list, errors: dict[int, tuple[str, str]]) -> 
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited ({code})"
             return f"rank {rank} (pid {proc.pid}) {how} without an error message", False
     return "a worker failed", False
+
+
+def _killed_rank(
+    workers: list, errors: dict[int, tuple[str, str]], grace: float = 2.0
+) -> tuple[str, bool] | None:
+    """A rank killed by a signal (SIGKILL, the OOM killer, a segfault) is the cause of the
+    failure, whatever the others then said (gloo's "Connection closed by peer" in the rank that
+    lost it, with its traceback): one line naming it. The others' errors may arrive first, so a
+    rank that has not exited yet is waited for up to `grace` seconds. None when no rank died so."""
+    deadline = time.monotonic() + (grace if errors else 0.0)
+    while True:
+        for rank, proc in enumerate(workers):
+            code = proc.exitcode
+            if code is not None and code < 0 and rank not in errors:
+                return (
+                    f"rank {rank} (pid {proc.pid}) was killed by {signal.Signals(-code).name}; "
+                    "the other ranks lost it",
+                    False,
+                )
+        if time.monotonic() >= deadline or all(p.exitcode is not None for p in workers):
+            return None
+        time.sleep(0.05)
 
 
 def _stop(workers: list, cfg: Config, grace: float = 3.0) -> None:
