@@ -249,8 +249,8 @@ def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path
     [
         (None, "config.json not found; give the directory benchmarks.compare wrote"),
         ("garbage", "is not a comparison's config.json (Expecting value"),
-        ("[]", "is not a comparison's config.json (not a JSON object)"),
-        ('{"runs": []}', "is not a comparison's config.json (no 'base_config')"),
+        ("[]", "config.json: its top level is a list of 0 items, not an object"),
+        ('{"runs": []}', "config.json: no field base_config"),
     ],
 )
 def test_report_bad_directory_is_one_line_and_exit_2(
