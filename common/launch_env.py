@@ -107,10 +107,10 @@ def check_jax(env: Mapping[str, str]) -> None:
 def check_caches(env: Mapping[str, str]) -> None:
     """A cache directory given in the environment is one, or can be made, and can be written."""
     for name in CACHE_DIRS:
-        path = env.get(name)
-        if path is None:
+        path = env.get(name, "")
+        if not path:  # empty is unset, for the frameworks too (jax_support.use_compile_cache)
             continue
-        why = "is empty" if not path.strip() else unwritable(path, "dir", need=0)
+        why = "is blank" if not path.strip() else unwritable(path, "dir", need=0)
         if why:
             raise _bad(name, path, f"cannot be a cache directory ({why})",
                        f"point it at a writable directory or `unset {name}`")  # fmt: skip
