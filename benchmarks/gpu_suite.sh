@@ -43,7 +43,7 @@ fi
 # STEPS (default: all, in order) picks steps by number and runs them in the order given, e.g.
 # STEPS=8,1 bash benchmarks/gpu_suite.sh ... runs the GPU tests first, then the headline table.
 STEPS=${STEPS:-1,2,3,4,5,6,7,8}
-[[ "$STEPS" =~ ^[1-8](,[1-8])*$ ]] || { echo "gpu_suite.sh: STEPS takes step numbers 1-8 such as 1,8, not '$STEPS'" >&2; exit 2; }
+[[ "$STEPS" =~ ^[1-9](,[1-9])*$ ]] || { echo "gpu_suite.sh: STEPS takes step numbers 1-9 such as 1,8, not '$STEPS'" >&2; exit 2; }
 OUT=${1:-$ROOT/docs/results/gpu-$(date -u +%Y%m%d)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -102,16 +102,19 @@ COMMON=(--python "$PY" --gpus 1 --model resnet18 --image-size 32 --batch-size 51
 # in one launch each, instead of ~440 launches per step).
 # The like-for-like rows first (the throughput runner measures in this order: a step cut short
 # keeps what it measured): torch with CUDA graphs, jax-pmap, eager torch, then the rest.
-HEADLINE=torch-ddp+reduce-overhead,jax-pmap,torch-ddp,torch-dp+reduce-overhead,torch-dp,jax-shard,jax-shardmap
+# torch-dp with CUDA graphs is left out: at one GPU it is torch-ddp's compiled step (79,757 and
+# 79,753 img/s on the first H200 run), a row that costs 35 s and says nothing new.
+HEADLINE=torch-ddp+reduce-overhead,jax-pmap,torch-ddp,torch-dp,jax-shard,jax-shardmap
 # 1. THE HEADLINE TABLE. Mixed precision, every torch and JAX module, each torch module both
 #    eager and with CUDA graphs (a row each, the mode column says which), beside JAX: torch
 #    autocast bf16 + channels_last + cudnn.benchmark; JAX bf16 activations. The input pipeline is
 #    --pipeline auto: on a GPU the training set is resident there and each step's crops are
 #    gathered there. --profile 8: each run's first (untimed) epoch traces 8 steps with its
 #    framework's profiler; the cells get the step's breakdown (issue 30), the timed epochs stay
-#    unprofiled.
+#    unprofiled. 3 epochs (the first untimed): within 3 minutes on one H200 (issue 39).
 step1() { run "$PY" -m benchmarks.throughput --frameworks "$HEADLINE" \
-    "${COMMON[@]}" --precision bf16 --channels-last --profile 8 --out "$OUT/throughput-bf16"; }
+    "${COMMON[@]}" --epochs 3 --precision bf16 --channels-last --profile 8 \
+    --out "$OUT/throughput-bf16"; }
 # 2. The same with the host pipeline (numpy crops on a prefetch thread, copied every step): what
 #    the device pipeline is worth.
 step2() { run "$PY" -m benchmarks.throughput --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard \
@@ -158,18 +161,40 @@ step7() {
 # 8. The GPU tests (tests marked `gpu`: every trainer on cuda, NCCL, DataParallel's device ids,
 #    pmap and shardings, parity, CUDA graphs, the step cache, --devices cpu on a GPU machine),
 #    the GPU pass of scripts/test.sh. The rest of the suite runs with the CPU pinned, as in CI:
-#    `.venv/bin/python -m pytest tests --ignore=tests/mxnet` on this machine too.
+#    `.venv/bin/python -m pytest tests --ignore=tests/mxnet` on this machine too. 4 workers
+#    where pytest-xdist is installed: the tests share the GPU (XLA does not preallocate), each
+#    runs a small model, and they are correctness tests, not timings (225 s one at a time on
+#    the first H200 run, the longest 24 s).
 step8() {
+  local workers=()
+  "$PY" -c 'import xdist' 2>/dev/null && workers=(-n 4 --dist load)
   if "$PY" -c 'import pytest' 2>/dev/null; then
     run env DPBENCH_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false DPBENCH_TEST_PYTHON="$PY" \
         DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
         DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" DPBENCH_PYTHON_JAX_SHARDMAP="$PY" \
         "$PY" -m pytest -q -rs -p no:cacheprovider tests -m gpu --ignore=tests/mxnet \
-        --junitxml="$OUT/gpu-tests.xml"
+        ${workers[@]+"${workers[@]}"} --junitxml="$OUT/gpu-tests.xml"
   else
     echo "- skipped (no pytest; carry its wheels as tensorboardX's above): the GPU tests" \
       | tee -a "$OUT/commands.txt"
   fi
+}
+
+# 9. MFU (optional, issue 39): how much of the GPU's bf16 peak the best loops reach, by batch.
+#    jax-pmap and torch-ddp with CUDA graphs at global batch 256, 512, 1024 and 2048 on one GPU,
+#    the loop and its compute-only step, 8192 images per epoch, 3 epochs; benchmarks/mfu.py
+#    turns the four tables into one with MFU = images/s x 3.33 GFLOP per image (ResNet-18 at
+#    32x32, forward and backward, measured with torch's FlopCounterMode on the H200) / the
+#    peak (--peak-tflops, default 989: H100/H200 SXM dense bf16). About 4 minutes, estimated.
+step9() {
+  local b tables=()
+  for b in 256 512 1024 2048; do
+    run "$PY" -m benchmarks.throughput --frameworks jax-pmap,torch-ddp+reduce-overhead \
+      "${COMMON[@]}" --batch-size "$b" --steps "$((8192 / b))" --epochs 3 --precision bf16 \
+      --channels-last --out "$OUT/mfu/b$b"
+    tables+=("$OUT/mfu/b$b/throughput.json")
+  done
+  run "$PY" -m benchmarks.mfu --out "$OUT/mfu" "${tables[@]}"
 }
 
 IFS=, read -r -a order <<<"$STEPS"
