@@ -265,14 +265,16 @@ def test_local_bn_keeps_each_ranks_running_statistics(tmp_path, inject):
     (sync_batch_stats) would average rank 0's history. Two steps of the same batch at LR 0 on
     each of 2 ranks: each rank's statistics follow its own batch, m = bn momentum:
     second = (1 - m) * first + (first - (1 - m) * before). Shown to fail with the per-forward
-    sync put back (inject: DDP built with forward_sync_buffers=True)."""
+    sync put back (inject: DDP built with forward_sync_buffers=True, or broadcast_buffers=True
+    on a torch before 2.13, whose DDP lacks the first: the GPU machine's torch 2.11)."""
     script = tmp_path / "local_bn.py"
     source = LOCAL_BN_SCRIPT
     if inject:
         source = source.replace(
             "import os,",
             "import frameworks.torch_support as tm\n"
-            "tm.no_forward_buffer_sync = lambda: {'forward_sync_buffers': True}\nimport os,",
+            "on = {k: True for k in tm.no_forward_buffer_sync()}  # this torch's keyword\n"
+            "tm.no_forward_buffer_sync = lambda: on\nimport os,",
         ).replace("from frameworks import torch_ddp", "from frameworks import torch_ddp\n"
                   "torch_ddp.no_forward_buffer_sync = tm.no_forward_buffer_sync")  # fmt: skip
     script.write_text(source)
