@@ -39,7 +39,7 @@ from common.datasets import DatasetError
 from common.init import cache_key, digest, draw, initial_state, parameter_spec
 from common.results import RunRecorder
 from common.trainer import checkpoint_meta, restore_meta
-from tests.conftest import SMOKE, module_of, one_line_error, payload, reseal, run_trainer
+from tests.conftest import SMOKE, module_of, ok, one_line_error, payload, reseal, run_trainer
 from tests.test_hostile_data import _official
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -114,12 +114,19 @@ def inflating_member(path: Path, name: str, nbytes: int) -> None:
 
 @pytest.fixture(scope="module")
 def torch_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A torch-dp checkpoint after the smoke preset's 2 epochs (in-process: ~2 s)."""
-    from frameworks.torch_dp import main
-
+    """A torch-dp checkpoint after the smoke preset's 2 epochs. Trained in a process of its
+    own, as every training run of this file: on the first GPU machine (torch 2.11.0+cu130, a
+    16-core Xeon) torch's CPU backward aborted inside pytest-xdist workers (double free), and
+    a dead worker ends the whole session (xdist's loadfile scheduler fails on its
+    replacement); a dead trainer fails one test. The refusals, which train nothing, stay
+    in-process."""
     root = tmp_path_factory.mktemp("torch-ckpt")
     data = root / "data"
-    assert main([*SMOKE, "--checkpoint-dir", str(root / "ck"), "--data-dir", str(data)]) == 0
+    ok(
+        run_trainer(
+            "torch-dp", *SMOKE, "--checkpoint-dir", str(root / "ck"), "--data-dir", str(data)
+        )
+    )
     return root / "ck"
 
 
@@ -147,7 +154,7 @@ def test_a_resume_on_another_device_count_is_refused_and_writes_nothing(
         line = the_error(capsys.readouterr().err)
         assert "is from another run" in line and named in line, line
         assert files(ck) == before and not out.exists()
-    assert main(torch_args(ck, out)) == 0  # the same settings: resumed
+    ok(run_trainer("torch-dp", *torch_args(ck, out)))  # the same settings: resumed (trains)
     assert [e["epoch"] for e in json.loads(out.read_text())["epochs"]] == [1, 2, 3]
 
 

@@ -33,7 +33,7 @@ import pytest
 
 from common.config import ConfigError, preset
 from common.runtime import process_state
-from tests.conftest import MAIN_PYTHON, ROOT, SMOKE, one_line_error, read_json, run_trainer
+from tests.conftest import MAIN_PYTHON, ROOT, SMOKE, ok, one_line_error, read_json, run_trainer
 
 PY = str(MAIN_PYTHON)
 # torch-ddp at 2 CPU processes on the smoke preset, running long enough to be cancelled.
@@ -427,17 +427,18 @@ def test_resume_refuses_other_hyper_parameters_and_fewer_epochs(tmp_path):
 
 
 def test_a_resumed_record_is_true(tmp_path, capsys):
-    """torch-dp (in-process, each main() call one "process": its own recorder) runs 2 epochs,
-    then a resume with --epochs 1 is refused (one line, nothing written), then one with
-    --epochs 3 ends with a record that counts 3 epochs, keeps every epoch's LR (a step
-    schedule, read from the schedule) and times neither process's first epoch."""
+    """torch-dp runs 2 epochs, then a resume with --epochs 1 is refused (one line, nothing
+    written), then one with --epochs 3 ends with a record that counts 3 epochs, keeps every
+    epoch's LR (a step schedule, read from the schedule) and times neither process's first
+    epoch. The trainings run in processes of their own (tests/test_hostile_loads.py's
+    torch_ckpt says why); the refusal, which trains nothing, in-process."""
     from common.schedule import lr_table_for
     from frameworks.torch_dp import main
 
     ck, out = str(tmp_path / "ck"), tmp_path / "run.json"
     sched = ("--lr-schedule", "step", "--lr-step-epochs", "1,2", "--lr-step-factor", "0.5")
     args = [*SMOKE, *sched, "--checkpoint-dir", ck, "--output", str(out)]
-    assert main([*args, "--epochs", "2"]) == 0
+    ok(run_trainer("torch-dp", *args, "--epochs", "2"))
     first = read_json(out)
     files = lambda: {p.name: p.stat().st_mtime_ns for p in Path(ck).iterdir() if p.name != ".lock"}  # noqa: E731
     before = files()
@@ -447,7 +448,7 @@ def test_a_resumed_record_is_true(tmp_path, capsys):
     assert "is after epoch 2 but --epochs is 1; resume with --epochs 2 or more" in line
     assert read_json(out) == first  # nothing written, the checkpoint untouched
     assert files() == before
-    assert main([*args, "--epochs", "3", "--resume"]) == 0
+    ok(run_trainer("torch-dp", *args, "--epochs", "3", "--resume"))
     rec = read_json(out)
     assert rec["config"]["epochs"] == 3 and [e["epoch"] for e in rec["epochs"]] == [1, 2, 3]
     assert rec["epochs"][:2] == first["epochs"]  # the first process's rows, kept as they were
