@@ -14,18 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import SMOKE, one_line_error, run_trainer
-
-INDEX = "mxnet-gluon.json"
-
-
-@pytest.fixture(scope="module")
-def mxnet_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An mxnet-gluon checkpoint after the smoke preset's 2 epochs (a subprocess: ~3 s)."""
-    ck = tmp_path_factory.mktemp("mxnet-ckpt") / "ck"
-    proc = run_trainer("mxnet-gluon", *SMOKE, "--checkpoint-dir", str(ck))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (ck / ".lock").unlink()
-    return ck
+from tests.mxnet.test_mxnet_hostile_loads import INDEX
 
 
 def flip_inside(path: Path, array: np.ndarray) -> None:

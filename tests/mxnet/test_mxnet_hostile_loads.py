@@ -22,16 +22,6 @@ from tests.conftest import SMOKE, one_line_error, reseal_index, run_trainer
 INDEX = "mxnet-gluon.json"
 
 
-@pytest.fixture(scope="module")
-def mxnet_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An mxnet-gluon checkpoint after the smoke preset's 2 epochs (a subprocess: ~3 s)."""
-    ck = tmp_path_factory.mktemp("mxnet-ckpt") / "ck"
-    proc = run_trainer("mxnet-gluon", *SMOKE, "--checkpoint-dir", str(ck))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (ck / ".lock").unlink()
-    return ck
-
-
 def files(directory: Path) -> dict[str, object]:
     """What `directory` holds but the lock every run takes: link targets, file contents (size
     and mtime of a huge sparse one)."""
