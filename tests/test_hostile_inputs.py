@@ -221,7 +221,10 @@ def test_a_virtual_file_system_is_refused_for_what_it_is(tmp_path, monkeypatch, 
     class Virtual:
         f_blocks, f_bavail, f_frsize = 0, 0, real.f_frsize
 
-    monkeypatch.setattr(os, "statvfs", lambda p: Virtual())
+    statvfs = os.statvfs  # virtual where the output goes; the session's cache folders stay real
+    monkeypatch.setattr(
+        os, "statvfs", lambda p: Virtual() if str(p).startswith(str(tmp_path)) else statvfs(p)
+    )
     rc, err = run_stub("--output", str(tmp_path / "run.json"), capsys=capsys)
     assert rc == 2 and len(err) == 1 and "virtual file system" in err[0], err
 
