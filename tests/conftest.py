@@ -357,16 +357,50 @@ def fake_nvidia_smi(
     return {"PATH": path, "CUDA_VISIBLE_DEVICES": None, "DPBENCH_DEVICES": None}
 
 
+# Run by stand_in_interpreter's script in place of `-m benchmarks.device_probe FAMILY`: the
+# framework's answers about the machine are replaced (what a CUDA build would report on a GPU
+# machine), then the real probe runs (runpy), its own code and output unchanged.
+FAKE_CUDA_PROBE = """
+import json, os, runpy, sys, types
+sys.path.insert(0, os.getcwd())  # the project root (the runners start the probe there)
+gpus = json.loads(os.environ.pop("DPBENCH_STAND_IN_GPUS"))
+family = sys.argv[1]
+if family == "torch":
+    import torch
+    torch.cuda.device_count = lambda: len(gpus)
+    torch.cuda.get_device_name = lambda i=0: gpus[i]
+    torch.version.cuda = "13.0"
+elif family == "jax":
+    import jax
+    cpu = jax.devices
+    seen = [types.SimpleNamespace(platform="gpu", device_kind=g) for g in gpus]
+    jax.devices = lambda *a, **k: seen or cpu(*a, **k)
+elif family == "mxnet":
+    import mxnet as mx
+    features = mx.runtime.Features()
+    mx.runtime.Features = lambda: types.SimpleNamespace(is_enabled=lambda name: name == "CUDA"
+        or features.is_enabled(name))
+    mx.context.num_gpus = lambda: len(gpus)
+sys.argv = ["benchmarks.device_probe", *sys.argv[1:]]
+runpy.run_module("benchmarks.device_probe", run_name="__main__", alter_sys=True)
+"""
+
+
 def stand_in_interpreter(path: Path, gpus: list[str], real: str | os.PathLike[str]) -> Path:
-    """A framework interpreter whose framework sees `gpus` (a CUDA build, stood in for on a CPU
-    machine): it answers the runners' device probe (`-m benchmarks.device_probe`) with them and
-    runs everything else with the `real` interpreter."""
-    answer = json.dumps({"gpus": gpus, "detail": f"stand-in seeing {len(gpus)} GPU(s)"})
+    """A framework interpreter whose framework sees `gpus` (a CUDA build on a GPU machine, stood
+    in for on a CPU machine): for the runners' device probe (`-m benchmarks.device_probe`) it
+    runs the real probe in the `real` interpreter with the framework's CUDA answers replaced
+    (FAKE_CUDA_PROBE: the machine is stood in for, not the probe); everything else it runs
+    with the `real` interpreter as it is."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    probe = path.parent / f"{path.name}-fake-cuda-probe.py"
+    probe.write_text(FAKE_CUDA_PROBE)
     path.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = -m ] && [ "$2" = benchmarks.device_probe ]; then\n'
-        f"  echo '{answer}'\n  exit 0\nfi\n"
+        "  shift 2\n"
+        f'  DPBENCH_STAND_IN_GPUS=\'{json.dumps(gpus)}\' exec "{real}" "{probe}" "$@"\n'
+        "fi\n"
         f'exec "{real}" "$@"\n'
     )
     path.chmod(0o755)
