@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_DEPTH = 64  # a run record nests 4 deep; a trace 3
-MAX_INT_DIGITS = 19  # an int64: byte counts, seeds, nanosecond times
+MAX_INT_DIGITS = 20  # a uint64: byte counts, seeds, nanosecond times, MXNet traces' thread ids
 
 
 class Refused(Exception):

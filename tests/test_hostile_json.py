@@ -52,6 +52,11 @@ def test_parse_keeps_what_json_dumps_writes():
     assert back["n"] == 2**62 and back["inf"] == float("inf") and back["loss"] != back["loss"]
     with pytest.raises(ValueError):  # no JSON at all: the caller's (a "damaged" record)
         json_input.parse('{"status": "ok", "epo', "f.json")
+    # MXNet's profiler writes thread ids as uint64 (20 digits): its traces were refused at 19
+    tid = json_input.parse('{"traceEvents": [{"tid": 18446744073709551615}]}', "trace.json")
+    assert tid["traceEvents"][0]["tid"] == 2**64 - 1
+    with pytest.raises(Refused, match="an integer of 21 digits"):
+        json_input.parse('{"tid": 184467440737095516150}', "trace.json")
 
 
 SCHEMA = {"runs": Required([{"devices": Whole(1), "name": (str, None)}]), "n": float}
