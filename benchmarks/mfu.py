@@ -25,13 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import json_input
+from benchmarks import harness
 from common.json_input import Required, Whole
 from common.results import write_json_atomic
-from common.safe_io import read_regular
 
 PROG = "python -m benchmarks.mfu"
-FILE_LIMIT = 64 * 1024**2
 FIX = "give the throughput.json files benchmarks.throughput wrote"
 
 _NUMBER = (float, None)
@@ -91,11 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_table(path: Path) -> dict[str, Any]:
-    raw = read_regular(path, FILE_LIMIT, "throughput table", FIX, InputError)
+    """A throughput table, read bounded and of TABLE_SCHEMA (harness.read_json_file)."""
     try:
-        return json_input.load(raw, TABLE_SCHEMA, str(path))  # type: ignore[no-any-return]
-    except json_input.Refused as exc:
-        raise InputError(f"{exc}; {FIX}") from None
+        return harness.read_json_file(path, "throughput table", FIX, schema=TABLE_SCHEMA)  # type: ignore[no-any-return]
+    except harness.UsageError as exc:
+        raise InputError(str(exc)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {path} ({exc.strerror}); {FIX}") from None
     except ValueError as exc:
         raise InputError(f"{path} is not JSON ({exc}); {FIX}") from None
 
