@@ -34,6 +34,7 @@ from benchmarks.progress import make_progress, parse_epoch_line
 from common import cli
 from common.config import FRAMEWORKS, Config, ConfigError, preset, resolve
 from common.datasets import DatasetError, check_available, train_size
+from common.processes import identity
 from common.results import host_info, write_json_atomic
 from common.runtime import MIN_FREE_BYTES, ROOT
 from common.schedule import scaled_lr
@@ -449,6 +450,7 @@ def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
     return {
         "command": sweep.command,
         "status": status,
+        "runner": identity(),  # while "running": which process; report tells if it is gone
         "started": sweep.started,
         "finished": sweep.finished,
         "out": str(plan.out),

@@ -13,12 +13,14 @@ Everything those steps share lives here, once:
 - the standard flags of the tools (`add_flags`), `--python` (`use_interpreter`), the
   timestamped output directory (`output_dir`), a shared flag back on a command line (`flag`);
 - running a child (`run_child`): its interpreter, its environment (`child_env`), its own process
-  group (killed as a whole on a timeout or an interrupt, with any worker it started), a wait for
-  a quiet machine, the log, the last lines, the peak RSS of its process tree (os.wait4);
+  group (common.processes: killed as a whole on a timeout, an interrupt, and when this tool
+  dies, even by kill -9, with any worker it started), a wait for a quiet machine, the log,
+  the last lines, the peak RSS of its process tree (os.wait4);
 - reading records (`read_record`, `Child.json_line`), atomic files (`write_atomic`; JSON through
   common.results.write_json_atomic) and tables (`markdown_table`, `print_table`).
 
-This is the only module of benchmarks/ that starts processes. The runners import no framework
+This is the only module of benchmarks/ that starts processes (every one through common.processes,
+the probes included). The runners import no framework
 (they start fast and run in either environment).
 """
 
@@ -60,6 +62,7 @@ from common.config import (
 )
 from common.devices import CHOICES as DEVICE_CHOICES
 from common.launch_env import check_launch_env
+from common.processes import end_groups, run_captured, start_group, wait_group
 from common.results import RECORD_SCHEMA
 from common.runtime import (
     ENTRY_POINTS,
@@ -140,6 +143,8 @@ REGISTRY: dict[str, Framework] = {
 }
 
 # Run by a framework's interpreter: prints the packages it cannot find (nothing is imported).
+PROBE_TIMEOUT = 60.0  # seconds; the device probe imports the framework
+DEVICE_PROBE_TIMEOUT = 300.0
 _PROBE = (
     "import importlib.util as u, sys; "
     "print(' '.join(p for p in sys.argv[1:] if u.find_spec(p) is None))"
@@ -231,15 +236,25 @@ def not_applicable(name: str, devices: int, gpus: Sequence[str]) -> str | None:
 def _missing_packages(python: Path, packages: tuple[str, ...]) -> str | None:
     """Why `python` cannot import `packages` (None: it can)."""
     try:
-        out = subprocess.run(
-            [str(python), "-c", _PROBE, *packages], capture_output=True, text=True, timeout=60
-        )
+        out = run_captured([str(python), "-c", _PROBE, *packages], timeout=PROBE_TIMEOUT)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"interpreter {python} does not start ({exc.__class__.__name__})"
     if out.returncode != 0:
         return f"interpreter {python} does not start (exit code {out.returncode})"
     missing = out.stdout.split()
     return f"{', '.join(missing)} not installed in {python}" if missing else None
+
+
+def in_parallel(probe: Callable[[Any], Any], keys: list[Any]) -> list[Any]:
+    """[probe(key) for key in keys], in threads (each probe waits for its child). An interrupt
+    (Ctrl-C in the main thread) kills the children still running at once, so that the threads
+    end now rather than at their timeouts, and goes on up."""
+    with ThreadPoolExecutor(max_workers=max(1, len(keys))) as pool:
+        try:
+            return list(pool.map(probe, keys))
+        except BaseException:
+            end_groups()
+            raise
 
 
 def unavailable(names: Sequence[str]) -> dict[str, str]:
@@ -257,8 +272,7 @@ def unavailable(names: Sequence[str]) -> dict[str, str]:
             reasons[name] = f"interpreter {fw.python} not found; install with: {fw.install}"
         else:
             probes.setdefault((fw.python, fw.packages), []).append(name)
-    with ThreadPoolExecutor(max_workers=max(1, len(probes))) as pool:
-        answers = dict(zip(probes, pool.map(lambda key: _missing_packages(*key), probes)))
+    answers = dict(zip(probes, in_parallel(lambda key: _missing_packages(*key), list(probes))))
     for key, why in answers.items():
         for name in probes[key]:
             if why:
@@ -315,7 +329,7 @@ def detect_gpus() -> list[str]:
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        out = run_captured(["nvidia-smi", "-L"], timeout=30)
     except (OSError, subprocess.SubprocessError):
         return []
     if out.returncode != 0:
@@ -361,10 +375,7 @@ def device_kind(gpus: list[str]) -> str:
 def gpu_compute_capabilities() -> list[float]:
     """Each visible GPU's compute capability from nvidia-smi (9.0 = Hopper); [] where unknown."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+        out = run_captured(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], 30)
         return [float(v) for v in out.stdout.split()] if out.returncode == 0 else []
     except (OSError, subprocess.SubprocessError, ValueError):
         return []
@@ -381,9 +392,9 @@ class Seen:
 def _probe(python: Path, family: str) -> Seen:
     env = {**child_env(), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # a probe takes no memory
     try:
-        out = subprocess.run(
+        out = run_captured(
             [str(python), "-m", "benchmarks.device_probe", family],
-            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+            timeout=DEVICE_PROBE_TIMEOUT, env=env, cwd=ROOT,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError) as exc:
         return Seen((), f"its interpreter {python} did not answer the device probe: {exc}")
@@ -400,8 +411,7 @@ def probe_devices(names: Sequence[str]) -> dict[str, Seen]:
     in parallel; each imports its framework, a few seconds)."""
     keys = {name: (framework(name).python, framework(name).family) for name in names}
     unique = list(dict.fromkeys(keys.values()))
-    with ThreadPoolExecutor(max_workers=max(1, len(unique))) as pool:
-        seen = dict(zip(unique, pool.map(lambda key: _probe(*key), unique)))
+    seen = dict(zip(unique, in_parallel(lambda key: _probe(*key), unique)))
     return {name: seen[key] for name, key in keys.items()}
 
 
@@ -759,28 +769,27 @@ def run_tool(
     """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM (a cancelled
     CI job, a time limit around the tool) ends the run like Ctrl-C, as a KeyboardInterrupt that
     `execute` turns into saved partial results and exit code 130. SIGHUP (the terminal or the
-    ssh session gone) likewise: every child's process group is killed, none is left running."""
+    ssh session gone) likewise: every child's process group is killed, none is left running;
+    also during the checks, whose probes are killed (one line, exit code 130)."""
     args = list(sys.argv[1:] if argv is None else argv)
     _CLAIMS.clear()
     locks: list[tuple[Any, Path]] = []
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         try:  # before any work: RANK, JAX_*, cache dirs, DPBENCH_* (common/launch_env.py)
             check_launch_env()
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
-        plan = make_plan(args)
-        for out, marker in _CLAIMS:
-            locks.append((claim(out, marker), out))
-    except UsageError as exc:
-        for lock, _ in locks:
-            lock.close()
-        print(f"{tool}: error: {exc}", file=sys.stderr)
-        return 2
-    chosen = getattr(plan, "devices", None)
-    if isinstance(chosen, Devices):  # which device each framework will use, before any run
-        print(chosen.line(), flush=True)
-    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
+            plan = make_plan(args)
+            for out, marker in _CLAIMS:
+                locks.append((claim(out, marker), out))
+        except (ConfigError, UsageError) as exc:
+            print(f"{tool}: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # during the checks: their probes are killed (in_parallel)
+            print(f"{tool}: interrupted before any run started", file=sys.stderr)
+            return 130
+        chosen = getattr(plan, "devices", None)
+        if isinstance(chosen, Devices):  # which device each framework will use, before any run
+            print(chosen.line(), flush=True)
         return execute(plan)
     finally:
         for s, handler in previous.items():
@@ -803,7 +812,7 @@ def child_env() -> dict[str, str]:
     as they are printed), OpenMP threads that fill the cores and sleep when idle, and no
     simulated-device count inherited (every JAX child sets its own)."""
     env = dict(os.environ)
-    env[PARENT_ENV] = str(os.getpid())  # a trainer stops itself if this process dies (kill -9)
+    env[PARENT_ENV] = str(os.getpid())  # the guard puts its own pid: a trainer stops if it dies
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))
@@ -889,7 +898,7 @@ def run_child(
     with open(log, "w") as f:
         f.write(f"$ {shlex.join(child.command)}\n")
         f.flush()
-        proc = subprocess.Popen(
+        proc = start_group(  # its own process group, so a kill ends all of it
             child.command,
             cwd=ROOT,
             env=child_env(),
@@ -898,7 +907,6 @@ def run_child(
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
-            start_new_session=True,  # its own process group, so a kill ends all of it
         )
 
         def read() -> None:
@@ -911,10 +919,10 @@ def run_child(
                     on_line(line)
 
         reader = threading.Thread(target=read, daemon=True)
-        # The reader starts inside _wait's try: an interrupt from here on kills the group.
-        status, usage = _wait(proc, timeout, child, start=reader.start)
-        proc.returncode = child.returncode = os.waitstatus_to_exitcode(status)
-        _kill_group(proc.pid, grace=0)  # anything the leader left behind in its group
+        # The reader starts inside wait_group's try: an interrupt from here on kills the group,
+        # and so does a timeout; what the leader leaves behind is killed when it exits.
+        status, usage, child.ended = wait_group(proc, timeout, start=reader.start)
+        child.returncode = os.waitstatus_to_exitcode(status)
         if reader.ident is not None:  # started (an interrupt may have come first)
             reader.join(timeout=10)
         if proc.stdout is not None:
@@ -926,50 +934,6 @@ def run_child(
     child.wall_sec = time.monotonic() - t0
     child.load_avg = (round(load_before, 2), round(os.getloadavg()[0], 2))
     return child
-
-
-def _wait(
-    proc: subprocess.Popen[str], timeout: float, child: Child, start: Callable[[], None]
-) -> tuple[int, Any]:
-    """Reap the child with os.wait4, not Popen.wait: it also returns the resource usage, whose
-    ru_maxrss covers the child and its reaped descendants. Kills the group on a timeout or an
-    interrupt and records which in `child.ended`."""
-    deadline = time.monotonic() + timeout
-    try:
-        start()
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                return status, usage
-            if time.monotonic() > deadline:
-                child.ended = "timeout"
-                break
-            time.sleep(0.1)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through run_tool
-        child.ended = "interrupted"
-    _kill_group(proc.pid)
-    _, status, usage = os.wait4(proc.pid, 0)
-    return status, usage
-
-
-def _kill_group(pgid: int, grace: float = 2.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after `grace` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.05)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 # -- execution modes ----------------------------------------------------------------------------

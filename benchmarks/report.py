@@ -34,6 +34,7 @@ from typing import Any
 from benchmarks import breakdowns, harness
 from benchmarks.harness import UsageError, markdown_table, print_table as show, write_atomic
 from common.json_input import Required, Whole
+from common.processes import gone
 
 LEFT = ("framework", "mode", "status", "BN", "device kind")
 CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"
@@ -914,6 +915,7 @@ CONFIG_SCHEMA = {
     "started": (str, None),
     "finished": (str, None),
     "status": (str, None),
+    "runner": ({"host": (str, None), "pid": (Whole(1), None), "start": (str, None)}, None),
 }
 
 
@@ -1036,7 +1038,12 @@ def rebuild(plan: Rebuild) -> int:
     sweep = sweep_from_config(plan.config)
     records = records_of(plan.out, plan.config)
     if plan.config.get("status") == "running":
-        print(f"report: the comparison in {plan.out} never finished (config.json says running)")
+        runner = plan.config.get("runner") or {}
+        if gone(runner):  # killed (kill -9, the OOM killer): config.json could not say so
+            print(f"report: the comparison in {plan.out} stopped: its runner (pid "
+                  f"{runner['pid']}) is gone; config.json still says running")  # fmt: skip
+        else:
+            print(f"report: the comparison in {plan.out} never finished (config.json says running)")
     try:
         plots, plot_note = write_plots(plan.out, sweep, records)
         write_tables(plan.out, sweep, records, plots, plot_note)

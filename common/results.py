@@ -24,6 +24,7 @@ import numpy as np
 from common import devices
 from common.config import Config
 from common.json_input import Required, Whole
+from common.processes import run_captured
 from common.runtime import WriteFailed, atomic_write_bytes
 from common.schedule import lr_table_for
 from common.tensorboard import EventLog
@@ -161,16 +162,8 @@ def host_info() -> dict[str, Any]:
         info["cpu"] = platform.processor()
     if shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(
-                [
-                    "nvidia-smi",
-                    "--query-gpu=name,driver_version,memory.total",
-                    "--format=csv,noheader",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=20,
-            ).stdout
+            query = ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+            out = run_captured(["nvidia-smi", *query], timeout=20).stdout
             rows = [r.split(", ") for r in out.strip().splitlines() if r.strip()]
             info["gpus"] = [r[0] for r in rows]
             if rows:

@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from common.config import ConfigError
+from common.processes import process_state, run_captured
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,8 +106,7 @@ def check_xla_flags() -> None:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     probe = "import jax; jax.devices('cpu')"
     try:
-        proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+        proc = run_captured([sys.executable, "-c", probe], timeout=300, env=env)
     except (OSError, subprocess.SubprocessError):
         return  # no verdict: the run itself will tell
     if proc.returncode == 0:
@@ -225,16 +225,6 @@ def die_with_parent(
         os.kill(os.getpid(), sig)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-
-
-def process_state(pid: int) -> str:
-    """A process's state letter from /proc (R running, S sleeping, T stopped, Z zombie ...);
-    "" where it is gone or there is no /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return ""
 
 
 def env_int(name: str, default: int, minimum: int = 0) -> int:
@@ -448,10 +438,11 @@ PARENT_ENV = "DPBENCH_PARENT_PID"
 
 
 def stop_with_harness() -> None:
-    """A trainer started by benchmarks.harness (which sets DPBENCH_PARENT_PID to its own pid)
-    gets SIGTERM when the harness dies, even by kill -9: it then stops its workers and writes
-    an "interrupted" record, as when the harness is signalled (it then kills the whole process
-    group itself). A watchdog thread, not prctl: the harness may start children from threads."""
+    """A trainer started by benchmarks.harness gets SIGTERM when its parent dies, even by
+    kill -9: it then stops its workers and writes an "interrupted" record. The parent is the
+    leader of its process group, common/guard.py, which sets DPBENCH_PARENT_PID to its own pid
+    and itself ends the whole group when the harness dies; this is the backstop should the
+    guard die alone. A watchdog thread, not prctl: it fires on the parent process's death."""
     parent = os.environ.get(PARENT_ENV, "")
     if parent.isdigit() and int(parent) == os.getppid():
         die_with_parent(int(parent), sig=signal.SIGTERM, kernel=False)
