@@ -227,7 +227,8 @@ def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path
     assert _ended(int(pid_file.read_text()))
 
     # The runner killed with kill -9 instead: config.json still says "running", no tables, and
-    # the run's record is the trainer's own (no runner part). benchmarks.report rebuilds them.
+    # the run's record is the trainer's own (no runner part). benchmarks.report rebuilds them,
+    # and says that the runner config.json names is gone.
     config = read_json(out / "config.json")
     (out / "config.json").write_text(json.dumps({**config, "status": "running"}))
     record.pop("runner")
@@ -237,7 +238,7 @@ def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert report.main([str(out)]) == 0
-    assert "never finished" in printed.getvalue()
+    assert f"stopped: its runner (pid {proc.pid}) is gone" in printed.getvalue()
     rows = read_csv(out / "results.csv")
     assert [r["status"] for r in rows] == ["interrupted", "not run"]
     run = read_csv(out / "runs.csv")[0]
