@@ -5,6 +5,7 @@ environment's pytest run (tests/mxnet).
   own interpreter (MXNet's is .venv-mxnet/bin/python), from the project root.
 - `ok(proc)`: assert exit 0, showing the ends of stdout and stderr otherwise.
 - `one_line_error(proc, *fragments)`: exit 2 with exactly one stderr line naming the problem.
+- the `no_probe` fixture: compare and the other runners plan without probing the machine.
 """
 
 from __future__ import annotations
@@ -66,6 +67,15 @@ for _name, _sub in HOME_VARS.items():
     os.environ[_name] = str(TEST_HOME / _sub)
 # A user's JAX_COMPILATION_CACHE_DIR would win over every --cache-dir (jax_support.py).
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--hostile-all",
+        action="store_true",
+        help="tests/test_hostile_cases.py: run every case of the hostile sweep, also those "
+        "another test runs already (a few minutes)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -324,6 +334,17 @@ def relative_update_difference(
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan as if every framework were installed, on a machine without GPUs: the runners'
+    probes (benchmarks.harness.unavailable, detect_gpus) answer at once, nothing is started.
+    For the tests of compare, throughput, parity and report that plan or refuse in-process."""
+    from benchmarks import harness
+
+    monkeypatch.setattr(harness, "unavailable", lambda names: {})
+    monkeypatch.setattr(harness, "detect_gpus", lambda: [])
 
 
 def fake_nvidia_smi(

@@ -1,10 +1,34 @@
-"""Pieces shared by the hostile-input tests (tests/test_hostile_inputs*.py) and the hostile
-sweep (scripts/hostile_sweep.py), written once: a comparison's directory with no run made, and
-an MXNet trainer whose checkpoint's .states write fails after the .params."""
+"""Pieces shared by the hostile-input tests (tests/test_hostile_*.py, the sweep's cases in
+tests/test_hostile_cases.py), written once: a name the file system cannot make, a deadline that
+fails a read that blocks, a comparison's directory with no run made, and an MXNet trainer whose
+checkpoint's .states write fails after the .params."""
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+LONG = "x" * 300  # one component over NAME_MAX (255): ENAMETOOLONG
+
+
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the block runs past `seconds`: the hang a test
+    of a FIFO or a device guards against (a reader that opened it and blocked)."""
+
+    def hung(*args: object) -> None:
+        raise TimeoutError(f"blocked for {seconds} s: a reader opened a FIFO or a device")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
 
 # `python -c MXNET_STATES_FAIL <trainer flags>`: frameworks.mxnet_gluon on a disk that fills up
 # after the .params, during the .states

@@ -411,13 +411,6 @@ def test_help_lists_runner_and_shared_flags(capsys: pytest.CaptureFixture[str]) 
 # -- planning -----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plan as if every framework were installed, on a machine without GPUs."""
-    monkeypatch.setattr(harness, "unavailable", lambda names: {})
-    monkeypatch.setattr(harness, "detect_gpus", lambda: [])
-
-
 @pytest.mark.parametrize(
     "text, counts",
     [("1", [1]), ("2", [1, 2]), ("4", [1, 2, 4]), ("6", [1, 2, 4, 6]), ("3,1,2", [1, 2, 3])],

@@ -15,7 +15,6 @@ import json
 import os
 import pickle
 import re
-import signal
 import struct
 import tarfile
 import textwrap
@@ -34,6 +33,7 @@ from tests.conftest import (
     run_trainer,
     skip_without_interpreter,
 )
+from tests.hostile_helpers import deadline
 from tests.test_common_data import _cifar_pickle, _idx, _write_tar, write_cifar10, write_fashion
 
 BATCHES = [f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]
@@ -519,18 +519,10 @@ def test_non_regular_file_refused_at_once(tmp_path: Path, kind: str) -> None:
     path.parent.mkdir(parents=True)
     os.mkfifo(path) if kind == "fifo" else path.mkdir()
 
-    def hung(*args: object) -> None:
-        raise TimeoutError("the reader opened the FIFO and blocked")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(10)
-    try:
+    with deadline(10):
         for verify in (True, False):
             with pytest.raises(DatasetError, match=f"is a {'FIFO' if kind == 'fifo' else kind}"):
                 datasets.load("cifar10", str(tmp_path), download=False, verify=verify)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def test_download_larger_than_the_official_file_stops(

@@ -20,14 +20,6 @@ HUGE_FLOAT = "1e999"  # was: OverflowError (int(inf)), or inf in a table
 HUGE_INT = "9" * 5000  # was: ValueError past Python's 4300 digits
 
 
-@pytest.fixture
-def no_probe(monkeypatch) -> None:
-    from benchmarks import harness
-
-    monkeypatch.setattr(harness, "unavailable", lambda names: {})
-    monkeypatch.setattr(harness, "detect_gpus", lambda: [])
-
-
 # ---- the reader ---------------------------------------------------------------------------
 
 

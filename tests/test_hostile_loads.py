@@ -20,12 +20,9 @@ import io
 import json
 import os
 import shutil
-import signal
 import time
 import tracemalloc
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,32 +30,27 @@ import numpy as np
 import pytest
 
 import common.init as init_module
-from common import datasets
+from common import cli, datasets
 from common.config import ConfigError, preset
 from common.datasets import DatasetError
 from common.init import cache_key, digest, draw, initial_state, parameter_spec
 from common.results import RunRecorder
 from common.trainer import checkpoint_meta, restore_meta
-from tests.conftest import SMOKE, module_of, ok, one_line_error, payload, reseal, run_trainer
+from tests.conftest import (
+    SMOKE,
+    module_of,
+    ok,
+    one_line_error,
+    payload,
+    reseal,
+    reseal_index,
+    run_trainer,
+    skip_without_interpreter,
+)
+from tests.hostile_helpers import deadline
 from tests.test_hostile_data import _official
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail (instead of hanging the suite) when the block runs past `seconds`."""
-
-    def hung(*args: object) -> None:
-        raise TimeoutError(f"blocked for {seconds} s: a reader opened a FIFO or a device")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def files(directory: Path) -> dict[str, bytes]:
@@ -188,13 +180,14 @@ def test_a_checkpoint_made_elsewhere_is_refused_naming_what_differs() -> None:
     [("fp16", "conv1.weight is torch.float16[8, 3, 3, 3] where this model has torch.float32["),
      ("zeros", "conv1.weight is all zeros"),
      ("nan", "NaN or infinite"),
-     ("step", "its step counter 5 disagrees with the 8 steps")],
+     ("step", "its step counter 5 disagrees with the 8 steps"),
+     ("epoch", "its epoch counter -1 is outside 0..3")],
 )  # fmt: skip
 def test_a_tampered_torch_checkpoint_is_one_line_and_exit_2(
     torch_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], tamper: str, fragment: str
 ) -> None:
-    """load_state_dict casts a float16 tensor into the model and takes zeros or NaN as they are;
-    refused instead, with nothing written."""
+    """load_state_dict casts a float16 tensor into the model and takes zeros or NaN as they are,
+    and the counters as they are; refused instead, with nothing written."""
     import torch
 
     from frameworks.torch_dp import main
@@ -207,6 +200,8 @@ def test_a_tampered_torch_checkpoint_is_one_line_and_exit_2(
         ckpt["model"] = {k: v.half() if v.is_floating_point() else v for k, v in model.items()}
     elif tamper in ("zeros", "nan"):
         model["conv1.weight"] = model["conv1.weight"] * (0 if tamper == "zeros" else float("nan"))
+    elif tamper == "epoch":
+        ckpt["epoch"] = -1  # was (before the checks): a traceback from numpy's seeding
     else:
         ckpt["step"] = 5
     buf = io.BytesIO()
@@ -508,3 +503,41 @@ def assert_md5_is_checked(data_dir: Path) -> None:
     """Loading CIFAR-10 from `data_dir` hashes the file again and refuses it."""
     with pytest.raises(DatasetError, match="has MD5 .*, the official cifar-10-python.tar.gz has"):
         datasets.load("cifar10", str(data_dir), download=False)
+
+
+# ---- checkpoints: corrupt or foreign, one line, exit 2, nothing trained ------------------------
+
+CHECKPOINT_FILES = {
+    "torch-dp": "torch-dp.pt",
+    "jax-pmap": "jax-pmap.msgpack",
+    "mxnet-gluon": "mxnet-gluon.json",
+}
+
+
+@pytest.mark.parametrize("framework", list(CHECKPOINT_FILES))
+def test_a_corrupt_checkpoint_is_one_line_and_exit_2(framework, tmp_path) -> None:
+    skip_without_interpreter(framework)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    rng = np.random.default_rng(0)
+    (ckpt / CHECKPOINT_FILES[framework]).write_bytes(rng.bytes(4096))
+    out = tmp_path / "run.json"
+    args = (*SMOKE, "--checkpoint-dir", str(ckpt), "--resume", "--output", str(out))
+    line = one_line_error(run_trainer(framework, *args), "cannot read checkpoint", "--resume")
+    assert "weights_only" not in line  # torch's advice to unpickle anyway is not repeated
+    assert not out.exists()
+
+
+def test_an_mxnet_index_naming_a_corrupt_states_file_is_refused_before_training(tmp_path):
+    """The index is valid JSON of this run, the weights file is garbage: refused by the check
+    before the run (it used to fail at load time with MXNet's C++ text, exit 1)."""
+    skip_without_interpreter("mxnet-gluon")
+    cfg = cli.parse_args([*SMOKE, "--checkpoint-dir", str(tmp_path)], "mxnet-gluon")
+    index = {"params": "w.params", "states": "w.states", "epoch": 1, "step": 4}
+    (tmp_path / "w.params").write_bytes(b"\x12\x01" * 100)
+    (tmp_path / "w.states").write_bytes(b"\x12\x01" * 100)
+    (tmp_path / "mxnet-gluon.json").write_text("{}")
+    reseal_index(tmp_path / "mxnet-gluon.json", **index, config=cfg.to_dict())  # digests match
+    args = (*SMOKE, "--checkpoint-dir", str(tmp_path), "--resume")
+    line = one_line_error(run_trainer("mxnet-gluon", *args), "cannot read checkpoint")
+    assert "Invalid NDArray file format" in line and "Traceback" not in line

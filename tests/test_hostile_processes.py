@@ -312,11 +312,14 @@ def test_sigterm_in_a_trainer_keeps_its_epochs_as_interrupted(tmp_path):
     assert rec["status"] == "interrupted" and rec["epochs"] == []
 
 
-def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(tmp_path):
+@pytest.mark.parametrize("sigint", ["inherited", "ignored"])
+def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, request, monkeypatch):
     """A DataLoader's or Pool's worker forked inside `train` gets the signal handlers from before
     run_main (common.trainer._restore_signals_in_child): the parent's would make it raise
     Interrupted through its copy of the parent's stack and ignore the next SIGTERM, so that its
-    pool's terminate() could wait for ever (d2l-mxnet's DataLoader did once, in CI)."""
+    pool's terminate() could wait for ever (d2l-mxnet's DataLoader did once, in CI). "ignored":
+    as in a background job (`(bash scripts/test.sh &)`, nohup), started with SIGINT ignored (the
+    hostile sweep's case of issue 29, group 5)."""
     import multiprocessing
 
     import common.trainer as trainer
@@ -338,6 +341,10 @@ def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(tmp_path):
     # terminal, SIG_DFL and Python's default_int_handler; in a background job of a
     # non-interactive shell (`(bash scripts/test.sh &)`) SIGINT comes ignored, and the child
     # keeps it ignored as its shell meant.
+    monkeypatch.setattr(trainer, "_BEFORE", {})  # as in a new process (the first entry keeps it)
+    if sigint == "ignored":
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     before = tuple(repr(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGINT))
     assert "_raise_interrupted" not in str(before)
     with interruptible():
@@ -490,7 +497,7 @@ def test_stale_slurm_refused_by_a_trainer_in_one_line(tmp_path, monkeypatch):
     bad = run_trainer("torch-ddp", *SMOKE, "--gpus", "2", "--output", str(out), env=env)
     one_line_error(bad, "SLURM_NTASKS=2 is set but this process was not started by srun")
     assert not out.exists()
-    from frameworks.jax_support import init_distributed  # (JAX: the same check, in-process
+    from frameworks.jax_launch import init_distributed  # (JAX: the same check, in-process
 
     for var, value in env.items():
         monkeypatch.setenv(var, value)
@@ -575,3 +582,57 @@ def test_a_trainer_stops_when_its_harness_is_killed(tmp_path, arm):
     finally:
         if process_state(trainer) not in ("", "Z"):
             os.kill(trainer, signal.SIGKILL)
+
+
+# ---- 5. an unreachable JAX coordinator -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rank, says, names",
+    [
+        ("1", "did not answer within 3 s", "JAX_COORDINATOR_ADDRESS"),  # nothing listens there
+        ("0", "did not all join", "JAX_NUM_PROCESSES=2"),  # process 0 alone: 1 never starts
+    ],
+)
+def test_a_jax_job_that_never_forms_ends_in_bounded_time_with_a_record(tmp_path, rank, says,
+                                                                       names):  # fmt: skip
+    from common.runtime import free_port
+
+    out = tmp_path / "r.json"
+    env = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_NUM_PROCESSES": "2",
+           "JAX_PROCESS_ID": rank}  # fmt: skip
+    start = time.monotonic()
+    proc = run_trainer("jax-pmap", *SMOKE, "--collective-timeout", "3", "--output", str(out),
+                       env=env, timeout=120)  # fmt: skip
+    took = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr[-3000:]  # was: 134 (SIGABRT in XLA), no record
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], proc.stderr[-3000:]
+    assert took < 30, took
+    record = json.loads(out.read_text())
+    assert record["status"] == "failed" and names in record["error"]
+
+
+def test_process_0_refuses_a_coordinator_address_that_is_not_its_own(tmp_path):
+    out = tmp_path / "r.json"
+    env = {"JAX_COORDINATOR_ADDRESS": "192.0.2.1:23456",  # TEST-NET-1: never this host
+           "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}  # fmt: skip
+    start = time.monotonic()
+    bad = run_trainer("jax-pmap", *SMOKE, "--collective-timeout", "5", "--output", str(out),
+                      env=env, timeout=120)  # fmt: skip
+    one_line_error(bad, "cannot listen on it", "start process 0 on 192.0.2.1")  # was: rc 134
+    assert time.monotonic() - start < 20 and not out.exists()
+
+
+def test_process_0_refuses_a_coordinator_port_in_use():
+    import socket
+
+    from frameworks.jax_launch import check_coordinator_here
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        with pytest.raises(ConfigError, match="cannot listen on it .*choose a free port"):
+            check_coordinator_here(address)
+    check_coordinator_here(address)  # free again

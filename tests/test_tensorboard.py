@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import compare, harness
+from benchmarks import compare
 from common import cli, tensorboard
 from common.config import ConfigError, config_from_dict, preset
 from common.results import RunRecorder
@@ -217,12 +217,6 @@ def test_the_guard_is_needed() -> None:
 
 
 # -- compare ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(harness, "unavailable", lambda names: {})
-    monkeypatch.setattr(harness, "detect_gpus", lambda: [])
 
 
 def test_compare_gives_every_run_its_own_directory(no_probe: None, tmp_path: Path) -> None:

@@ -1,24 +1,29 @@
-"""The hostile sweep of issue 29: every case of the issue's list (its five groups) and the cases
-of the same kind found since, each run as a careless or hostile user would run it, in a child
-process with a small file or environment made in a temporary directory.
+"""The hostile sweep of issue 29, run by pytest: every case of the issue's list (its five groups)
+and the cases of the same kind found since, each a whole command run as a careless or hostile
+user would run it, in a child process with a small file or environment made in a temporary
+directory.
 
-    .venv/bin/python scripts/hostile_sweep.py [--only SUBSTRING] [--keep]
-
-The cases are listed in scripts/hostile_cases.toml (its head says what a case's keys mean); this
-script holds what runs them: the runners, the set-ups a case names (SETUPS) and the further
+The cases are the table tests/hostile_cases.toml (its head says what a case's keys mean); this
+module holds what runs them: the runners, the set-ups a case names (SETUPS) and the further
 checks (CHECKS). Each case checks: the exit code (2 bad input, 1 a runtime failure, 0 where the
 right answer is to go on: a cache drawn again, TensorBoard turned off), no 'Traceback' in stdout
 or stderr, the last line of stderr (stdout where stderr is empty) saying what the case is about,
 the time bound (a hang was the failure of several), and nothing left behind (no temporary or
 partial file, no record where bad input must write none). The MXNet cases run in .venv-mxnet. A
 full disk is a child whose file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes writes past it
-fail with EFBIG. Prints a table and the totals; exit 0 when every case is clean. Not part of
-the test suite (tests/test_hostile_inputs*.py hold the unit tests): it takes a few minutes.
+fail with EFBIG.
+
+A case that another test already runs (the same input, the same expectation, most of them
+in-process, at a fraction of the cost) names that test (`covered`) and is not run again here:
+test_every_covered_case_names_a_test checks the name. The suite runs the others. The whole
+sweep, covered cases included (a few minutes on 2 cores):
+
+    .venv/bin/python -m pytest tests/test_hostile_cases.py --hostile-all [-k WORD]
 """
 
 from __future__ import annotations
 
-import argparse
+import ast
 import json
 import os
 import re
@@ -27,19 +32,20 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-MAIN = ROOT / ".venv" / "bin" / "python"
-MXNET = ROOT / ".venv-mxnet" / "bin" / "python"
+import pytest
+import tomllib
+
+from tests.conftest import MAIN_PYTHON, MXNET_PYTHON, ROOT, python_for, skip_without_interpreter
+from tests.hostile_helpers import LONG, MXNET_STATES_FAIL, a_comparison
+
+TABLE = Path(__file__).with_name("hostile_cases.toml")
 SMOKE = ["--preset", "smoke", "--prefetch", "1"]
-LONG = "x" * 300  # a component over NAME_MAX: ENAMETOOLONG
 PARTIAL = re.compile(r"\.tmp\d*$|\.part$|\.[A-Za-z0-9_]{8}\.tmp\d+$")
 
 
@@ -50,19 +56,20 @@ class Case:
     expect: int
     argv: list[str]  # the command, "{d}" standing for the case's directory
     fragment: str  # what the last line must say ("" = any)
+    framework: str = ""  # the trainer the command starts, if any (its interpreter must exist)
     env: dict[str, str] = field(default_factory=dict)
     setup: Callable[[Path], None] | None = None
     bound: float = 60.0
     absent: tuple[str, ...] = ()  # paths (relative to the case's directory) that must not exist
     fsize: int | None = None  # RLIMIT_FSIZE: a full disk at this many bytes per file
     background: bool = False  # SIGINT ignored, no terminal, own session: a background job
-    check: Callable[[Path, subprocess.CompletedProcess[str]], str | None] | None = None
+    check: Callable[[Path], str | None] | None = None
     anywhere: bool = False  # the fragment may be on any line (a run that goes on)
+    covered: str = ""  # "tests/FILE.py::TEST": the test that runs this case already
 
 
 def trainer(framework: str, *args: str) -> list[str]:
-    python = MXNET if framework == "mxnet-gluon" else MAIN
-    return [str(python), "-m", f"frameworks.{framework.replace('-', '_')}", *args]
+    return [str(python_for(framework)), "-m", f"frameworks.{framework.replace('-', '_')}", *args]
 
 
 def in_dir(argv: list[str], d: Path) -> list[str]:
@@ -82,8 +89,7 @@ def must_run(argv: list[str], d: Path) -> None:
     argv = in_dir(argv, d)
     proc = subprocess.run(argv, cwd=ROOT, env=child_env({}), capture_output=True, text=True,
                           timeout=300)  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"set-up {' '.join(argv[:4])} failed: {proc.stderr[-500:]}")
+    assert proc.returncode == 0, f"set-up {' '.join(argv[:4])} failed: {proc.stderr[-500:]}"
 
 
 # ---- set-ups (a case's `setup = [NAME, ARGUMENT...]`: NAME(d, ARGUMENT...)) -------------------
@@ -117,13 +123,21 @@ def jax_checkpoint(d: Path, how: str) -> None:
 
 
 def torch_checkpoint_negative_epoch(d: Path) -> None:
+    """A torch-dp checkpoint whose epoch is -1, resealed (a matching sha256)."""
+    import io
+
     import torch
+
+    from tests.conftest import payload, reseal
 
     must_run(trainer("torch-dp", *SMOKE, "--checkpoint-dir", "{d}/ck", "--data-dir", "{d}/data"), d)
     path = d / "ck" / "torch-dp.pt"
-    ckpt = torch.load(path, weights_only=True)
+    (d / "ck" / ".lock").unlink(missing_ok=True)
+    ckpt = torch.load(io.BytesIO(payload(path)), weights_only=True)
     ckpt["epoch"] = -1
-    torch.save(ckpt, path)
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    reseal(path, buf.getvalue())
 
 
 def resumed_on_one_device(d: Path) -> None:
@@ -179,12 +193,8 @@ def fashion_mnist_with_a_hand_written_marker(d: Path) -> None:
     (root / VERIFIED).write_text(json.dumps(marker))
 
 
-def truncated(path: Path) -> None:
-    path.write_text('{"framework": "torch-dp", "stat')
-
-
 MAKERS: dict[str, Callable[[Path], None]] = {
-    "truncated": truncated,
+    "truncated": lambda p: p.write_text('{"framework": "torch-dp", "stat'),
     "fifo": os.mkfifo,
     "/dev/zero": lambda p: p.symlink_to("/dev/zero"),
 }
@@ -192,12 +202,8 @@ MAKERS: dict[str, Callable[[Path], None]] = {
 
 def a_comparison_with(d: Path, name: str, made: str) -> None:
     """A comparison's directory d/out as compare writes it (config.json, runs/), no run made,
-    its file `name` then made again as MAKERS[made] makes it."""
-    from benchmarks import harness
-    from tests.hostile_helpers import a_comparison
-
-    harness.unavailable = lambda names: {}  # type: ignore[assignment]  # no probe needed
-    harness.detect_gpus = lambda: []  # type: ignore[assignment]
+    its file `name` then made again as MAKERS[made] makes it (the test's no_probe fixture keeps
+    compare from probing the machine)."""
     a_comparison(d / "out")
     path = d / "out" / name
     path.unlink(missing_ok=True)
@@ -222,11 +228,11 @@ SETUPS: dict[str, Callable[..., None]] = {
 }
 
 
-# ---- checks (a case's `check = NAME`: CHECKS[NAME](d, proc)) ----------------------------------
+# ---- checks (a case's `check = NAME`: CHECKS[NAME](d)) ---------------------------------------
 
 
-def failed_record(epochs: int | None = None) -> Callable[[Path, object], str | None]:
-    def check(d: Path, proc: object) -> str | None:
+def failed_record(epochs: int | None = None) -> Callable[[Path], str | None]:
+    def check(d: Path) -> str | None:
         try:
             record = json.loads((d / "r.json").read_text())
         except (OSError, ValueError) as exc:
@@ -240,13 +246,13 @@ def failed_record(epochs: int | None = None) -> Callable[[Path, object], str | N
     return check
 
 
-def only_the_lock(d: Path, proc: object) -> str | None:
+def only_the_lock(d: Path) -> str | None:
     left = sorted(p.name for p in (d / "ck").iterdir())
     return None if left == [".lock"] else f"left in ck/: {left}"
 
 
-def both(*checks: Callable[[Path, object], str | None]) -> Callable[[Path, object], str | None]:
-    return lambda d, proc: next((w for c in checks if (w := c(d, proc))), None)
+def both(*checks: Callable[[Path], str | None]) -> Callable[[Path], str | None]:
+    return lambda d: next((why for c in checks if (why := c(d))), None)
 
 
 CHECKS = {
@@ -254,32 +260,30 @@ CHECKS = {
     "failed_after_1_epoch_only_the_lock_left": both(failed_record(1), only_the_lock),
 }
 
-HELD: list[socket.socket] = []  # listening sockets, held open for the whole sweep
+
+@contextmanager
+def ports(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The case's variables with "{closed_port}" (a port nothing listens on) and "{busy_port}"
+    (one a socket listens on for as long as the case runs) replaced."""
+    words: dict[str, str] = {}
+    with socket.socket() as closed, socket.socket() as busy:
+        for word, s in (("{closed_port}", closed), ("{busy_port}", busy)):
+            s.bind(("127.0.0.1", 0))
+            words[word] = str(s.getsockname()[1])
+        busy.listen()
+        closed.close()
+        yield {k: replaced(v, words) for k, v in env.items()}
 
 
-def busy_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen()
-    HELD.append(s)
-    return int(s.getsockname()[1])
+# ---- the cases: tests/hostile_cases.toml -----------------------------------------------------
 
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-# ---- the cases: scripts/hostile_cases.toml ----------------------------------------------------
-
-CASES = Path(__file__).with_name("hostile_cases.toml")
 OUT = ["--output", "{d}/r.json"]
 CK2 = [*SMOKE, "--epochs", "2", *OUT, "--checkpoint-dir", "{d}/ck"]
 RESUME = [*JAX_CKPT, "--resume", "--epochs", "3", *OUT]
 LISTS = {"SMOKE": SMOKE, "OUT": OUT, "CK2": CK2, "JAX_CKPT": JAX_CKPT, "RESUME": RESUME}
 KEYS = {"name", "group", "expect", "command", "fragment", "env", "setup", "bound", "absent",
-        "fsize", "background", "check", "anywhere"}  # fmt: skip
+        "fsize", "background", "check", "anywhere", "covered"}  # fmt: skip
+TEXTS = {"{long}": LONG, "{main}": str(MAIN_PYTHON), "{mxnet_states_fail}": MXNET_STATES_FAIL}
 
 
 def replaced(text: str, words: dict[str, str]) -> str:
@@ -288,21 +292,22 @@ def replaced(text: str, words: dict[str, str]) -> str:
     return text
 
 
-def command(words: list[str], texts: dict[str, str]) -> list[str]:
-    """A case's `command`: the runner's words, then its arguments ("*NAME": LISTS[NAME], the
-    texts' names replaced)."""
+def command(words: list[str]) -> tuple[list[str], str]:
+    """A case's `command` and the framework it starts: the runner's words, then its arguments
+    ("*NAME": LISTS[NAME], TEXTS' names replaced)."""
     kind, _, what = words[0].partition(" ")
+    framework = what if kind == "trainer" else "mxnet-gluon" if kind == "python" and what else ""
     if kind == "trainer":
         argv = trainer(what)
     elif kind == "tool":
-        argv = [str(MAIN), "-m", f"benchmarks.{what}"]
+        argv = [str(MAIN_PYTHON), "-m", f"benchmarks.{what}"]
     elif kind == "python" and what in ("", "mxnet"):
-        argv = [str(MXNET if what else MAIN)]
+        argv = [str(MXNET_PYTHON if what else MAIN_PYTHON)]
     else:
-        raise ValueError(f"{CASES.name}: no runner {words[0]!r}")
+        raise ValueError(f"{TABLE.name}: no runner {words[0]!r}")
     for word in words[1:]:
-        argv.extend(LISTS[word[1:]] if word.startswith("*") else [replaced(word, texts)])
-    return argv
+        argv.extend(LISTS[word[1:]] if word.startswith("*") else [replaced(word, TEXTS)])
+    return argv, framework
 
 
 def a_setup(name: str, *args: str) -> Callable[[Path], None]:
@@ -310,26 +315,17 @@ def a_setup(name: str, *args: str) -> Callable[[Path], None]:
     return lambda d: make(d, *args)
 
 
-def cases() -> list[Case]:
-    try:
-        import tomllib  # Python 3.11
-    except ModuleNotFoundError:
-        sys.exit("hostile_sweep.py: error: reading scripts/hostile_cases.toml needs Python 3.11+ "
-                 "(tomllib); run it with .venv/bin/python")  # fmt: skip
-
-    from tests.hostile_helpers import MXNET_STATES_FAIL
-
-    texts = {"{long}": LONG, "{main}": str(MAIN), "{mxnet_states_fail}": MXNET_STATES_FAIL}
-    with open(CASES, "rb") as f:
+def load_cases() -> list[Case]:
+    with open(TABLE, "rb") as f:
         tables = tomllib.load(f)["case"]
-    ports = {"{closed_port}": str(closed_port()), "{busy_port}": str(busy_port())}
-    chosen = []
+    cases = []
     for t in tables:
         if unknown := set(t) - KEYS:
-            raise ValueError(f"{CASES.name}: {t.get('name')!r}: unknown {sorted(unknown)}")
-        chosen.append(Case(
-            t["name"], t["group"], t["expect"], command(t["command"], texts), t["fragment"],
-            env={k: replaced(v, ports) for k, v in t.get("env", {}).items()},
+            raise ValueError(f"{TABLE.name}: {t.get('name')!r}: unknown {sorted(unknown)}")
+        argv, framework = command(t["command"])
+        cases.append(Case(
+            t["name"], t["group"], t["expect"], argv, t["fragment"], framework=framework,
+            env=t.get("env", {}),
             setup=a_setup(*t["setup"]) if "setup" in t else None,
             bound=float(t.get("bound", 60.0)),
             absent=tuple(t.get("absent", ())),
@@ -337,8 +333,21 @@ def cases() -> list[Case]:
             background=t.get("background", False),
             check=CHECKS[t["check"]] if "check" in t else None,
             anywhere=t.get("anywhere", False),
+            covered=t.get("covered", ""),
         ))  # fmt: skip
-    return chosen
+    return cases
+
+
+CASES = load_cases()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The cases no other test runs; with --hostile-all, every case."""
+    if "case" in metafunc.fixturenames:
+        every = metafunc.config.getoption("hostile_all")
+        chosen = [c for c in CASES if every or not c.covered]
+        ids = [re.sub(r"[^A-Za-z0-9_.=+-]+", "-", c.name).strip("-") for c in chosen]
+        metafunc.parametrize("case", chosen, ids=ids)
 
 
 # ---- running ---------------------------------------------------------------------------------
@@ -366,37 +375,33 @@ def last_line(proc: subprocess.CompletedProcess[str]) -> str:
     return ""
 
 
-def run_case(case: Case, d: Path) -> tuple[str, float, list[str], str]:
-    """(got, seconds, problems, last line)."""
-    try:
-        if case.setup is not None:
-            case.setup(d)
-    except Exception as exc:  # noqa: BLE001 (a set-up that fails is reported, not fatal)
-        return "setup", 0.0, [f"set-up failed: {exc}"], ""
-    argv = in_dir(case.argv, d)
+def problems_of(case: Case, d: Path) -> tuple[list[str], str]:
+    """Run `case` in directory `d`: what is wrong with it ([] when clean), and its last line."""
+    if case.setup is not None:
+        case.setup(d)
     start = time.monotonic()
-    try:
-        proc = subprocess.run(argv, cwd=ROOT, env=child_env(case.env), capture_output=True,
-                              text=True, timeout=case.bound + 60, preexec_fn=preexec(case),
-                              stdin=subprocess.DEVNULL,
-                              start_new_session=case.background)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        waited = time.monotonic() - start
-        return "hang", waited, [f"still running after {waited:.0f} s"], ""
+    with ports(case.env) as env:
+        try:
+            proc = subprocess.run(in_dir(case.argv, d), cwd=ROOT, env=child_env(env),
+                                  capture_output=True, text=True, timeout=case.bound + 60,
+                                  preexec_fn=preexec(case), stdin=subprocess.DEVNULL,
+                                  start_new_session=case.background)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return [f"still running after {time.monotonic() - start:.0f} s"], ""
     sec = time.monotonic() - start
     problems = []
     if proc.returncode != case.expect:
-        problems.append(f"exit {proc.returncode}")
+        problems.append(f"exit {proc.returncode}, not {case.expect}")
     if "Traceback" in proc.stdout + proc.stderr:
         problems.append("a traceback")
     line = last_line(proc)
     text = proc.stdout + proc.stderr if case.anywhere else line
     if case.fragment and case.fragment not in text:
         problems.append(f"no {case.fragment!r}")
-    if not case.anywhere and proc.returncode != 0 and proc.stderr.strip().count("\n") > 0:
+    if not case.anywhere and case.expect == 2 and proc.returncode != 0:
         err = [ln for ln in proc.stderr.splitlines()
                if ln.strip() and not ln.startswith(("warning:", "note:"))]  # fmt: skip
-        if case.expect == 2 and len(err) > 1:
+        if len(err) > 1:
             problems.append(f"{len(err)} stderr lines")
     if sec > case.bound:
         problems.append(f"{sec:.0f} s > {case.bound:.0f} s")
@@ -406,49 +411,39 @@ def run_case(case: Case, d: Path) -> tuple[str, float, list[str], str]:
     present = [a for a in case.absent if (d / a).exists()]
     if present:
         problems.append(f"wrote {present}")
-    if case.check is not None:
-        why = case.check(d, proc)
-        if why:
-            problems.append(why)
-    return str(proc.returncode), sec, problems, line
+    if case.check is not None and (why := case.check(d)):
+        problems.append(why)
+    return problems, line
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default="", help="run the cases whose name holds this text")
-    p.add_argument("--keep", action="store_true", help="keep the cases' directories")
-    ns = p.parse_args(argv)
-    chosen = [c for c in cases() if ns.only.lower() in c.name.lower()]
-    rows = []
-    top = Path(tempfile.mkdtemp(prefix="hostile-sweep-"))
-    try:
-        for i, case in enumerate(chosen, 1):
-            d = top / f"case{i:02d}"
-            d.mkdir()
-            got, sec, problems, line = run_case(case, d)
-            clean = not problems
-            rows.append((case, got, sec, clean, problems, line))
-            mark = "yes" if clean else "NO: " + "; ".join(problems)
-            print(f"[{i}/{len(chosen)}] {case.name}: exit {got} in {sec:.1f} s, clean {mark}",
-                  flush=True)  # fmt: skip
-    finally:
-        if not ns.keep:
-            shutil.rmtree(top, ignore_errors=True)
-    print()
-    head = f"| {'group':5} | {'case':58} | {'expected':8} | {'got':5} | {'sec':>5} | clean |"
-    print(head)
-    print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
-    for case, got, sec, clean, _, _ in rows:
-        print(f"| {case.group:5} | {case.name[:58]:58} | {case.expect:8} | {got:5} | "
-              f"{sec:5.1f} | {'yes' if clean else 'no':5} |")  # fmt: skip
-    print()
-    for case, _, _, clean, problems, line in rows:
-        if not clean:
-            print(f"not clean: {case.name}: {'; '.join(problems)} (last line: {line[:200]})")
-    n_clean = sum(1 for r in rows if r[3])
-    print(f"{len(rows)} cases tried, {n_clean} clean")
-    return 0 if n_clean == len(rows) else 1
+def test_hostile_case(case: Case, tmp_path: Path, no_probe: None) -> None:
+    if case.framework:
+        skip_without_interpreter(case.framework)
+    problems, line = problems_of(case, tmp_path)
+    assert not problems, f"{case.name}: {'; '.join(problems)} (last line: {line[:300]})"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+# ---- the table itself ------------------------------------------------------------------------
+
+
+def test_every_covered_case_names_a_test() -> None:
+    """A case left to another test names it, and that test exists (a renamed or removed test
+    would leave the case run by nobody)."""
+    assert CASES and len({c.name for c in CASES}) == len(CASES)
+    for case in CASES:
+        if not case.covered:
+            continue
+        path, _, name = case.covered.partition("::")
+        file = ROOT / path
+        assert file.is_file() and name.startswith("test_"), f"{case.name}: {case.covered}"
+        tests = {n.name for n in ast.parse(file.read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert name in tests, f"{case.name}: no {name} in {path}"
+
+
+def test_the_case_check_can_fail(tmp_path: Path) -> None:
+    """A case whose command ends otherwise than it says is reported on each count."""
+    script = "import sys; open('{d}/x.tmp', 'w'); print('a\\nb', file=sys.stderr); sys.exit(3)"
+    bad = Case("says ok", "+", 0, [str(MAIN_PYTHON), "-c", script], "ok", absent=("x.tmp",))
+    problems, line = problems_of(bad, tmp_path)
+    assert line == "b" and problems == ["exit 3, not 0", "no 'ok'", "left ['x.tmp']",
+                                        "wrote ['x.tmp']"], problems  # fmt: skip
