@@ -6,7 +6,7 @@ torch launch without MASTER_ADDR, JAX_PROCESS_ID past JAX_NUM_PROCESSES, a cache
 is a file, DPBENCH_FAIL=torch-dp@x) is one ConfigError naming the variable and the fix (exit 2),
 not a framework's message at exit 1 or a rendezvous that times out at "None:None". What only the
 launch itself can tell (does MASTER_ADDR resolve, does the coordinator answer) stays with the
-launcher: frameworks/torch_launch.py, frameworks/jax_support.py.
+launcher: frameworks/torch_launch.py, frameworks/jax_launch.py.
 """
 
 from __future__ import annotations

@@ -33,10 +33,9 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from common.config import Config, per_device
-from common.run import Run
+from common.config import Config
 from common.trainer import run_main, should_log
-from frameworks.jax_models import count_params, create_model, initial_variables
+from frameworks.jax_models import create_model, initial_variables
 from frameworks.jax_support import (
     PHASE_NOTE,
     CompileMeter,
@@ -45,21 +44,12 @@ from frameworks.jax_support import (
     cached_step,
     canonical_state,
     check_config,
-    checkpoint_path,
     cross_entropy,
-    device_plan,
     evaluate,
-    execution,
-    jax_threads,
-    load_checkpoint,
     make_optimizer,
     prefetch_to_devices,
-    save_checkpoint,
-    select_devices,
     setup_process,
-    train_put,
-    use_device_plan,
-    what_ran,
+    start_run,
 )
 
 FRAMEWORK = "jax-pmap"
@@ -223,46 +213,24 @@ def to_device(batch: tuple[np.ndarray, ...], mesh: Mesh) -> tuple[jax.Array, ...
 
 def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
-    compiles = CompileMeter.get()  # compile time and cache hits, for the record
-    devices, kind, platform = select_devices(cfg.gpus)  # cfg.gpus per process, all processes'
-    per_device(cfg.batch_size, len(devices))  # all processes' devices (ConfigError names a fix)
-    mesh = Mesh(np.array(devices), (AXIS,))
-    plan = device_plan(cfg, platform)  # dtype, float32 mode, donation: decided once
-    fp32 = use_device_plan(plan)
 
     def sync() -> None:  # waits for the newest state (late binding: the loop's current value)
         jax.block_until_ready(state)
 
-    # This process's rows of every global batch; static shapes: every test batch is padded to
-    # a multiple of this process's device count.
-    run = Run(cfg, FRAMEWORK, PACKAGES, rank=jax.process_index(), world=jax.process_count(),
-              layout="NHWC", gpu=plan.platform == "gpu", sync=sync, pad_to=cfg.gpus)  # fmt: skip
-    model = build_model(cfg, run.ds.channels, run.ds.num_classes, plan.compute_dtype)
-    state = create_train_state(cfg, model, run.ds.image_shape, mesh, len(run.loader))
-    params = unreplicate(state.params)  # host copy: the size, and what the program runs
-    run.record(
-        devices=len(devices),
-        kind=kind,
-        params=count_params(params),
-        threads=jax_threads(devices),
-        execution=execution("pmap (one XLA program per device)", devices),
-        precision=fp32,
-        ran=what_ran(model, params, unreplicate(state.batch_stats), run.ds.image_shape),
-    )
+    # The same in every JAX trainer, around this file's functions (jax_support.py): the devices
+    # on a 1-D mesh, the device plan, the data, the model and its state on the devices, the
+    # record, --pipeline device and --resume (run.start: the first epoch to train).
+    run, mesh, plan, state, put, put_train = start_run(
+        cfg, FRAMEWORK, PACKAGES, AXIS, "pmap (one XLA program per device)", sync,
+        build_model, create_train_state, replicate, unreplicate, to_device, parallel_batches,
+    )  # fmt: skip
     p_train_step, p_eval_step = parallelize(plan, mesh)
     # --compile-cache: the step traced once per configuration, then loaded (jax_support.py)
     p_train_step = cached_step(cfg, p_train_step, len(run.loader), plan.donate)
     p_mean = cross_replica_mean(mesh)
-    put = lambda batch: to_device(batch, mesh)  # this run's mesh
-    # --pipeline device: the training set goes to the devices here, the crops are made there.
-    put_train = train_put(
-        run.loader, put, lambda a: replicate(a, mesh), lambda f: parallel_batches(f, mesh)
-    )
-    state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint,
-                              unreplicate, lambda s: replicate(s, mesh))  # fmt: skip
     phases = run.phases
     with run.measured():
-        for epoch in range(start, cfg.epochs):
+        for epoch in range(run.start, cfg.epochs):
             run.timer.start()
             batches = run.loader.epoch(epoch)
             totals: dict[str, jax.Array] = {}
@@ -292,7 +260,7 @@ def train(cfg: Config) -> dict:
     return run.finish(
         lambda: canonical_state(unreplicate(state)),  # --save-state
         **({"phase_note": PHASE_NOTE} if cfg.phase_timing else {}),
-        **compiles.record(),  # compile_sec, compile_cache
+        **CompileMeter.get().record(),  # compile_sec, compile_cache
     )
 
 

@@ -1,8 +1,9 @@
-"""What jax-pmap and jax-shard share besides the models (frameworks/jax_models.py): the train
+"""What the three JAX trainers share besides the models (frameworks/jax_models.py): the train
 state, the Optax optimiser, the loss, prefetching to the devices and the device pipeline,
 evaluation, checkpoint I/O, the XLA and compilation-cache set-up, the exported-step cache,
-device selection and multi-process start-up. The trainers keep only what differs between pmap
-and jit+sharding."""
+device selection, and a run's set-up around the trainer's own functions (`start_run`). The
+trainers keep their model, state, step, parallel transform and epoch loop: what differs
+between pmap, jit+sharding and shard_map. Joining a multi-process run: frameworks/jax_launch.py."""
 
 from __future__ import annotations
 
@@ -17,9 +18,7 @@ import itertools
 import json
 import logging
 import os
-import socket
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -33,20 +32,20 @@ import numpy as np
 import optax
 from flax import serialization, struct, traverse_util
 from flax.training import train_state
+from jax.sharding import Mesh
 
-from common.config import Config, ConfigError, image_side
+from common.config import Config, ConfigError, image_side, per_device
 from common.datasets import check_available
 from common.devices import need_gpus
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
+from common.run import Run
 from common.runtime import (
     INJECT_ENV,
     atomic_write_bytes,
     check_xla_flags,
-    env_int,
     remove_stale_temp_files,
     simulate_host_devices,
-    stale_launch_env,
     threads_record,
     use_xla_cpu_ynn,
     xla_cpu_execution,
@@ -61,15 +60,14 @@ from common.trainer import (
     check_weights,
     checkpoint_limit,
     checkpoint_meta,
-    failure_record,
     first_line,
-    prog_name,
     read_sealed_checkpoint,
     reading_checkpoint,
     restore_meta,
     write_sealed_checkpoint,
 )
-from frameworks.jax_models import compute_dtype, decay_mask
+from frameworks.jax_launch import gave_up_joining, init_distributed
+from frameworks.jax_models import compute_dtype, count_params, decay_mask
 
 
 class TrainState(train_state.TrainState):
@@ -417,7 +415,7 @@ def setup_xla(cfg: Config) -> None:
 def setup_process(cfg: Config) -> None:
     """What a JAX trainer's process does before JAX starts: `setup_xla` (simulated devices,
     XLA:CPU's kernels), then the persistent compilation cache on (or off), then joining a
-    multi-process run if one is configured."""
+    multi-process run if one is configured (jax_launch.py)."""
     setup_xla(cfg)
     use_compile_cache(cfg)
     source_digest()  # the step cache's key: the sources as this process imported them
@@ -776,164 +774,6 @@ def check_config(cfg: Config) -> None:
     check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
 
 
-def init_distributed(timeout: float = 300.0, give_up: Callable[[str], None] | None = None) -> None:
-    """Join a multi-process run when the launch environment asks for one; a no-op otherwise.
-
-    Explicit: JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES, JAX_PROCESS_ID (typically
-    one process per host, with all its devices). SLURM (SLURM_NTASKS > 1):
-    jax.distributed.initialize() reads SLURM's variables and gives each task the one GPU of its
-    SLURM_LOCALID (one task per GPU; JAX_LOCAL_DEVICE_IDS overrides). Must run before the first
-    device query. On CPU the collectives go through Gloo. The processes wait `timeout` seconds
-    (--collective-timeout) for each other at start-up; SLURM variables that no srun set (a
-    salloc shell) are refused with one line rather than waited on. Processes that do not all
-    join within `timeout`: `give_up(why)` (a failed record, one line, exit 1), before XLA's own
-    timeout would abort the process (SIGABRT, rc 134) with no record.
-    """
-    explicit = os.environ.get("JAX_COORDINATOR_ADDRESS")
-    stale = None if explicit else stale_launch_env()
-    if stale:
-        raise ConfigError(stale)
-    slurm = env_int("SLURM_NTASKS", 1) > 1
-    if not (explicit or slurm):
-        return
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if explicit:
-        try:
-            n, rank = int(os.environ["JAX_NUM_PROCESSES"]), int(os.environ["JAX_PROCESS_ID"])
-        except (KeyError, ValueError):
-            raise ConfigError(
-                "JAX_COORDINATOR_ADDRESS is set: also set JAX_NUM_PROCESSES and "
-                "JAX_PROCESS_ID (integers) for every process"
-            ) from None
-        why = (f"the {n} JAX processes did not all join JAX_COORDINATOR_ADDRESS={explicit} "
-               f"within {timeout:g} s (--collective-timeout): start all JAX_NUM_PROCESSES={n} "
-               "of them, or raise --collective-timeout")  # fmt: skip
-        # XLA aborts (SIGABRT, no record) when the coordinator never answers
-        left = timeout
-        if rank != 0:
-            left = wait_for_coordinator(explicit, timeout)
-        else:
-            check_coordinator_here(explicit)
-        with joined_within(left, why, give_up):
-            jax.distributed.initialize(explicit, num_processes=n, process_id=rank,
-                                       initialization_timeout=int(left) + XLA_GRACE)  # fmt: skip
-    else:
-        why = (
-            f"the SLURM_NTASKS={os.environ.get('SLURM_NTASKS')} tasks did not all join within "
-            f"{timeout:g} s (--collective-timeout): check srun, or raise --collective-timeout"
-        )
-        with joined_within(timeout, why, give_up):
-            jax.distributed.initialize(initialization_timeout=int(timeout) + XLA_GRACE)
-
-
-XLA_GRACE = 30  # s: XLA's own join timeout comes this long after ours (joined_within) fires
-
-
-@contextlib.contextmanager
-def joined_within(timeout: float, why: str, give_up: Callable[[str], None] | None) -> Iterator:
-    """Around jax.distributed.initialize, which waits for the other processes in C++ with the
-    GIL released: if it has not returned after `timeout` s, `give_up(why)` runs on a timer
-    thread (it must end the process: the main thread is still blocked in XLA). A join that
-    returns first wins: the lock keeps a late timer from ending a process that joined."""
-    if give_up is None:
-        yield
-        return
-    lock, joined = threading.Lock(), list[bool]()
-
-    def fire() -> None:
-        with lock:
-            if not joined:
-                give_up(why)
-
-    timer = threading.Timer(max(1.0, timeout), fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        with lock:
-            joined.append(True)
-        timer.cancel()
-
-
-def gave_up_joining(cfg: Config, why: str) -> None:
-    """The processes did not all join: one line, this process's failed record (it never joined
-    the others, so it writes its own), exit 1, now (XLA holds the main thread)."""
-    print(f"{prog_name(cfg.framework)}: failed: {why}", file=sys.stderr, flush=True)
-    try:
-        failure_record(cfg, why, ("jax", "jaxlib", "flax", "optax"), alone=True)
-    except Exception as exc:  # a full disk: the line above still says what happened
-        print(f"could not write the failure record: {first_line(exc)}", file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(1)
-
-
-class CoordinatorUnreachable(RuntimeError):
-    """JAX_COORDINATOR_ADDRESS did not accept a connection within --collective-timeout. This
-    process never joined the job, so it writes its failed record itself, whatever its rank."""
-
-    alone = True
-
-
-def coordinator_host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not (host and port.isdigit() and 0 < int(port) < 65536):
-        raise ConfigError(f"JAX_COORDINATOR_ADDRESS={address!r} is not host:port; fix it")
-    return host, int(port)
-
-
-def check_coordinator_here(address: str) -> None:
-    """Process 0 serves the coordination service at `address`: its host must be this machine
-    and its port free (else XLA's own client, unable to reach it, aborts the process after
-    the timeout with no record). ConfigError, one line, as torch's MASTER_ADDR check."""
-    host, port = coordinator_host_port(address)
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        raise ConfigError(
-            f"JAX_COORDINATOR_ADDRESS={address}: {host} does not resolve; give process 0's host"
-        ) from None
-    why = ""
-    for family, kind, proto, _, where in infos:
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(where)
-                return
-            except OSError as exc:
-                why = exc.strerror or str(exc)
-    raise ConfigError(
-        f"JAX_COORDINATOR_ADDRESS={address}: process 0 serves the coordinator there, but this "
-        f"host ({socket.gethostname()}) cannot listen on it ({why}): start process 0 on {host}, "
-        "or choose a free port"
-    )
-
-
-def wait_for_coordinator(address: str, timeout: float) -> float:
-    """Wait up to `timeout` seconds until `address` (host:port, [v6]:port) accepts a TCP
-    connection, as process 0's coordination service does once it runs; return the seconds
-    left. Otherwise CoordinatorUnreachable: a failed run with its record and one line, where
-    jax.distributed.initialize would abort the process (SIGABRT, rc 134) with no record."""
-    host, port = coordinator_host_port(address)
-    deadline = time.monotonic() + timeout
-    why = "no answer"
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, left))):
-                return max(1.0, deadline - time.monotonic())
-        except OSError as exc:  # refused (nothing listens yet), unreachable, unknown host
-            why = exc.strerror or str(exc) or type(exc).__name__
-        if left <= 0:
-            raise CoordinatorUnreachable(
-                f"the JAX coordinator at JAX_COORDINATOR_ADDRESS={address} did not answer within "
-                f"{timeout:g} s (--collective-timeout; last: {why}): start process 0 there "
-                "first, or fix the address"
-            )
-        time.sleep(min(0.25, max(0.0, left)))
-
-
 def check_devices(cfg: Config) -> None:
     """Start JAX's backends (the first device query) and check `--devices` against them: one
     ConfigError for `--devices cuda` without a GPU and for a platform JAX cannot start (e.g.
@@ -1010,3 +850,62 @@ def select_devices(n: int) -> tuple[list[jax.Device], str, Platform]:
     ]
     kind = "cpu-simulated" if local[0].platform == "cpu" else f"cuda:{local[0].device_kind}"
     return devices, kind, platform_of(local[0])
+
+
+# -- the run: what every JAX trainer's train() does before its epoch loop ----------------------
+
+Put = Callable[[Batch], tuple[jax.Array, ...]]  # a batch of numpy arrays -> on the devices
+
+
+def start_run(
+    cfg: Config,
+    framework: str,
+    packages: tuple[str, ...],
+    axis: str,
+    transform: str,
+    sync: Callable[[], None],
+    build_model: Callable[[Config, int, int, Any], Any],
+    create_train_state: Callable[[Config, Any, tuple[int, int, int], Mesh, int], TrainState],
+    replicate: Callable[[Any, Mesh], Any],
+    unreplicate: Callable[[Any], Any],
+    to_device: Callable[[Batch, Mesh], tuple[jax.Array, ...]],
+    parallel_batches: Callable[[Callable[..., Any], Mesh], Callable[..., Any]],
+) -> tuple[Run, Mesh, DevicePlan, TrainState, Put, Put]:
+    """The set-up of a JAX trainer's run, the same in all three, around the trainer's own
+    functions (passed in; `sync` waits for its newest state, `transform` names its parallel
+    transform in the record): the first `cfg.gpus` devices of every process on a 1-D mesh
+    along `axis`; the device plan (dtype, float32 mode, donation: decided once); the data,
+    this process's rows of every global batch; the model and its state on the devices; the run
+    record; --pipeline device; --resume. Returns the `Run` (`run.start`: the first epoch to
+    train), the mesh, the plan, the state, and `put` (a batch onto the mesh: test batches) and
+    `put_train` (training batches, made on the devices under --pipeline device)."""
+    CompileMeter.get()  # from here on: compile time and cache hits, for the record
+    devices, kind, platform = select_devices(cfg.gpus)  # cfg.gpus per process, all processes'
+    per_device(cfg.batch_size, len(devices))  # all processes' devices (ConfigError names a fix)
+    mesh = Mesh(np.array(devices), (axis,))
+    plan = device_plan(cfg, platform)  # dtype, float32 mode, donation: decided once
+    fp32 = use_device_plan(plan)
+    # This process's rows of every global batch; static shapes: every test batch is padded to
+    # a multiple of this process's device count.
+    run = Run(cfg, framework, packages, rank=jax.process_index(), world=jax.process_count(),
+              layout="NHWC", gpu=plan.platform == "gpu", sync=sync, pad_to=cfg.gpus)  # fmt: skip
+    model = build_model(cfg, run.ds.channels, run.ds.num_classes, plan.compute_dtype)
+    state = create_train_state(cfg, model, run.ds.image_shape, mesh, len(run.loader))
+    params = unreplicate(state.params)  # host copy: the size, and what the program runs
+    run.record(
+        devices=len(devices),
+        kind=kind,
+        params=count_params(params),
+        threads=jax_threads(devices),
+        execution=execution(transform, devices),
+        precision=fp32,
+        ran=what_ran(model, params, unreplicate(state.batch_stats), run.ds.image_shape),
+    )
+    put: Put = lambda batch: to_device(batch, mesh)  # this run's mesh
+    # --pipeline device: the training set goes to the devices here, the crops are made there.
+    put_train = train_put(
+        run.loader, put, lambda a: replicate(a, mesh), lambda f: parallel_batches(f, mesh)
+    )
+    state, _ = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint,
+                          unreplicate, lambda s: replicate(s, mesh))  # fmt: skip
+    return run, mesh, plan, state, put, put_train
