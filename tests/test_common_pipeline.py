@@ -104,14 +104,8 @@ def test_eval_visits_every_test_image_exactly_once(n, world, batch, pad) -> None
     assert sorted(labels) == sorted(small.test_y.tolist())
 
 
-def test_prefetcher_yields_in_order_and_surfaces_errors() -> None:
+def test_prefetcher_yields_in_order() -> None:
+    """(A loader's error surfaced, and nothing after it: tests/test_throughput.py's
+    test_prefetcher_stops_after_a_loader_error.)"""
     assert list(Prefetcher(iter(range(20)), 3)) == list(range(20))
-
-    def broken():
-        yield 1
-        raise ValueError("bad batch")
-
-    it = Prefetcher(broken(), 2)
-    assert next(it) == 1
-    with pytest.raises(ValueError, match="bad batch"):
-        next(it)
+    assert list(Prefetcher(iter(range(5)), 1)) == list(range(5))  # a queue of one

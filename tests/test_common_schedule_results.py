@@ -134,21 +134,21 @@ def test_cli_passes_flags_and_presets() -> None:
     }
 
 
-@pytest.mark.parametrize(
-    "argv,needle",
-    [
-        (["--gpus", "0"], "--gpus must be >= 1"),
-        (["--model", "vgg"], "invalid choice: 'vgg'"),
-        (["--preset", "nope"], "unknown preset 'nope'"),
-        (["--batch-size", "10", "--gpus", "3"], "does not divide over 3 devices"),
-        (["--lr", "-1"], "--lr must be a positive number"),
-        (["--epochs", "x"], "invalid int value"),
-        (["--resume"], "--resume needs --checkpoint-dir"),
-    ],
-)
-def test_cli_rejects_bad_values_with_one_line_and_exit_2(argv, needle, capsys) -> None:
+CLI_REFUSALS = {  # the command line (split at spaces): what its one line of error says
+    "--gpus 0": "--gpus must be >= 1",
+    "--model vgg": "invalid choice: 'vgg'",
+    "--preset nope": "unknown preset 'nope'",
+    "--batch-size 10 --gpus 3": "does not divide over 3 devices",
+    "--lr -1": "--lr must be a positive number",
+    "--epochs x": "invalid int value",
+    "--resume": "--resume needs --checkpoint-dir",
+}
+
+
+@pytest.mark.parametrize("line,needle", CLI_REFUSALS.items(), ids=list(CLI_REFUSALS))
+def test_cli_rejects_bad_values_with_one_line_and_exit_2(line, needle, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
-        parse_args(argv, "torch-ddp")
+        parse_args(line.split(), "torch-ddp")
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err

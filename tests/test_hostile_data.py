@@ -117,13 +117,19 @@ def write_idx_bomb(root: Path, inflated_mib: int) -> Path:
     return path
 
 
+def refused_in_bounded_memory(data_dir: Path, name: str, says: str) -> None:
+    """Loading dataset `name` from `data_dir` is refused, saying `says`, within 50 MiB of the
+    memory a valid load takes."""
+    base = baseline_mib(data_dir)
+    got = peak_load(data_dir, name)
+    assert says in got["msg"], got
+    assert got["peak_mib"] < base + 50, (got, base)
+
+
 def test_idx_bomb_is_refused_after_reading_only_what_its_header_says(tmp_path: Path) -> None:
     path = write_idx_bomb(tmp_path, 1024)  # 1 GiB inflated
     assert path.stat().st_size < 2 << 20
-    base = baseline_mib(tmp_path)
-    got = peak_load(tmp_path, "fashion-mnist")
-    assert "holds more data than its header says" in got["msg"], got
-    assert got["peak_mib"] < base + 50, (got, base)
+    refused_in_bounded_memory(tmp_path, "fashion-mnist", "holds more data than its header says")
 
 
 def test_bomb_measurement_catches_an_uncapped_reader(tmp_path: Path) -> None:
@@ -143,10 +149,9 @@ def test_tar_member_of_2gib_is_refused_by_its_header(tmp_path: Path) -> None:
     path.parent.mkdir(parents=True)
     path.write_bytes(gzip.compress(info.tobuf(tarfile.GNU_FORMAT)) + _zeros(2048))
     assert path.stat().st_size < 3 << 20
-    base = baseline_mib(tmp_path)
-    got = peak_load(tmp_path, "cifar10")
-    assert "member cifar-10-batches-py/data_batch_1 is 2147483648 bytes" in got["msg"], got
-    assert got["peak_mib"] < base + 50, (got, base)
+    refused_in_bounded_memory(
+        tmp_path, "cifar10", "member cifar-10-batches-py/data_batch_1 is 2147483648 bytes"
+    )
 
 
 def test_pax_header_bomb_is_refused_before_it_is_read(tmp_path: Path) -> None:
@@ -156,10 +161,7 @@ def test_pax_header_bomb_is_refused_before_it_is_read(tmp_path: Path) -> None:
     path = tmp_path / "cifar10" / "cifar-10-python.tar.gz"
     path.parent.mkdir(parents=True)
     path.write_bytes(gzip.compress(info.tobuf(tarfile.GNU_FORMAT)) + _zeros(1024))
-    base = baseline_mib(tmp_path)
-    got = peak_load(tmp_path, "cifar10")
-    assert "asks to read 1073741824 bytes at once" in got["msg"], got
-    assert got["peak_mib"] < base + 50, (got, base)
+    refused_in_bounded_memory(tmp_path, "cifar10", "asks to read 1073741824 bytes at once")
 
 
 def test_idx_header_beyond_the_official_shape_is_refused_before_inflating(tmp_path: Path) -> None:

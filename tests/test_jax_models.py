@@ -128,6 +128,15 @@ def _run_torch(make: object, params: dict, grads: list[dict]) -> dict:
     return jax.tree.map(lambda p: p.detach().numpy(), tp)
 
 
+def _same_steps_as_torch(cfg: object, make: object) -> None:
+    """make_optimizer(cfg) and the torch optimiser `make` builds take the same 4 steps."""
+    params, grads = _tiny_problem()
+    got = _run_optax(make_optimizer(cfg, params, steps_per_epoch=4), params, grads)
+    want = _run_torch(make, params, grads)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_sgd_is_torchs_with_masked_weight_decay_and_schedule(nesterov: bool) -> None:
     # Constant LR so torch needs no scheduler; the table lookup is exercised by the warm-up
@@ -141,43 +150,26 @@ def test_sgd_is_torchs_with_masked_weight_decay_and_schedule(nesterov: bool) -> 
         weight_decay=0.05,
         epochs=1,
     )
-    params, grads = _tiny_problem()
-    got = _run_optax(make_optimizer(cfg, params, steps_per_epoch=4), params, grads)
-    want = _run_torch(
+    _same_steps_as_torch(
+        cfg,
         lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, nesterov=nesterov, weight_decay=0.05),
-        params,
-        grads,
     )
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_novograd_is_torch_models_novograd() -> None:
     cfg = preset(
         "smoke", lr=0.05, lr_schedule="constant", optimizer="novograd", weight_decay=0.01, epochs=1
     )
-    params, grads = _tiny_problem()
-    got = _run_optax(make_optimizer(cfg, params, steps_per_epoch=4), params, grads)
-    want = _run_torch(
+    _same_steps_as_torch(
+        cfg,
         lambda g: torch_support.NovoGrad(g, lr=0.05, betas=cfg.novograd_betas, weight_decay=0.01),
-        params,
-        grads,
     )
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_schedule_follows_the_shared_lr_table() -> None:
     # Plain SGD without momentum or decay: each step moves a weight by exactly lr[step] * g.
-    cfg = preset(
-        "smoke",
-        lr=0.2,
-        lr_schedule="cosine",
-        warmup_epochs=1,
-        momentum=0.0,
-        weight_decay=0.0,
-        epochs=2,
-    )
+    sgd = dict(momentum=0.0, weight_decay=0.0)
+    cfg = preset("smoke", lr=0.2, lr_schedule="cosine", warmup_epochs=1, epochs=2, **sgd)
     from common.schedule import lr_table_for
 
     table = lr_table_for(cfg, 3)
