@@ -157,3 +157,28 @@ def test_the_guard_leaves_the_childs_exit_its_output_and_its_start_failure_as_th
     assert processes.run_captured([*shell, "kill"], timeout=30).returncode == -signal.SIGUSR1
     with pytest.raises(FileNotFoundError):
         processes.run_captured([str(ROOT / "no-such-interpreter")], timeout=30)
+
+
+def test_the_nvidia_course_ranks_die_with_their_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tutorial's ranks (torch.multiprocessing.spawn) arm common.runtime.die_with_parent with
+    the pid of the process that spawned them, before any work (torch-ddp's ranks: see
+    test_hostile_processes). Run in-process: spawn hands its arguments to one worker here."""
+    from benchmarks.tutorials import nvidia_course
+    from common.config import preset
+
+    class Armed(BaseException):  # not an Exception: spawn's own handler lets it through
+        pass
+
+    def die_with_parent(parent: int) -> None:
+        raise Armed(parent)
+
+    def work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the rank started its work before arming die_with_parent")
+
+    monkeypatch.setattr(nvidia_course, "die_with_parent", die_with_parent)
+    monkeypatch.setattr(nvidia_course.dist, "init_process_group", work)
+    monkeypatch.setattr(nvidia_course.mp, "spawn", lambda fn, args, nprocs: fn(0, *args))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(Armed) as armed:
+        nvidia_course.spawn(preset("smoke"))
+    assert armed.value.args == (os.getpid(),)

@@ -6,7 +6,8 @@ and config; compared with torch-ddp.
 
 The course's loop, and what each part costs:
 - Processes: `torch.multiprocessing.spawn(worker, nprocs=num_gpus)`; each worker joins the
-  process group (NCCL; gloo here on CPU) with a fixed rendezvous port.
+  process group (NCCL; gloo here on CPU) with a fixed rendezvous port. (Added here: each
+  worker dies with its parent, common.runtime.die_with_parent.)
 - Input: datasets with `transforms.Compose([transforms.ToTensor()])` (a per-image transform),
   a `DistributedSampler` for train AND test (shuffled; the index list is padded with repeats to
   a multiple of the world size), `DataLoader(batch_size=<per-GPU batch>, drop_last=True,
@@ -56,7 +57,7 @@ from benchmarks.tutorials.record import (
 from common.config import Config, ConfigError, per_device
 from common.datasets import load_for
 from common.results import write_json_atomic
-from common.runtime import cpu_threads, free_port
+from common.runtime import cpu_threads, die_with_parent, free_port
 from common.schedule import scaled_lr
 from common.trainer import describe, keep_measured_epochs, run_main
 from frameworks.torch_ddp import FRAMEWORK as COMPARED, build_model
@@ -145,8 +146,12 @@ def test(
     return v_accuracy, v_loss, total_labels  # type: ignore[return-value]  # tensors, as the course's
 
 
-def worker(local_rank: int, cfg: Config, port: int, result: str, argv: list[str]) -> None:
-    """One rank: the course's worker(local_rank, args) on our data, model and config."""
+def worker(
+    local_rank: int, cfg: Config, port: int, result: str, argv: list[str], parent: int
+) -> None:
+    """One rank: the course's worker(local_rank, args) on our data, model and config. Added:
+    it dies with its parent (kill -9, the OOM killer): no rank trains on alone."""
+    die_with_parent(parent)
     sys.argv = argv  # the record's "command"
     world, rank = cfg.gpus, local_rank  # one node
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -249,7 +254,8 @@ def spawn(cfg: Config) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "record.json"
         try:
-            mp.spawn(worker, args=(cfg, free_port(), str(result), sys.argv), nprocs=cfg.gpus)
+            args = (cfg, free_port(), str(result), sys.argv, os.getpid())
+            mp.spawn(worker, args=args, nprocs=cfg.gpus)
         except Exception as exc:
             if not result.exists():  # another rank failed first: rank 0 never wrote
                 raise
