@@ -210,8 +210,8 @@ def train(cfg: Config) -> dict:
     # on a 1-D mesh, the device plan, the data, the model and its state on the devices, the
     # record, --pipeline device and --resume (run.start: the first epoch to train).
     run, mesh, plan, state, put, put_train = start_run(
-        cfg, FRAMEWORK, PACKAGES, AXIS, "shard_map (one XLA program per device)", sync,
-        build_model, create_train_state, replicate, unreplicate, to_device, parallel_batches,
+        cfg, FRAMEWORK, PACKAGES, AXIS, "shard_map (one XLA program per device)",
+        build_model, create_train_state, replicate, unreplicate, to_device, parallel_batches, sync,
     )  # fmt: skip
     p_train_step, p_eval_step = parallelize(plan, mesh)
     # --compile-cache: the step traced once per configuration, then loaded (jax_support.py)

@@ -863,21 +863,22 @@ def start_run(
     packages: tuple[str, ...],
     axis: str,
     transform: str,
-    sync: Callable[[], None],
     build_model: Callable[[Config, int, int, Any], Any],
     create_train_state: Callable[[Config, Any, tuple[int, int, int], Mesh, int], TrainState],
     replicate: Callable[[Any, Mesh], Any],
     unreplicate: Callable[[Any], Any],
     to_device: Callable[[Batch, Mesh], tuple[jax.Array, ...]],
     parallel_batches: Callable[[Callable[..., Any], Mesh], Callable[..., Any]],
+    sync: Callable[[], None],
 ) -> tuple[Run, Mesh, DevicePlan, TrainState, Put, Put]:
-    """The set-up of a JAX trainer's run, the same in all three, around the trainer's own
-    functions (passed in; `sync` waits for its newest state, `transform` names its parallel
-    transform in the record): the first `cfg.gpus` devices of every process on a 1-D mesh
-    along `axis`; the device plan (dtype, float32 mode, donation: decided once); the data,
-    this process's rows of every global batch; the model and its state on the devices; the run
-    record; --pipeline device; --resume. Returns the `Run` (`run.start`: the first epoch to
-    train), the mesh, the plan, the state, and `put` (a batch onto the mesh: test batches) and
+    """A JAX trainer's run, set up as in all three: the first `cfg.gpus` devices of every
+    process on a 1-D mesh along `axis`; the device plan (dtype, float32 mode, donation: decided
+    once); the data (`Run`: this process's rows of every global batch); the model and its state
+    on the devices, made by the trainer's own `build_model` and `create_train_state`; the run
+    record (`transform`: how the trainer's step runs); --pipeline device and --resume, through
+    the trainer's `replicate`, `unreplicate`, `to_device` and `parallel_batches`. `sync` waits
+    for the trainer's newest state (the timers). Returns the Run (`run.start`: the first epoch
+    to train), the mesh, the plan, the state, `put` (a batch onto the mesh: test batches) and
     `put_train` (training batches, made on the devices under --pipeline device)."""
     CompileMeter.get()  # from here on: compile time and cache hits, for the record
     devices, kind, platform = select_devices(cfg.gpus)  # cfg.gpus per process, all processes'
