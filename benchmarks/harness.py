@@ -61,6 +61,7 @@ from common.config import (
     ConfigError,
 )
 from common.devices import CHOICES as DEVICE_CHOICES
+from common.json_input import Required, Whole
 from common.launch_env import check_launch_env
 from common.processes import end_groups, run_captured, start_group, wait_group
 from common.results import RECORD_SCHEMA
@@ -1076,6 +1077,30 @@ def read_json_file(
         return json_input.load(raw, schema, f"{what} {path}".strip())
     except json_input.Refused as exc:
         raise UsageError(f"{exc}; {fix}") from None
+
+
+THROUGHPUT_FIX = "give the throughput.json files benchmarks.throughput wrote"
+THROUGHPUT_SCHEMA = {  # what the tools read of benchmarks.throughput's throughput.json
+    "settings": Required({"model": Required(str), "image_size": Required(Whole(1, 1 << 16)),
+                          "width": Required(float), "precision": Required(str)}),
+    "device_kind": (str, None),
+    "rows": Required([{
+        "framework": Required(str), "devices": Required(Whole(1, 1 << 16)),
+        "global_batch": Required(Whole(1, 1 << 40)), "status": (str, None), "mode": (str, None),
+        "precision_note": (str, None), "real_images_per_sec": (float, None),
+        "compute_images_per_sec": (float, None),
+    }]),
+}  # fmt: skip
+
+
+def read_throughput(path: Path, what: str = "throughput table") -> dict[str, Any]:
+    """A throughput.json, read bounded and checked (THROUGHPUT_SCHEMA); UsageError otherwise."""
+    try:
+        return read_json_file(path, what, THROUGHPUT_FIX, schema=THROUGHPUT_SCHEMA)  # type: ignore[no-any-return]
+    except OSError as exc:
+        raise UsageError(f"cannot read {path} ({exc.strerror}); {THROUGHPUT_FIX}") from None
+    except ValueError as exc:
+        raise UsageError(f"{path} is not JSON ({exc}); {THROUGHPUT_FIX}") from None
 
 
 RECORD_FIX = "delete it or rerun this run"

@@ -26,41 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
-from common.json_input import Required, Whole
 from common.results import write_json_atomic
 
 PROG = "python -m benchmarks.mfu"
-FIX = "give the throughput.json files benchmarks.throughput wrote"
-
-_NUMBER = (float, None)
-TABLE_SCHEMA = {
-    "settings": Required(
-        {
-            "model": Required(str),
-            "image_size": Required(Whole(1, 1 << 16)),
-            "width": Required(float),
-            "precision": Required(str),
-        }
-    ),  # fmt: skip
-    "device_kind": (str, None),
-    "rows": Required(
-        [
-            {
-                "framework": Required(str),
-                "devices": Required(Whole(1, 1 << 16)),
-                "global_batch": Required(Whole(1, 1 << 40)),
-                "status": (str, None),
-                "mode": (str, None),
-                "real_images_per_sec": _NUMBER,
-                "compute_images_per_sec": _NUMBER,
-            }
-        ]
-    ),
-}
-
-
-class InputError(Exception):
-    """A table this tool cannot use: one line."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,18 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
-def read_table(path: Path) -> dict[str, Any]:
-    """A throughput table, read bounded and of TABLE_SCHEMA (harness.read_json_file)."""
-    try:
-        return harness.read_json_file(path, "throughput table", FIX, schema=TABLE_SCHEMA)  # type: ignore[no-any-return]
-    except harness.UsageError as exc:
-        raise InputError(str(exc)) from None
-    except OSError as exc:
-        raise InputError(f"cannot read {path} ({exc.strerror}); {FIX}") from None
-    except ValueError as exc:
-        raise InputError(f"{path} is not JSON ({exc}); {FIX}") from None
-
-
 def mfu(
     images_per_sec: float | None, devices: int, gflop: float, peak_tflops: float
 ) -> float | None:
@@ -113,10 +69,10 @@ def mfu(
 def rows_of(ns: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for path in ns.tables:
-        table = read_table(path)
+        table = harness.read_throughput(path)
         s = table["settings"]
         if (s["model"], s["image_size"], s["width"]) != (ns.model, ns.image_size, 1.0):
-            raise InputError(
+            raise harness.UsageError(
                 f"{path}: a table of {s['model']} at width {s['width']}, {s['image_size']}x"
                 f"{s['image_size']}, where the FLOP count is for {ns.model} at width 1, "
                 f"{ns.image_size}x{ns.image_size}; give --model, --image-size and "
@@ -170,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         rows = rows_of(ns)
-    except InputError as exc:
+    except harness.UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     text = markdown(rows, ns)

@@ -22,7 +22,6 @@ preset of that machine; nothing is fitted to the rows.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -798,63 +797,37 @@ def read_breakdown(path: str) -> Breakdown:
 
 
 def read_throughput_table(path: str) -> list[tuple[str, str, Breakdown]]:
-    """--throughput-table FILE: a benchmarks.throughput Markdown table. Each ok 1-device row
-    becomes (framework, mode, breakdown): step = batch / real img/s, compute = batch / compute-
-    only img/s (the same step without the loop), the rest the loop's host time."""
-    try:
-        raw = harness.read_regular(
-            Path(path), 64 << 20, "--throughput-table", "give a table file", UsageError
-        )
-        text = raw.decode(errors="replace")  # a regular file of sane size: a FIFO is no hang
-    except OSError as exc:
-        raise UsageError(f"--throughput-table {path}: {exc.strerror}") from None
-    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
-    if len(lines) < 3 or "framework" not in lines[0]:
-        raise UsageError(f"--throughput-table {path}: no benchmarks.throughput table found")
-    head = [c.strip() for c in lines[0].strip("|").split("|")]
-    need = ("framework", "devices", "batch", "real img/s", "compute img/s")
-    if any(k not in head for k in need):
-        raise UsageError(f"--throughput-table {path}: needs the columns {', '.join(need)}")
-    title = next((ln for ln in text.splitlines() if ln.startswith("# Throughput")), "")
-    if not re.search(r"\bresnet18 \(width 1\) 32x32", title):
+    """--throughput-table FILE: a benchmarks.throughput throughput.json. Each ok 1-device row
+    becomes (row, mode, breakdown): step = batch / real img/s, compute = batch / compute-only
+    img/s (the same step without the loop), the rest the loop's host time."""
+    table = harness.read_throughput(Path(path), "--throughput-table")
+    s = table["settings"]
+    if (s["model"], s["width"], s["image_size"]) != ("resnet18", 1.0, 32):
         raise UsageError(f"--throughput-table {path}: only ResNet-18 width 1 at 32x32 is modelled")
     out = []
-    for line in lines[2:]:
-        cell = dict(zip(head, (c.strip() for c in line.strip("|").split("|"))))
-        if cell.get("devices") != "1" or cell.get("status", "ok") != "ok":
+    for r in table["rows"]:
+        fw, batch = r["framework"], r["global_batch"]
+        real, compute = r.get("real_images_per_sec"), r.get("compute_images_per_sec")
+        if r["devices"] != 1 or (r.get("status") or "ok") != "ok" or None in (real, compute):
             continue
-        try:
-            batch = int(cell["batch"])
-            real, compute = float(cell["real img/s"]), float(cell["compute img/s"])
-        except ValueError:
-            continue
-        sane = (("batch", 0 < batch <= MAX_BATCH), ("real img/s", 0 < real < math.inf),
-                ("compute img/s", 0 < compute < math.inf))  # fmt: skip  # 1e999 parses as inf
-        for column, fine in sane:
+        sane = (("batch", batch, batch <= MAX_BATCH), ("real img/s", real, 0 < real < math.inf),
+                ("compute img/s", compute, 0 < compute < math.inf))  # fmt: skip
+        for column, value, fine in sane:
             if not fine:
                 raise UsageError(
-                    f"--throughput-table {path}: {cell['framework']}'s {column} is "
-                    f"{cell[column][:40]}, not a positive finite number (a batch: at most "
-                    f"{MAX_BATCH})"
+                    f"--throughput-table {path}: {fw}'s {column} is {value:g}, not a positive "
+                    f"finite number (a batch: at most {MAX_BATCH})"
                 )
-        fw = cell["framework"]
-        mode = cell.get("mode") or mode_from_notes(text, fw)
+        note = r.get("precision_note") or ""  # a table older than its mode column: the note
+        mode = r.get("mode") or (
+            "CUDA graphs" if "reduce-overhead" in note else "torch.compile"
+            if "torch.compile" in note else "XLA" if fw.startswith("jax-") else "eager"
+        )  # fmt: skip
         step, comp = batch / real * 1e3, batch / compute * 1e3
         source = f"{path}: {fw} real {real:,.0f} img/s, compute-only {compute:,.0f} img/s"
         out.append((fw, mode, Breakdown(step_ms=step, batch=batch, compute_ms=min(comp, step),
                                         source=source)))  # fmt: skip
     return out
-
-
-def mode_from_notes(text: str, framework: str) -> str:
-    """Tables written before the 'mode' column: the precision note names torch.compile."""
-    note = re.search(rf"{re.escape(framework)}: ([^;\n]*)", text.split("- precision:")[-1])
-    said = note.group(1) if note else ""
-    if "reduce-overhead" in said:
-        return "CUDA graphs"
-    if "torch.compile" in said:
-        return "torch.compile"
-    return "XLA" if framework.startswith("jax-") else "eager"
 
 
 # ---- output ----
@@ -994,8 +967,8 @@ def build_parser() -> harness.Parser:
         "--throughput-table",
         action="append",
         default=[],
-        metavar="MD",
-        help="a benchmarks.throughput table (repeatable): every ok 1-device row",
+        metavar="JSON",
+        help="a benchmarks.throughput throughput.json (repeatable): every ok 1-device row",
     )
     src.add_argument("--breakdown", metavar="JSON", help="a breakdown (docs/scaling.md schema)")
     src.add_argument("--step-ms", type=float, help="1-device step time, ms")
@@ -1081,12 +1054,13 @@ def scenarios_from(args) -> list[tuple[str, str, Breakdown]]:
         keep = set(args.frameworks.split(",")) if args.frameworks else None
         out = []
         for path in args.throughput_table:
-            for fw, mode, bd in read_throughput_table(path):
-                if keep is not None and fw not in keep:
+            for row, mode, bd in read_throughput_table(path):
+                fw = row.partition("+")[0]  # a variant (torch-ddp+reduce-overhead): its trainer's
+                if keep is not None and row not in keep:
                     continue
-                if fw == "torch-dp" and mode != "eager":
+                if fw == "torch-dp" and mode.partition(",")[0] != "eager":
                     continue  # the trainers refuse torch-dp with torch.compile at 2+ GPUs
-                out.append((f"{fw}, {mode}", fw, bd))
+                out.append((f"{row}, {mode}", fw, bd))
         if not out:
             raise UsageError("no 1-device row left in --throughput-table (see --frameworks)")
         return out

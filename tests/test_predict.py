@@ -131,21 +131,20 @@ def test_dp_is_one_process_and_stops_at_one_node():
 
 
 def test_the_committed_h100_tables_are_read_as_they_say():
-    got = {
-        (fw, mode): bd for fw, mode, bd in P.read_throughput_table(H100 / "run4-throughput-bf16.md")
-    }
+    run4 = P.read_throughput_table(H100 / "run4-throughput-bf16.json")
+    got = {(fw, mode): bd for fw, mode, bd in run4}
     assert set(got) == {("torch-ddp", "eager"), ("torch-dp", "eager"), ("jax-pmap", "XLA"),
                         ("jax-shard", "XLA")}  # fmt: skip
     assert got["jax-pmap", "XLA"].step_ms == pytest.approx(512 / 71493.8 * 1e3)
     assert got["jax-pmap", "XLA"].compute == pytest.approx(512 / 75369.7 * 1e3)
-    run7 = P.read_throughput_table(H100 / "run7-throughput-bf16-reduce-overhead.md")
+    run7 = P.read_throughput_table(H100 / "run7-throughput-bf16-reduce-overhead.json")
     assert {(fw, mode) for fw, mode, _ in run7} == {("torch-ddp", "CUDA graphs"),
                                                     ("torch-dp", "CUDA graphs")}  # fmt: skip
 
 
 def test_the_command_writes_a_labelled_prediction(tmp_path):
     out = tmp_path / "p"
-    table = str(H100 / "run4-throughput-bf16.md")
+    table = str(H100 / "run4-throughput-bf16.json")
     args = ["--throughput-table", table, "--frameworks", "jax-pmap", "-N", "1,8,16"]
     assert P.main([*args, "--interconnect", "h100-nvlink,pcie5", "--out", str(out)]) == 0
     md = (out / "predicted-weak.md").read_text()
