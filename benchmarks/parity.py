@@ -49,8 +49,7 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.harness import REGISTRY, UsageError
-from common.config import BN_MODES, FRAMEWORKS, MODELS, ConfigError, data_dims, preset
-from common.datasets import train_size
+from common.config import BN_MODES, FRAMEWORKS, MODELS, ConfigError, data_dims, preset, train_size
 from common.init import parameter_spec, state_bytes
 from common.results import host_info, write_json_atomic
 from common.runtime import ROOT

@@ -36,8 +36,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.harness import UsageError
-from common.config import FRAMEWORKS, ConfigError, per_device, preset
-from common.datasets import train_size
+from common.config import FRAMEWORKS, ConfigError, per_device, preset, train_size
 from common.results import host_info, write_json_atomic
 
 PROG = "python -m benchmarks.throughput"

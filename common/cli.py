@@ -15,8 +15,10 @@ from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
 from common import devices
-from common.config import PRESETS, Config, ConfigError, preset
+from common.config import PRESETS, Config, preset
+from common.errors import ConfigError
 from common.launch_env import check_launch_env
+from common.preflight import check_memory
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,6 +101,7 @@ def resolved(ns: argparse.Namespace, framework: str) -> Config:
     preset) and disagreeing is refused: --batch-per-device used to win silently."""
     overrides = overrides_of(ns)
     cfg = preset(ns.preset, framework=framework, **overrides)
+    check_memory(cfg)  # what this machine can hold (common/preflight.py)
     given, per_device = overrides.get("batch_size"), overrides.get("batch_per_device", 0)
     if given is not None and per_device > 0 and given != cfg.batch_size:
         raise ConfigError(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.devices import CHOICES as DEVICE_CHOICES
+from common.errors import ConfigError
 
 FRAMEWORKS = ("torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "jax-shardmap", "mxnet-gluon")
 MODELS = ("resnet18", "wideresnet")
@@ -28,10 +29,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 INIT_MODES = ("shared", "native")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the problem and the fix."""
 
 
 def float_or_none(text: str) -> float | None:
@@ -422,7 +419,6 @@ MAX_WIDTH = 8.0  # ResNet-18 at width 8: 0.7G parameters
 MAX_IMAGE_SIZE = 512
 MAX_EPOCHS = 100_000
 MAX_SEED = 2**32 - 1  # numpy's and JAX's seeds are 32-bit
-DEVICE_BYTES = 256 << 20  # memory a simulated device (a torch-ddp process) needs at least
 # (test images, native side, channels) of each dataset, for the size checks before any run.
 DATA_SHAPES = {
     "cifar10": (10_000, 32, 3),
@@ -430,6 +426,16 @@ DATA_SHAPES = {
     "fashion-mnist": (10_000, 28, 1),
     "digits": (360, 8, 1),
 }
+# Training-set sizes (before --train-limit), known without reading a file: a runner rejects a
+# global batch larger than the training set before it starts any run.
+TRAIN_SIZES = {"cifar10": 50_000, "cifar100": 50_000, "fashion-mnist": 60_000,
+               "digits": 1797 - DATA_SHAPES["digits"][0]}  # fmt: skip
+
+
+def train_size(cfg: Config) -> int:
+    """Training images a run of `cfg` sees per epoch (synthetic: --synthetic-train)."""
+    n = cfg.synthetic_train if cfg.dataset == "synthetic" else TRAIN_SIZES[cfg.dataset]
+    return min(n, cfg.train_limit or n)
 
 
 def _check_ranges(cfg: Config) -> None:
@@ -544,37 +550,14 @@ def image_side(cfg: Config) -> int:
 
 
 def _check_sizes(cfg: Config) -> None:
-    """What the dataset and the machine can hold, known before any file is read: a global
-    batch no larger than the training set, the images and the simulated devices in memory."""
-    from common.datasets import train_size  # numpy only; imported here to keep config light
-    from common.runtime import physical_memory
-
+    """What the dataset can hold, known before any file is read: a global batch no larger than
+    the training set. (What the machine can hold: common/preflight.py's check_memory.)"""
     n_train = train_size(cfg)
     if cfg.batch_size > n_train:
         most = max(cfg.gpus, n_train // cfg.gpus * cfg.gpus)
         raise ConfigError(
             f"global batch {cfg.batch_size} is larger than the {cfg.dataset} training set "
             f"({n_train} images), so no step could run; use --batch-size {most} or less"
-        )
-    n_test, _, channels = DATA_SHAPES.get(
-        cfg.dataset, (cfg.synthetic_test, 32, cfg.synthetic_channels)
-    )
-    side = image_side(cfg)
-    n_test = min(n_test, cfg.test_limit or n_test)
-    memory = physical_memory()
-    # uint8 images plus the float32 copy a resize makes: 5 bytes per pixel value.
-    need = (n_train + n_test) * side * side * channels * 5
-    if memory and need > memory * 0.8:
-        raise ConfigError(
-            f"{n_train + n_test} images of {side}x{side}x{channels} need ~{need / 2**30:.1f} "
-            f"GiB of memory, more than this machine's {memory / 2**30:.1f} GiB allow; use a "
-            "smaller --image-size or --train-limit"
-        )
-    if memory and cfg.gpus * DEVICE_BYTES > memory:
-        most = max(1, memory // DEVICE_BYTES)
-        raise ConfigError(
-            f"--gpus {cfg.gpus} needs at least {cfg.gpus * DEVICE_BYTES / 2**30:.0f} GiB of "
-            f"memory ({DEVICE_BYTES >> 20} MiB per device); this machine allows --gpus {most}"
         )
 
 

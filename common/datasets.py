@@ -38,11 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from common.config import train_size as train_size  # re-exported: its old home (common/memory.py)
+from common.errors import DatasetError
 from common.safe_io import open_regular, read_regular, regular_file
-
-
-class DatasetError(RuntimeError):
-    """A dataset cannot be read or fetched; the message says which file and what to do."""
 
 
 @dataclass(frozen=True)
@@ -652,16 +650,6 @@ def load_fashion_mnist(data_dir: str, download: bool, verify: bool = True) -> Da
 
 
 DIGITS_TEST = 360  # sklearn's 1797 digits: the last 360 of a fixed permutation are the test set
-# Training-set sizes (before --train-limit), known without reading a file: a runner rejects a
-# global batch larger than the training set before it starts any run.
-TRAIN_SIZES = {"cifar10": 50_000, "cifar100": 50_000, "fashion-mnist": 60_000,
-               "digits": 1797 - DIGITS_TEST}  # fmt: skip
-
-
-def train_size(cfg) -> int:  # type: ignore[no-untyped-def]
-    """Training images a run of `cfg` sees per epoch (synthetic: --synthetic-train)."""
-    n = cfg.synthetic_train if cfg.dataset == "synthetic" else TRAIN_SIZES[cfg.dataset]
-    return min(n, cfg.train_limit or n)
 
 
 def load_digits() -> Dataset:

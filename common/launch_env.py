@@ -16,7 +16,8 @@ import re
 from collections.abc import Mapping
 
 from common import devices
-from common.config import FRAMEWORKS, ConfigError
+from common.config import FRAMEWORKS
+from common.errors import ConfigError
 from common.runtime import FAIL_ENV, INJECT_ENV, PARENT_ENV, unwritable
 
 MAX_PROCESSES = 1 << 20  # ranks in one job: far above any machine room
@@ -157,3 +158,12 @@ def check_launch_env(env: Mapping[str, str] | None = None) -> None:
     check_torch(env)
     check_jax(env)
     check_caches(env)
+
+
+def process_rank() -> int:
+    """This process's rank from the launcher's environment (torchrun, jax.distributed, SLURM);
+    0 when none is set. Used where the framework has not started yet (failure records)."""
+    for var in ("RANK", "JAX_PROCESS_ID", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0

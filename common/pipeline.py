@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from common.config import ConfigError, per_device
+from common.config import per_device
 from common.datasets import Dataset
+from common.errors import ConfigError
 from common.runtime import injected
 
 

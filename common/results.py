@@ -23,9 +23,10 @@ import numpy as np
 
 from common import devices
 from common.config import Config
+from common.errors import WriteFailed
 from common.json_input import Required, Whole
 from common.processes import run_captured
-from common.runtime import WriteFailed, atomic_write_bytes
+from common.runtime import atomic_write_bytes
 from common.schedule import lr_table_for
 from common.tensorboard import EventLog
 
@@ -259,7 +260,7 @@ class RunRecorder:
         # dtype, the input's memory format, the execution mode ({"activation_dtype", ...}).
         self.ran: dict[str, str] | None = None
         # --tensorboard: process 0's event file, written per epoch from the rows below.
-        self.tensorboard = EventLog(cfg.tensorboard) if is_main and cfg.tensorboard else None
+        self.tensorboard = EventLog(cfg, self.environment) if is_main and cfg.tensorboard else None
         # Where finish() writes the record; torch-ddp's spawned workers leave it to the parent.
         self.output = cfg.output
         self._lr: np.ndarray | None = None  # the run's LR of every step (see epoch_lr)
@@ -299,7 +300,7 @@ class RunRecorder:
         }
         self.add_epoch(row)
         if self.tensorboard is not None:
-            self.tensorboard.epoch(self, row)
+            self.tensorboard.epoch(row)
         if self.is_main:
             print(
                 f"epoch {row['epoch']}/{self.cfg.epochs} sec={row['sec']:.3f} "
@@ -399,6 +400,22 @@ class RunRecorder:
             "status": self.status,
             "error": self.error,
             **self.extra,
+        }
+
+    def environment(self) -> dict[str, Any]:
+        """How the run executed (the same facts as its record): --tensorboard's text."""
+        packages, host = self._about_host()
+        return {
+            "framework": self.cfg.framework,
+            "devices": self.devices,
+            "device_kind": self.device_kind,
+            "threads": self.threads,
+            "execution": self.execution,
+            "float32_precision": self.float32_precision,
+            "pipeline": self.pipeline,
+            "versions": packages,
+            "host": host,
+            "command": [sys.executable, *sys.argv],
         }
 
     def _about_host(self) -> tuple[dict[str, str], dict[str, Any]]:

@@ -31,9 +31,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common.checkpoints import save_final_state
 from common.config import Config
 from common.datasets import load_for
 from common.init import init_record
+from common.interrupts import raise_if_interrupted
 from common.pipeline import (
     DEVICE_DATA_LIMIT,
     EvalLoader,
@@ -45,7 +47,7 @@ from common.profiling import ProfileWindow, profiler_for
 from common.results import RunRecorder, timing_summary
 from common.runtime import injected_failure, printer
 from common.timing import PhaseTimer, Timer
-from common.trainer import keep_measured_epochs, raise_if_interrupted, save_final_state
+from common.trainer import keep_measured_epochs
 
 S = TypeVar("S")  # a framework's train state
 

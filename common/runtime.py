@@ -22,7 +22,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from common.config import ConfigError
+from common.errors import ConfigError
 from common.processes import process_state, run_captured
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -280,16 +280,6 @@ def file_mode() -> int:
     mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
     os.umask(mask)
     return 0o666 & ~mask
-
-
-class WriteFailed(RuntimeError):
-    """A file the run writes (a checkpoint, --save-state, the record) could not be written: a
-    full disk, a quota, a file-size limit. Its partial files are already removed; the run ends
-    "failed" with this one line and no traceback (common/trainer.py). `path`: the file."""
-
-    def __init__(self, message: str, path: str | os.PathLike[str] = ""):
-        super().__init__(message)
-        self.path = str(path)
 
 
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:

@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from common.config import ConfigError
+from common.errors import ConfigError
 
 NPY_HEADER_MAX = 1024  # an .npy member's magic and header (numpy writes 128 bytes)
 ZIP_MEMBER_OVERHEAD = 1024  # a zip's local and central headers of one member (name, zip64)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from common.config import ConfigError
+from common.errors import ConfigError
 from common.init import digest
 
 SEAL_MAGIC = b"\n#dp-bench sha256 "

@@ -28,14 +28,13 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from common.config import Config, ConfigError
+from common.config import Config
+from common.errors import ConfigError
 from common.runtime import injected
-
-if TYPE_CHECKING:
-    from common.results import RunRecorder
 
 # Each tag and the epoch row (common.results.RunRecorder.end_epoch) field it plots; "lr" is apart.
 SCALARS = {
@@ -130,23 +129,6 @@ def epoch_scalars(row: dict[str, Any]) -> dict[str, float]:
     return {**{tag: float(row[key]) for tag, key in SCALARS.items()}, "lr": float(row["lr_last"])}
 
 
-def environment(recorder: RunRecorder) -> dict[str, Any]:
-    """How the run executed, from the recorder (the same facts as its record)."""
-    versions, host = recorder._about_host()
-    return {
-        "framework": recorder.cfg.framework,
-        "devices": recorder.devices,
-        "device_kind": recorder.device_kind,
-        "threads": recorder.threads,
-        "execution": recorder.execution,
-        "float32_precision": recorder.float32_precision,
-        "pipeline": recorder.pipeline,
-        "versions": versions,
-        "host": host,
-        "command": [sys.executable, *sys.argv],
-    }
-
-
 def _markdown_json(obj: Any) -> str:
     # The text plugin renders Markdown: indent 4 spaces = a code block, kept verbatim.
     text = json.dumps(obj, indent=2, default=str)
@@ -154,27 +136,29 @@ def _markdown_json(obj: Any) -> str:
 
 
 class EventLog:
-    """Process 0's event file for one run (in `logdir`); `RunRecorder` calls `epoch` once per
-    epoch and `close` when it builds the final record."""
+    """Process 0's event file for one run of `cfg` (in its --tensorboard directory);
+    `RunRecorder` calls `epoch` once per epoch and `close` when it builds the final record.
+    `environment()`: how the run executed (the recorder's facts), written once as a text."""
 
-    def __init__(self, logdir: str):
-        self.logdir = logdir
+    def __init__(self, cfg: Config, environment: Callable[[], dict[str, Any]]):
+        self.cfg, self.environment = cfg, environment
+        self.logdir = cfg.tensorboard
         self._writer: Any = None
         self.failed = False
 
-    def epoch(self, recorder: RunRecorder, row: dict[str, Any]) -> None:
+    def epoch(self, row: dict[str, Any]) -> None:
         """Write the epoch `row` just recorded (and, first, the config and environment texts)."""
         if self.failed:
             return
         try:
-            cfg = recorder.cfg
+            cfg = self.cfg
             if injected("tensorboard-error", cfg.framework):  # tests: a failing writer
                 raise OSError(f"injected TensorBoard write error in {self.logdir}")
             step, _ = global_step(row, cfg)
             if self._writer is None:
                 self._writer = EventFile(self.logdir)
                 self._writer.add_text("config", _markdown_json(cfg.to_dict()), step)
-                self._writer.add_text("environment", _markdown_json(environment(recorder)), step)
+                self._writer.add_text("environment", _markdown_json(self.environment()), step)
             for tag, value in epoch_scalars(row).items():
                 self._writer.add_scalar(tag, value, step)
             self._writer.flush()  # on disk now: a run killed later keeps its curves

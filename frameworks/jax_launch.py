@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterator
 import jax
 
 from common.config import Config, ConfigError
+from common.errors import first_line
 from common.runtime import env_int, stale_launch_env
-from common.trainer import failure_record, first_line, prog_name
+from common.trainer import failure_record, prog_name
 
 
 def init_distributed(timeout: float = 300.0, give_up: Callable[[str], None] | None = None) -> None:

@@ -34,9 +34,21 @@ from flax import serialization, struct, traverse_util
 from flax.training import train_state
 from jax.sharding import Mesh
 
+from common.checkpoints import (
+    CHECKPOINT_FIX,
+    check_resume,
+    check_weights,
+    checkpoint_limit,
+    checkpoint_meta,
+    read_sealed_checkpoint,
+    reading_checkpoint,
+    restore_meta,
+    write_sealed_checkpoint,
+)
 from common.config import Config, ConfigError, image_side, per_device
 from common.datasets import check_available
 from common.devices import need_gpus
+from common.errors import first_line
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.run import Run
@@ -54,18 +66,6 @@ from common.runtime import (
 from common.safe_io import read_regular
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from common.trainer import (
-    CHECKPOINT_FIX,
-    check_resume,
-    check_weights,
-    checkpoint_limit,
-    checkpoint_meta,
-    first_line,
-    read_sealed_checkpoint,
-    reading_checkpoint,
-    restore_meta,
-    write_sealed_checkpoint,
-)
 from frameworks.jax_launch import gave_up_joining, init_distributed
 from frameworks.jax_models import compute_dtype, count_params, decay_mask
 

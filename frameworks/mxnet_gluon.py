@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.checkpoints import check_resume
 from common.config import Config, ConfigError
 from common.datasets import check_available
 from common.pipeline import EvalLoader, TrainLoader
@@ -35,7 +36,7 @@ from common.run import Run
 from common.runtime import cpu_threads, set_omp_threads, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from common.trainer import check_resume, run_main, should_log
+from common.trainer import run_main, should_log
 
 if TYPE_CHECKING:
     from frameworks.mxnet_support import TrainState

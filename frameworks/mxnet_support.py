@@ -28,14 +28,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from common.config import Config, ConfigError
-from common.devices import need_gpus
-from common.pipeline import TrainLoader
-from common.results import RunRecorder, write_json_atomic
-from common.runtime import atomic_write_with
-from common.sealed import check_digest, seal_json, sha256_hex, unseal_json
-from common.timing import PhaseTimer
-from common.trainer import (
+from common.checkpoints import (
     CHECKPOINT_FIX,
     check_weights,
     checkpoint_limit,
@@ -45,6 +38,13 @@ from common.trainer import (
     restore_meta,
     writing_checkpoint,
 )
+from common.config import Config, ConfigError
+from common.devices import need_gpus
+from common.pipeline import TrainLoader
+from common.results import RunRecorder, write_json_atomic
+from common.runtime import atomic_write_with
+from common.sealed import check_digest, seal_json, sha256_hex, unseal_json
+from common.timing import PhaseTimer
 from frameworks.mxnet_models import structural_params, torch_key
 
 

@@ -28,13 +28,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.checkpoints import check_resume
 from common.config import CUDA_GRAPH_MODES, Config, resolve
 from common.datasets import check_available
 from common.run import Run
 from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from common.trainer import check_resume, run_main, should_log
+from common.trainer import run_main, should_log
 from frameworks.torch_launch import Launch, launch_env, process_group, single_process, spawn
 from frameworks.torch_models import CpuSyncBatchNorm, count_params, create_model
 from frameworks.torch_support import (

@@ -24,13 +24,14 @@ import sys
 import torch
 from torch import nn
 
+from common.checkpoints import check_resume
 from common.config import Config, ConfigError
 from common.datasets import check_available
 from common.run import Run
 from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from common.trainer import check_resume, run_main, should_log
+from common.trainer import run_main, should_log
 from frameworks.torch_models import count_params, create_model
 from frameworks.torch_support import (
     CompileMeter,

@@ -35,6 +35,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from common.config import Config, ConfigError
+from common.errors import BAD_INPUT, RunFailed
+from common.interrupts import Interrupted, raise_if_interrupted, shield_interrupts
 from common.results import write_json_atomic
 from common.runtime import (
     die_with_parent,
@@ -43,14 +45,7 @@ from common.runtime import (
     process_state,
     stale_launch_env,
 )
-from common.trainer import (
-    BAD_INPUT,
-    Interrupted,
-    RunFailed,
-    describe,
-    raise_if_interrupted,
-    shield_interrupts,
-)
+from common.trainer import describe
 
 
 @dataclass(frozen=True)

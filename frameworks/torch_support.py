@@ -19,22 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common import checkpoints
 from common.config import Config, ConfigError
 from common.devices import need_gpus
 from common.init import initial_state
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.timing import PhaseTimer
-from common.trainer import (
-    CHECKPOINT_FIX,
-    check_weights,
-    checkpoint_limit,
-    checkpoint_meta,
-    read_sealed_checkpoint,
-    reading_checkpoint,
-    restore_meta,
-    write_sealed_checkpoint,
-)
 from frameworks.torch_models import decay_parameters
 
 
@@ -434,11 +425,11 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
             "model": state.module.state_dict(),
             "optimizer": state.optimizer.state_dict(),
             "scaler": state.scaler.state_dict(),
-            **checkpoint_meta(cfg, recorder, epoch, state.step),
+            **checkpoints.checkpoint_meta(cfg, recorder, epoch, state.step),
         },
         buf,
     )
-    write_sealed_checkpoint(checkpoint_path(cfg), buf.getvalue())  # with its sha256
+    checkpoints.write_sealed_checkpoint(checkpoint_path(cfg), buf.getvalue())  # with its sha256
 
 
 def load_checkpoint(
@@ -449,20 +440,20 @@ def load_checkpoint(
     another run's metadata, tensors of other dtypes or shapes than the model's (load_state_dict
     would cast them), weights no training leaves."""
     path = checkpoint_path(cfg)
-    with reading_checkpoint(path):  # corrupt or foreign: one line, exit 2
+    with checkpoints.reading_checkpoint(path):  # corrupt or foreign: one line, exit 2
         # the content's sha256 first: a tensor changed with its zip CRCs rewritten is refused
-        payload = read_sealed_checkpoint(path, checkpoint_limit(cfg))
+        payload = checkpoints.read_sealed_checkpoint(path, checkpoints.checkpoint_limit(cfg))
         ckpt = load_tensors(io.BytesIO(payload), state.device)
-        epoch, step = restore_meta(ckpt, recorder, path)
+        epoch, step = checkpoints.restore_meta(ckpt, recorder, path)
         weights = ckpt["model"]
         for name, want in state.module.state_dict().items():
             got = weights.get(name)
             if tensor_type(got) != tensor_type(want):
                 raise ConfigError(
                     f"checkpoint {path}: {name} is {tensor_type(got)} where this model has "
-                    f"{tensor_type(want)}; {CHECKPOINT_FIX}"
+                    f"{tensor_type(want)}; {checkpoints.CHECKPOINT_FIX}"
                 )
-        check_weights({k: v.detach().cpu().numpy() for k, v in weights.items()}, path)
+        checkpoints.check_weights({k: v.detach().cpu().numpy() for k, v in weights.items()}, path)
         state.module.load_state_dict(weights)
         state.optimizer.load_state_dict(ckpt["optimizer"])
         state.scaler.load_state_dict(ckpt["scaler"])
@@ -483,7 +474,7 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
 def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
     """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
     the file read bounded: at most `limit` bytes, and checked against its sha256."""
-    return load_tensors(io.BytesIO(read_sealed_checkpoint(path, limit)), "cpu")
+    return load_tensors(io.BytesIO(checkpoints.read_sealed_checkpoint(path, limit)), "cpu")
 
 
 def load_tensors(path: Path | IO[bytes], device: Any) -> Any:

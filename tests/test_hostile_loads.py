@@ -31,11 +31,11 @@ import pytest
 
 import common.init as init_module
 from common import cli, datasets
+from common.checkpoints import checkpoint_meta, restore_meta
 from common.config import ConfigError, preset
 from common.datasets import DatasetError
 from common.init import cache_key, digest, draw, initial_state, parameter_spec
 from common.results import RunRecorder
-from common.trainer import checkpoint_meta, restore_meta
 from tests.conftest import (
     SMOKE,
     module_of,

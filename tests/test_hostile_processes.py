@@ -315,15 +315,15 @@ def test_sigterm_in_a_trainer_keeps_its_epochs_as_interrupted(tmp_path):
 @pytest.mark.parametrize("sigint", ["inherited", "ignored"])
 def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, request, monkeypatch):
     """A DataLoader's or Pool's worker forked inside `train` gets the signal handlers from before
-    run_main (common.trainer._restore_signals_in_child): the parent's would make it raise
+    run_main (common.interrupts._restore_signals_in_child): the parent's would make it raise
     Interrupted through its copy of the parent's stack and ignore the next SIGTERM, so that its
     pool's terminate() could wait for ever (d2l-mxnet's DataLoader did once, in CI). "ignored":
     as in a background job (`(bash scripts/test.sh &)`, nohup), started with SIGINT ignored (the
     hostile sweep's case of issue 29, group 5)."""
     import multiprocessing
 
-    import common.trainer as trainer
-    from common.trainer import interruptible
+    import common.interrupts as interrupts
+    from common.interrupts import interruptible
 
     def child_handlers() -> tuple[object, object]:
         read, write = os.pipe()
@@ -341,7 +341,7 @@ def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, reques
     # terminal, SIG_DFL and Python's default_int_handler; in a background job of a
     # non-interactive shell (`(bash scripts/test.sh &)`) SIGINT comes ignored, and the child
     # keeps it ignored as its shell meant.
-    monkeypatch.setattr(trainer, "_BEFORE", {})  # as in a new process (the first entry keeps it)
+    monkeypatch.setattr(interrupts, "_BEFORE", {})  # as in a new process (the first entry keeps it)
     if sigint == "ignored":
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
@@ -357,18 +357,18 @@ def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, reques
         assert done.wait(20), "pool.terminate() did not return"
         # The check fails without the hook: emptied, it restores nothing, and the child keeps
         # the parent's handler.
-        saved, trainer._BEFORE = dict(trainer._BEFORE), {}
+        saved, interrupts._BEFORE = dict(interrupts._BEFORE), {}
         try:
             assert "_raise_interrupted" in child_handlers()[0]
         finally:
-            trainer._BEFORE = saved
+            interrupts._BEFORE = saved
 
 
 # ---- one run per checkpoint directory -------------------------------------------------------
 
 
 def test_a_second_run_on_a_locked_checkpoint_dir_is_refused(tmp_path, monkeypatch):
-    from common.trainer import lock_checkpoint_dir
+    from common.checkpoints import lock_checkpoint_dir
 
     cfg = preset("smoke", checkpoint_dir=str(tmp_path / "ck"), resume=True)
     held = lock_checkpoint_dir(cfg)
@@ -395,7 +395,7 @@ def test_a_second_run_on_a_locked_checkpoint_dir_is_refused(tmp_path, monkeypatc
 
 
 def test_resume_refuses_other_hyper_parameters_and_fewer_epochs(tmp_path):
-    from common.trainer import CHECKPOINT_FORMAT, check_resume
+    from common.checkpoints import CHECKPOINT_FORMAT, check_resume
 
     ck = tmp_path / "ck.pt"
     ck.write_text("")

@@ -1,0 +1,49 @@
+"""The errors a run ends with, and how each is told in one line: imported by every layer of
+`common/` (config, datasets, the file readers, the trainer glue), so this module imports none.
+
+- `ConfigError`, `DatasetError`: bad input (a flag, a file, a dataset). One line naming the
+  problem and the fix, exit 2, before any training where it can be found then (`BAD_INPUT`).
+- `WriteFailed`: a file the run writes could not be written (a full disk, a quota); the run
+  ends "failed" with its one line and no traceback.
+- `RunFailed`: training failed and its record is already written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the problem and the fix."""
+
+
+class DatasetError(RuntimeError):
+    """A dataset cannot be read or fetched; the message says which file and what to do."""
+
+
+class WriteFailed(RuntimeError):
+    """A file the run writes (a checkpoint, --save-state, the record) could not be written: a
+    full disk, a quota, a file-size limit. Its partial files are already removed; the run ends
+    "failed" with this one line and no traceback (common/trainer.py). `path`: the file."""
+
+    def __init__(self, message: str, path: str | os.PathLike[str] = ""):
+        super().__init__(message)
+        self.path = str(path)
+
+
+class RunFailed(RuntimeError):
+    """Training failed and its record (with the epochs measured so far) is already written."""
+
+
+BAD_INPUT = (ConfigError, DatasetError)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line: its first non-empty line (torch's load errors run
+    over several lines, with advice that does not apply), the last one of a message that holds
+    a C++ traceback (MXNet), or its type name."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Traceback"):  # MXNet's C++ errors: the cause comes last
+        return re.sub(r"^\w+Error: ", "", lines[-1])
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,95 @@
+"""SIGTERM and SIGINT (a cancelled job, a scheduler's time limit, Ctrl-C) as `Interrupted`, the
+same in every trainer and tool: raised in the main thread inside `interruptible` (run_main,
+common/trainer.py), and also kept as a flag that every step checks (`raise_if_interrupted`, the
+training loader's per-step hook in common/run.py): a raise that Python swallowed (inside a gc
+callback, "Exception ignored in ...") still stops the run. The record then keeps the epochs
+measured so far with status "interrupted", exit code 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived (a cancelled job, a scheduler's time limit, Ctrl-C). A
+    BaseException, like KeyboardInterrupt, so that no `except Exception` takes it for a failed
+    step. `recorded`: the run's record already says "interrupted"."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.recorded = False
+
+
+def shield_interrupts() -> None:
+    """Ignore further SIGTERM / SIGINT while an interrupted run stops its workers and writes its
+    record (a scheduler signals every process of a job; a second Ctrl-C is common): a second
+    `Interrupted` raised half-way would lose the record. `interruptible` restores the handlers."""
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+
+
+_pending: list[int] = []  # the stop signal received inside `interruptible` (at most one)
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    if not _pending:
+        _pending.append(signum)  # first: a raise that lands in a callback may be swallowed
+    shield_interrupts()
+    raise Interrupted(signum)
+
+
+def raise_if_interrupted() -> None:
+    """Raise `Interrupted` if a stop signal came (checked at every step, common/run.py): the
+    handler's own raise is lost where it lands in code whose exceptions Python ignores (a gc
+    callback such as JAX's _xla_gc_callback, a __del__, a weakref callback), and the run
+    trained on and recorded "ok"."""
+    if _pending:
+        raise Interrupted(_pending[0])
+
+
+# The SIGTERM / SIGINT handlers `interruptible` replaced: what a forked child gets back.
+_BEFORE: dict[int, Any] = {}
+
+
+def _restore_signals_in_child() -> None:
+    """After a fork, in the child (a DataLoader's or a multiprocessing Pool's worker, forked
+    inside `train`): the handlers from before `interruptible`. With the parent's handler a
+    worker would answer its pool's terminate() by raising `Interrupted` through its copy of the
+    parent's stack and ignore the next SIGTERM (shield_interrupts), and the pool's join could
+    wait for it for ever (seen once: d2l-mxnet's DataLoader at the end of a run)."""
+    for s, handler in _BEFORE.items():
+        if signal.getsignal(s) is _raise_interrupted:
+            with suppress(ValueError):  # not the main thread: handlers cannot be set
+                signal.signal(s, handler)
+
+
+os.register_at_fork(after_in_child=_restore_signals_in_child)
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `Interrupted` in the main thread while inside (a no-op off the
+    main thread, where Python cannot install handlers). SIGTERM's default would end the process
+    without a record; torch-ddp's parent uses the exception to stop its workers first."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _pending.clear()
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s, handler in previous.items():
+        if handler is not None and handler is not _raise_interrupted:  # None: set outside Python
+            _BEFORE.setdefault(s, handler)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _pending.clear()
