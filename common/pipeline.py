@@ -187,7 +187,6 @@ class TrainLoader:
         self.steps = steps_per_epoch(len(ds.train_x), global_batch, max_steps)
         self.pad = max(1, ds.train_x.shape[1] // 8)  # 4 px at 32x32, 2 px at 16x16
         self.prefetch = prefetch
-        self.profile: Any = None  # --profile: a common.profiling.ProfileWindow (set by Run)
 
     def __len__(self) -> int:
         return self.steps
@@ -226,10 +225,9 @@ class TrainLoader:
             rows = rows + 1
         return idx.astype(np.int32), rows, cols, self.ds.train_y[idx].astype(np.int32)
 
-    def epoch(self, epoch: int, start_step: int = 0) -> Any:  # a Prefetcher, maybe profiled
+    def epoch(self, epoch: int, start_step: int = 0) -> Prefetcher:
         """Iterator over this rank's batches of `epoch`, prepared `prefetch` batches ahead."""
-        batches = Prefetcher(self._batches(epoch, start_step), self.prefetch, self.on_step)
-        return batches if self.profile is None else self.profile.wrap(batches, self.steps, epoch)
+        return Prefetcher(self._batches(epoch, start_step), self.prefetch, self.on_step)
 
 
 class EvalLoader:

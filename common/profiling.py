@@ -8,24 +8,25 @@ step inside the window). The first epoch is untimed (TIMING_RULE in common/timin
 profiler never touches the s/epoch and images/s a record reports; its cost shows instead as the
 profiled step time against the timed epochs' step time, both in the record.
 
-How: Run wraps the training batches of that epoch (`ProfileWindow.wrap`): before the window's
-first batch it waits for queued work (the framework's sync) and starts the profiler; the host's
-waits for the loader are marked `dpbench_input_wait`, the window `dpbench_window`; after the
-last step it syncs and stops the profiler, which writes the trace. Off (STEPS 0, the default),
-nothing is wrapped: the loop runs as it always did.
+How: Run wraps the training batches of that epoch (`run.batches` -> `ProfileWindow.wrap`):
+before the window's first batch it waits for queued work (the framework's sync) and starts the
+profiler; the host's waits for the loader are marked `dpbench_input_wait`, the window
+`dpbench_window`, and the trainer's phases (the PhaseTimer Run gives `ProfileWindow.annotate`)
+each a range of its own; after the last step it syncs and stops the profiler, which writes the
+trace. Off (STEPS 0, the default), nothing is wrapped: the loop runs as it always did.
 
-Each framework family has a `Profiler` (frameworks/profilers.py: torch.profiler, jax.profiler,
-MXNet's profiler), found by the framework's name (`PROFILERS`) and imported only when --profile
-is given: the trainers do not change. Framework-neutral (numpy and the standard library).
+The profiler comes in as a value: each trainer passes its framework's `Profiler` class
+(frameworks/profilers.py: torch.profiler, jax.profiler, MXNet's profiler) to `Run(...,
+profiler=...)`, which makes one only when --profile is given. Framework-neutral (numpy and the
+standard library).
 """
 
 from __future__ import annotations
 
 import gc
-import importlib
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,22 +35,6 @@ from common.config import Config
 
 WARMUP = 3  # steps of the first epoch before the window (the first compiles / autotunes)
 MARGIN = 2  # steps kept after the window: prefetching trainers fetch that far ahead
-
-
-PROFILERS = {  # framework -> its profiler class in frameworks/profilers.py
-    "torch-dp": "TorchProfiler",
-    "torch-ddp": "TorchProfiler",
-    "jax-pmap": "JaxProfiler",
-    "jax-shard": "JaxProfiler",
-    "jax-shardmap": "JaxProfiler",
-    "mxnet-gluon": "MxnetProfiler",
-}
-
-
-def profiler_for(framework: str) -> Callable[[], Profiler]:
-    """The class that makes `framework`'s profiler (imported now: --profile was given)."""
-    module = importlib.import_module("frameworks.profilers")
-    return getattr(module, PROFILERS[framework])
 
 
 class Profiler(Protocol):
@@ -113,7 +98,6 @@ class ProfileWindow:
         self.flavour = self.viewer = ""
         self.active: _Profiled | None = None
         self.error = ""
-        self.phases: Any = None  # the run's PhaseTimer: its phases become ranges in the trace
 
     def wrap(self, batches: Any, steps_per_epoch: int, epoch: int) -> Any:
         """`batches` (epoch `epoch`'s iterator with `wait_sec`, 0-based), profiled if this is
@@ -128,6 +112,12 @@ class ProfileWindow:
             return batches
         self.active = _Profiled(batches, self)
         return self.active
+
+    def annotate(self, name: str) -> AbstractContextManager[Any]:
+        """A named range in the trace while the window records (the PhaseTimer's phases);
+        nothing outside it."""
+        profiler = self.active.profiler if self.active is not None else None
+        return nullcontext() if profiler is None else profiler.annotate(name)
 
     def failed(self, why: str) -> None:
         """The profiler failed: the run goes on, unprofiled, and its record says why."""
@@ -218,8 +208,6 @@ class _Profiled:
             return
         self.profiler = profiler
         self.stack.enter_context(self.profiler.annotate(WINDOW))
-        if w.phases is not None:
-            w.phases.annotate = self.profiler.annotate
         self.t0 = time.perf_counter()
 
     def _stop(self) -> None:
@@ -229,8 +217,6 @@ class _Profiled:
         w.sync()  # host sync: the window's steps are done
         w.wall_sec = time.perf_counter() - self.t0
         w.count = max(0, min(w.count, self.fetched - w.first))
-        if w.phases is not None:
-            w.phases.annotate = None
         self.stack.close()
         try:
             w.trace = profiler.stop()

@@ -4,14 +4,14 @@ A trainer keeps what the reader came to compare: its model, its step, its data-p
 transform and the epoch loop with its sync points. `Run` holds the rest, written once:
 
     run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
-              sync=sync)                     # the data: run.ds, run.loader, run.evals
+              sync=sync, profiler=TorchProfiler)  # the data: run.ds, run.loader, run.evals
     state = create_train_state(cfg, model, ..., len(run.loader))
     run.record(devices=..., kind=..., params=..., execution=..., precision=..., ran=...)
     state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
     with run.measured():                     # a crash keeps the epochs measured so far
         for epoch in range(start, cfg.epochs):
             run.timer.start()
-            batches = run.loader.epoch(epoch)
+            batches = run.batches(epoch)     # the loader's, profiled under --profile
             ...                              # the framework's steps, their metric sums
             sec = run.timer.stop()
             ...                              # host copies of the sums: the sync point
@@ -20,7 +20,8 @@ transform and the epoch loop with its sync points. `Run` holds the rest, written
     return run.finish(lambda: canonical_state(state), **extra)
 
 Framework-neutral (numpy and the standard library): the framework's own calls come in as
-functions (`sync`, `load` and `save` of checkpoints, `barrier`).
+functions (`sync`, `load` and `save` of checkpoints, `barrier`) and its profiler as a class
+(`profiler`, frameworks/profilers.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from common.config import Config
 from common.datasets import load_for
 from common.init import init_record
 from common.interrupts import raise_if_interrupted
+from common.memory import check_memory
 from common.pipeline import (
     DEVICE_DATA_LIMIT,
     EvalLoader,
@@ -43,7 +45,7 @@ from common.pipeline import (
     crops_on_device,
     pipeline_record,
 )
-from common.profiling import ProfileWindow, profiler_for
+from common.profiling import Profiler, ProfileWindow
 from common.results import RunRecorder, timing_summary
 from common.runtime import injected_failure, printer
 from common.timing import PhaseTimer, Timer
@@ -63,8 +65,9 @@ class Run:
     to a multiple of it (static shapes). `device_bytes`: the most training-set bytes the
     framework's device arrays hold. torch-ddp's spawned ranks give the parent's `report` pipe
     (rank 0 sends its record after every epoch, and the parent writes --output) and a `barrier`
-    (every rank waits until rank 0's checkpoint is on disk). --profile: the framework's
-    profiler (frameworks/profilers.py) records a few steps (common/profiling.py)."""
+    (every rank waits until rank 0's checkpoint is on disk). `profiler`: what makes the
+    framework's profiler (frameworks/profilers.py), which records a few steps under --profile
+    (common/profiling.py; `batches` wraps that epoch's batches, the phases become ranges)."""
 
     def __init__(
         self,
@@ -81,8 +84,10 @@ class Run:
         device_bytes: int = DEVICE_DATA_LIMIT,
         report: Connection | None = None,
         barrier: Callable[[], Any] | None = None,
+        profiler: Callable[[], Profiler] | None = None,
     ):
         injected_failure(framework)  # DPBENCH_FAIL=<framework>: a start-up failure (tests)
+        check_memory(cfg, gpu, world)  # sizes against memory, before the data and the model
         self.cfg, self.framework, self.packages = cfg, framework, packages
         self.rank, self.world, self.is_main = rank, world, rank == 0
         self.report, self.barrier = report, barrier
@@ -108,13 +113,12 @@ class Run:
             len(EvalLoader(self.ds, self.eval_batch, r, world)) for r in range(world)
         )
         self.timer = Timer(sync)  # the epoch's time (common/timing.py, TIMING_RULE)
-        self.phases = PhaseTimer(sync, cfg.phase_timing)  # --phase-timing
         self.profile: ProfileWindow | None = None  # --profile STEPS: the framework's profiler
         if cfg.profile:
-            make = profiler_for(framework)
-            self.profile = ProfileWindow(cfg, make, sync, rank, self.is_main, self.log)
-            self.profile.phases = self.phases
-            self.loader.profile = self.profile
+            assert profiler is not None, f"{framework} gives Run no profiler for --profile"
+            self.profile = ProfileWindow(cfg, profiler, sync, rank, self.is_main, self.log)
+        annotate = None if self.profile is None else self.profile.annotate  # phases as ranges
+        self.phases = PhaseTimer(sync, cfg.phase_timing, annotate)  # --phase-timing
         self.recorder: RunRecorder | None = None
         self.start = 0  # the first epoch this process trains (after --resume: the next one)
         self._save: Callable[[Any, int], None] = lambda state, epoch: None  # see resume()
@@ -178,6 +182,14 @@ class Run:
         if self.cfg.resume:
             self.log(f"no checkpoint at {path}: starting from scratch")
         return state, 0
+
+    def batches(self, epoch: int) -> Any:
+        """This process's training batches of `epoch` (0-based; the loader's, with `wait_sec`),
+        the first epoch of the process profiled under --profile (common/profiling.py)."""
+        batches = self.loader.epoch(epoch)
+        if self.profile is None:
+            return batches
+        return self.profile.wrap(batches, len(self.loader), epoch)
 
     @contextmanager
     def measured(self) -> Iterator[None]:

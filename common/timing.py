@@ -48,14 +48,20 @@ class PhaseTimer:
 
     The syncs serialise work that would otherwise overlap, so phase timing is opt-in
     (`--phase-timing`) and never used for the headline sec/epoch. When disabled, `phase()` is a
-    no-op that adds no sync; inside a --profile window (common/profiling.py) it marks the
-    phase as a named range in the trace (`annotate`), still without a sync.
+    no-op that adds no sync; under --profile it marks the phase as a named range in the trace
+    (`annotate(name)`: common/profiling.py's ProfileWindow.annotate, a range only inside the
+    profiled window), still without a sync.
     """
 
-    def __init__(self, sync: Callable[[], None], enabled: bool):
+    def __init__(
+        self,
+        sync: Callable[[], None],
+        enabled: bool,
+        annotate: Callable[[str], AbstractContextManager[Any]] | None = None,
+    ):
         self.sync = sync
         self.enabled = enabled
-        self.annotate: Callable[[str], AbstractContextManager[Any]] | None = None
+        self.annotate = annotate
         self.reset()
 
     def reset(self) -> None:

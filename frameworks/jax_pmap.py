@@ -232,7 +232,7 @@ def train(cfg: Config) -> dict:
     with run.measured():
         for epoch in range(run.start, cfg.epochs):
             run.timer.start()
-            batches = run.loader.epoch(epoch)
+            batches = run.batches(epoch)
             totals: dict[str, jax.Array] = {}
             for i, batch in enumerate(prefetch_to_devices(batches, put_train, phases)):
                 # One fused XLA program: forward, backward, all-reduce and update cannot be

@@ -68,6 +68,7 @@ from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from frameworks.jax_launch import gave_up_joining, init_distributed
 from frameworks.jax_models import compute_dtype, count_params, decay_mask
+from frameworks.profilers import JaxProfiler
 
 
 class TrainState(train_state.TrainState):
@@ -889,7 +890,8 @@ def start_run(
     # This process's rows of every global batch; static shapes: every test batch is padded to
     # a multiple of this process's device count.
     run = Run(cfg, framework, packages, rank=jax.process_index(), world=jax.process_count(),
-              layout="NHWC", gpu=plan.platform == "gpu", sync=sync, pad_to=cfg.gpus)  # fmt: skip
+              layout="NHWC", gpu=plan.platform == "gpu", sync=sync, pad_to=cfg.gpus,
+              profiler=JaxProfiler)  # fmt: skip
     model = build_model(cfg, run.ds.channels, run.ds.num_classes, plan.compute_dtype)
     state = create_train_state(cfg, model, run.ds.image_shape, mesh, len(run.loader))
     params = unreplicate(state.params)  # host copy: the size, and what the program runs

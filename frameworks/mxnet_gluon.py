@@ -37,6 +37,7 @@ from common.runtime import cpu_threads, set_omp_threads, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from common.trainer import run_main, should_log
+from frameworks.profilers import MxnetProfiler
 
 if TYPE_CHECKING:
     from frameworks.mxnet_support import TrainState
@@ -284,7 +285,7 @@ def train(cfg: Config) -> dict:
     gpu = ctx[0].device_type == "gpu"
     # rank 0 of 1: this process reads every global batch and splits it over the contexts.
     run = Run(cfg, FRAMEWORK, PACKAGES, layout="NCHW", gpu=gpu, sync=sync, pad_to=len(ctx),
-              device_bytes=MAX_ELEMENTS)  # fmt: skip
+              device_bytes=MAX_ELEMENTS, profiler=MxnetProfiler)  # fmt: skip
     model = build_model(cfg, run.ds.channels, run.ds.num_classes)
     state = create_train_state(cfg, model, ctx, len(run.loader))
     omp = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
@@ -311,7 +312,7 @@ def train(cfg: Config) -> dict:
         for epoch in range(start, cfg.epochs):
             mx.random.seed(seed_for(cfg.seed, epoch), ctx="all")  # dropout masks
             run.timer.start()
-            batches = run.loader.epoch(epoch)
+            batches = run.batches(epoch)
             totals: dict[str, Any] = {}
             for host_batch in batches:
                 with state.phases.phase("h2d"):

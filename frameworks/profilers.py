@@ -1,6 +1,8 @@
 """Each framework's own profiler, as `--profile STEPS` drives it (common/profiling.py): start,
 named host ranges, stop and write a trace that a standard viewer opens and common/breakdown.py
-reads. The framework is imported when its profiler is made, so every trainer imports this file.
+reads. Each trainer passes its framework's class to `Run(..., profiler=...)` (common/run.py; the
+JAX trainers' in jax_support.start_run); the framework's profiler module is imported only when
+the profiled window opens, so every trainer imports this file at no cost.
 
     torch   torch.profiler (CPU ops; CUDA kernels on GPUs): rank<r>/<host>.pt.trace.json, a
             Chrome trace that Perfetto, chrome://tracing and TensorBoard's torch profiler
@@ -14,41 +16,34 @@ reads. The framework is imported when its profiler is made, so every trainer imp
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 
-class _Profiler:
-    """What every profiler here shares: its framework's profiler module, imported when made."""
-
-    flavour = viewer = module = ""
-    annotation = ""  # the module's named-range context manager
-
-    def __init__(self) -> None:
-        self.profiler: Any = importlib.import_module(self.module)
-
-    def annotate(self, name: str) -> Any:
-        return getattr(self.profiler, self.annotation)(name)
-
-
-class TorchProfiler(_Profiler):
-    flavour, module, annotation = "torch", "torch.profiler", "record_function"
+class TorchProfiler:
+    flavour = "torch"
     viewer = "Perfetto (ui.perfetto.dev), chrome://tracing or TensorBoard's torch profiler plugin"
 
     def start(self, trace_dir: Path) -> None:
         os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # not kineto's "no GPU" ERROR on CPUs
+        import torch
+        import torch.profiler  # the framework's profiler: imported when the window opens
+
+        self.profiler: Any = torch.profiler
         self.dir = trace_dir
         acts = [self.profiler.ProfilerActivity.CPU]
-        if importlib.import_module("torch").cuda.is_available():
+        if torch.cuda.is_available():
             acts.append(self.profiler.ProfilerActivity.CUDA)
         self.prof = self.profiler.profile(activities=acts)
         self.prof.start()
+
+    def annotate(self, name: str) -> AbstractContextManager[Any]:
+        return self.profiler.record_function(name)
 
     def stop(self) -> Path:
         self.prof.stop()
@@ -59,15 +54,21 @@ class TorchProfiler(_Profiler):
         return path
 
 
-class JaxProfiler(_Profiler):
-    flavour, module, annotation = "jax", "jax.profiler", "TraceAnnotation"
+class JaxProfiler:
+    flavour = "jax"
     viewer = "TensorBoard's profile plugin / XProf (the folder), or Perfetto (*.trace.json.gz)"
 
     def start(self, trace_dir: Path) -> None:
         self.dir, self.t0 = trace_dir, time.time()
+        import jax.profiler  # the framework's profiler: imported when the window opens
+
+        self.profiler: Any = jax.profiler
         options = self.profiler.ProfileOptions()
         options.python_tracer_level = 0  # XLA's events, not every Python call
         self.profiler.start_trace(str(trace_dir), profiler_options=options)
+
+    def annotate(self, name: str) -> AbstractContextManager[Any]:
+        return self.profiler.TraceAnnotation(name)
 
     def stop(self) -> Path:
         self.profiler.stop_trace()
@@ -78,12 +79,15 @@ class JaxProfiler(_Profiler):
         return traces[-1]  # this run's: the newest
 
 
-class MxnetProfiler(_Profiler):
-    flavour, module = "mxnet", "mxnet.profiler"
+class MxnetProfiler:
+    flavour = "mxnet"
     viewer = "Perfetto (ui.perfetto.dev) or chrome://tracing"
 
     def start(self, trace_dir: Path) -> None:
         self.path = trace_dir / "trace.json"
+        import mxnet.profiler  # the framework's profiler: imported when the window opens
+
+        self.profiler: Any = mxnet.profiler
         self.profiler.set_config(
             profile_symbolic=True, profile_imperative=True, profile_memory=False,
             profile_api=False, aggregate_stats=False, filename=str(self.path),

@@ -36,6 +36,7 @@ from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from common.trainer import run_main, should_log
+from frameworks.profilers import TorchProfiler
 from frameworks.torch_launch import Launch, launch_env, process_group, single_process, spawn
 from frameworks.torch_models import CpuSyncBatchNorm, count_params, create_model
 from frameworks.torch_support import (
@@ -248,7 +249,8 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
         # The data is sharded here: this rank reads only its contiguous part of every global
         # batch (the sharding DistributedSampler + set_epoch gives, minus padding).
         run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
-                  sync=sync, report=report, barrier=dist.barrier)  # fmt: skip
+                  sync=sync, report=report, barrier=dist.barrier,
+                  profiler=TorchProfiler)  # fmt: skip
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = build_model(cfg, run.ds.channels, run.ds.num_classes)
         state = create_train_state(cfg, model, device, len(run.loader), plan)
@@ -280,7 +282,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
                 torch.manual_seed(seed_for(cfg.seed, epoch, rank))  # dropout masks
                 state.model.train()
                 run.timer.start()
-                batches = run.loader.epoch(epoch)
+                batches = run.batches(epoch)
                 totals: dict[str, torch.Tensor] = {}
                 for host_batch in batches:
                     with state.phases.phase("h2d"):

@@ -32,6 +32,7 @@ from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from common.trainer import run_main, should_log
+from frameworks.profilers import TorchProfiler
 from frameworks.torch_models import count_params, create_model
 from frameworks.torch_support import (
     CompileMeter,
@@ -186,7 +187,8 @@ def train(cfg: Config) -> dict:
     if not cuda:
         torch.set_num_threads(cpu_threads(1))
     # One process reads every global batch; DataParallel shards it in the step (scatter).
-    run = Run(cfg, FRAMEWORK, PACKAGES, layout="NCHW", gpu=cuda, sync=sync)
+    run = Run(cfg, FRAMEWORK, PACKAGES, layout="NCHW", gpu=cuda, sync=sync,
+              profiler=TorchProfiler)  # fmt: skip
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, run.ds.channels, run.ds.num_classes)
     state = create_train_state(cfg, model, device_ids, len(run.loader), plan)
@@ -215,7 +217,7 @@ def train(cfg: Config) -> dict:
             torch.manual_seed(seed_for(cfg.seed, epoch, 0))  # dropout masks
             state.model.train()
             run.timer.start()
-            batches = run.loader.epoch(epoch)
+            batches = run.batches(epoch)
             totals: dict[str, torch.Tensor] = {}
             for host_batch in batches:
                 with state.phases.phase("h2d"):

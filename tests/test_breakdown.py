@@ -224,16 +224,15 @@ def drive(tmp_path: Path, steps_per_epoch: int, profile: int, fail_at: int = -1)
     FakeProfiler.log = []
     cfg = preset("digits", framework="torch-ddp", profile=profile, profile_dir=str(tmp_path))
     syncs: list[int] = []
-    phases = PhaseTimer(lambda: None, False)
     window = ProfileWindow(cfg, FakeProfiler, lambda: syncs.append(1), 0, True, lambda s: None)
-    window.phases = phases
+    phases = PhaseTimer(lambda: None, False, window.annotate)  # as Run makes it under --profile
     batches = window.wrap(Batches(steps_per_epoch), steps_per_epoch, 0)
     seen, annotated = [], []
     for b in batches:
         if b == fail_at:
             raise RuntimeError("a step failed")
         with phases.phase("forward_backward"):
-            annotated.append(phases.annotate is not None)
+            annotated.append(FakeProfiler.log[-1:] == ["<forward_backward"])
         seen.append(b)
     assert window.wrap(Batches(3), 3, 0).__class__ is Batches  # only the first epoch
     return window, seen, annotated, syncs, batches
