@@ -1,0 +1,270 @@
+"""Sizes held against memory before a run trains (issue #41 item 7): an estimate of the run's
+peak memory from its config alone, and a refusal in one line, with the size that would fit,
+where it cannot fit. Without it a batch or an image size that cannot fit was accepted and the
+run grew until the machine swapped or the kernel killed it.
+
+The estimate (numpy-free arithmetic on the config; no framework):
+- the model: every parameter (common/init.py's `parameter_spec`, the layout every framework
+  builds) in float32, with its gradient and the optimiser's state (momentum: one more copy),
+  once per replica (a simulated device, a torch-ddp rank, a GPU);
+- the activations one image keeps for the backward pass: every conv's output at its feature
+  map's side (the stride-2 stages of ResNet-18, the max-pools of the WideResNet), SAVED times
+  (the conv's output for its BatchNorm and the normalised, rectified output for the next conv),
+  in the compute dtype (bf16 / fp16 on a GPU: 2 bytes, else 4), times the images each replica
+  holds at once (all replicas of a process at once on the CPU: XLA and MXNet run the simulated
+  devices in parallel, and torch-dp's one CPU replica takes the whole global batch); the test
+  pass's forward (two feature maps live) where its batch is the larger;
+- the data: the uint8 training and test images each process keeps, the float32 batches in the
+  prefetch queue, and the training set resident on every device under `--pipeline device`.
+
+Calibrated against measured peaks (peak RSS on a 2-core CPU; torch.cuda.max_memory_allocated
+and JAX's peak_bytes_in_use on one H100: docs/results/h100-20261123), it is a floor, not a
+ceiling: the frameworks' allocators, caches and workspaces come on top (measured peaks were
+1.2-3x the estimate plus the framework's own RUNTIME_BYTES). A run is refused only where the
+floor already exceeds the memory there is, so no run that fits is refused.
+
+What it is held against: on the CPU, the host's available memory (MemAvailable, and the
+cgroup's limit less its usage where one is set), measured when the run's processes have
+started, so the frameworks' own memory is already taken from it; on a GPU, each GPU's total
+memory as nvidia-smi reports it for the GPUs this process may use (CUDA_VISIBLE_DEVICES by
+index or UUID), plus the host's for the data. `check` takes stand-in values for both, which
+is how the GPU path is tested: it has not yet run on a real GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.config import DATA_SHAPES, Config, data_dims, image_side, train_size
+from common.errors import ConfigError
+from common.init import parameter_spec
+from common.pipeline import DEVICE_DATA_LIMIT
+
+# Feature maps per conv kept for the backward pass: its output (for its BatchNorm) and the
+# normalised, rectified output (for the next conv), less where a framework frees or fuses:
+# 7/4 keeps the estimate under every peak measured (torch's eager CPU step held 1.85-2.1).
+SAVED = 1.75
+# A framework's own resident memory per process: the peak RSS of the smoke preset (1 epoch,
+# 2-core CPU). Not held against the memory there is (it is taken when the check runs); `peak`
+# adds it, to compare the estimate with a measured peak RSS.
+RUNTIME_BYTES = {"torch": 820 << 20, "jax": 510 << 20, "mxnet": 240 << 20}
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Need:
+    """A run's estimated peak in bytes: `fixed` + `per_image` x the images of `batch`, where
+    `batch` is what grows with --batch-size there (a replica's share on a GPU, every image a
+    process holds at once on the CPU), and `host` what the host holds besides on a GPU run."""
+
+    where: str  # "host" or "gpu"
+    fixed: int
+    per_image: int
+    batch: int
+    devices: int  # over which the global batch is split (a suggested batch divides by it)
+    host: int = 0  # a GPU run's host memory: the data (0 on a CPU run: in `fixed`)
+
+    @property
+    def total(self) -> int:
+        return self.fixed + self.per_image * self.batch
+
+
+def conv_sides(model: str, side: int) -> dict[str, int]:
+    """The output side of each conv block of `model` on `side`x`side` images, by the name
+    prefix of its parameters (stride-1 3x3 stem; ResNet-18's stride-2 stages layer2-4, sides
+    rounded up; the WideResNet's 2x2 max-pools after layer2 and layer4, rounded down)."""
+    if model == "resnet18":
+        sides = {f"layer{i + 1}.": math.ceil(side / 2**i) for i in range(4)}
+    else:
+        sides = {f"layer{i + 1}.": side // 2 ** (i // 2) for i in range(6)}
+    return {"conv1.": side, **sides}
+
+
+def feature_map_elements(model: str, width: float, side: int, channels: int) -> tuple[int, int]:
+    """(sum over every conv of its output's elements, the largest output) for one image."""
+    sides = conv_sides(model, side)
+    total = largest = 0
+    for name, shape, kind in parameter_spec(model, width, channels, 2):
+        if kind != "conv":
+            continue
+        s = next(v for prefix, v in sides.items() if name.startswith(prefix))
+        total += shape[0] * s * s
+        largest = max(largest, shape[0] * s * s)
+    return total, largest
+
+
+def estimate(cfg: Config, gpu: bool, world: int = 1) -> Need:
+    """The peak memory of `cfg` on GPUs (`gpu`) or simulated CPU devices, run by `world`
+    processes (torch-ddp: one per device; JAX: one per host, --gpus devices each); the host's
+    share is that of the processes on this machine (`processes_here`). See the module doc."""
+    channels, classes = data_dims(cfg)
+    side = image_side(cfg)
+    spec = parameter_spec(cfg.model, cfg.width, channels, classes)
+    params = sum(math.prod(shape) for _, shape, _ in spec)
+    slots = 1 if (cfg.optimizer == "novograd" or cfg.momentum > 0) else 0
+    model = params * 4 * (2 + slots)  # weights, gradients, optimiser state: float32
+    maps, largest = feature_map_elements(cfg.model, cfg.width, side, channels)
+    act_bytes = 2 if gpu and cfg.precision in ("bf16", "fp16") else 4
+    image = side * side * channels
+    per_image = int(SAVED * maps * act_bytes) + 4 * image  # + its float32 input
+    eval_per_image = 2 * largest * act_bytes + 4 * image  # forward only: two maps live
+    n_train = train_size(cfg)
+    n_test_all = DATA_SHAPES.get(cfg.dataset, (cfg.synthetic_test,))[0]
+    n_test = min(n_test_all, cfg.test_limit or n_test_all)
+    ddp = cfg.framework == "torch-ddp"
+    per_process = 1 if ddp else cfg.gpus  # devices each process drives
+    devices = per_process * max(1, world)
+    local = max(1, cfg.batch_size // devices)  # a replica's share of the global batch
+    # a test batch holds at most a process's part of the test set (common/pipeline.EvalLoader)
+    procs = max(1, world)
+    eval_process = min(max(1, cfg.eval_batch_size // procs), -(-n_test // procs))
+    eval_local = max(1, eval_process // per_process)
+    data = (n_train + n_test) * image  # uint8, in every process (each loads the dataset)
+    queued = (cfg.prefetch + 1) * 4 * image  # per image: the float32 batches of the prefetch
+    resident = n_train * image if cfg.pipeline == "device" else 0
+    if gpu and cfg.pipeline == "auto" and n_train * image <= DEVICE_DATA_LIMIT:
+        resident = n_train * image
+    here = processes_here(cfg, world)
+    if gpu:
+        evaluation = max(0, eval_local * eval_per_image - local * per_image)
+        fixed = model + resident + evaluation
+        host = here * (data + queued * local * per_process)
+        return Need("gpu", fixed, per_image, local, devices, host=host)
+    # CPU: a process's replicas run at once; torch-dp's one CPU replica takes the whole batch
+    replicas = 1 if cfg.framework == "torch-dp" else per_process
+    held = local * per_process  # the images a process holds at once
+    evaluation = max(0, eval_local * per_process * eval_per_image - held * per_image)
+    fixed = here * (data + replicas * (model + resident) + evaluation)
+    return Need("host", fixed, per_image + queued, here * held, devices)
+
+
+def peak(cfg: Config, world: int = 1) -> int:
+    """The peak resident memory the estimate predicts for a CPU run of `cfg` on this machine,
+    the frameworks' own memory included (what a measured peak RSS is compared with)."""
+    runtime = RUNTIME_BYTES.get(cfg.framework.split("-")[0], 0)
+    return estimate(cfg, False, world).total + processes_here(cfg, world) * runtime
+
+
+def processes_here(cfg: Config, world: int) -> int:
+    """The run's processes on this machine: torch-ddp's ranks (torchrun's LOCAL_WORLD_SIZE on
+    several machines), one for every other trainer (a JAX process per host)."""
+    if cfg.framework != "torch-ddp":
+        return 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if local.isdigit() and int(local) >= 1 else max(1, world)
+
+
+def _cgroup_room() -> int | None:
+    """What this process's memory cgroup still allows (limit - usage), None without a limit."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # v2
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),  # noqa: E501
+    ):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # "max" or the v1 "no limit" sentinel
+            return max(0, int(limit) - usage)
+    return None
+
+
+def host_available() -> int:
+    """Bytes of host memory a run can still take: MemAvailable, or less where the cgroup's
+    limit leaves less; 0 where the system does not say (nothing is then checked)."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return 0
+    found = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE)
+    if not found:
+        return 0
+    available = int(found.group(1)) * 1024
+    room = _cgroup_room()
+    return available if room is None else min(available, room)
+
+
+def gpu_memory(gpus: int) -> int:
+    """Total bytes of the smallest of the first `gpus` GPUs this process may use, from
+    nvidia-smi (CUDA_VISIBLE_DEVICES by index or UUID); 0 where that cannot be said (no
+    nvidia-smi, MIG instances, an answer it cannot read): the GPU check is then skipped."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    from common.processes import run_captured
+
+    query = ["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = run_captured(["nvidia-smi", *query], timeout=20).stdout
+        rows = [[f.strip() for f in line.split(",")] for line in out.splitlines() if line.strip()]
+        table = {(r[0], r[1]): int(r[2]) << 20 for r in rows}
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        chosen = list(table.values())
+    else:
+        chosen = []
+        for entry in (e.strip() for e in visible.split(",")):
+            match = [m for (i, u), m in table.items() if entry in (i, u) or u.startswith(entry)]
+            if len(match) != 1:
+                break  # a MIG instance, or an entry CUDA would stop at too
+            chosen += match
+    return min(chosen[:gpus], default=0)
+
+
+def check_memory(
+    cfg: Config,
+    gpu: bool,
+    world: int = 1,
+    host_bytes: int | None = None,
+    gpu_bytes: int | None = None,
+) -> None:
+    """Refuse `cfg` (ConfigError: one line with the size that would fit) where its estimated
+    peak exceeds the memory there is: the host's available memory, and on a GPU run each GPU's
+    memory as well. `host_bytes` / `gpu_bytes` stand in for the measured values (tests)."""
+    need = estimate(cfg, gpu, world)
+    host = host_available() if host_bytes is None else host_bytes
+    if gpu:
+        if host and need.host > host:
+            raise ConfigError(
+                f"the data of this run ({cfg.dataset} at {image_side(cfg)}x{image_side(cfg)}) "
+                f"needs about {need.host / GIB:.1f} GiB of host memory, this machine has "
+                f"{host / GIB:.1f} GiB available; use a smaller --image-size or --train-limit"
+            )
+        have = gpu_memory(cfg.gpus) if gpu_bytes is None else gpu_bytes
+        where = f"on each GPU, which has {have / GIB:.1f} GiB"
+    else:
+        have = host
+        where = f"of host memory, this machine has {have / GIB:.1f} GiB available"
+    if not have or need.total <= have:
+        return
+    side = image_side(cfg)
+    asked = f"--batch-size {cfg.batch_size} at {side}x{side} ({cfg.model}, width {cfg.width:g})"
+    raise ConfigError(
+        f"{asked} needs about {need.total / GIB:.1f} GiB {where}; {fix(cfg, gpu, world, have)}"
+    )  # noqa: E501
+
+
+def fix(cfg: Config, gpu: bool, world: int, have: int) -> str:
+    """What would fit in `have` bytes: the largest global batch (a multiple of --gpus), else
+    the largest image size at the smallest batch, else a narrower model."""
+    need = estimate(cfg, gpu, world)
+    room = (have - need.fixed) // need.per_image if have > need.fixed else 0
+    batch = room * cfg.batch_size // need.batch // need.devices * need.devices
+    if batch >= need.devices:
+        return f"--batch-size {batch} would fit"
+    smallest = cfg.replace(batch_size=need.devices, eval_batch_size=need.devices)
+    for side in range(image_side(cfg) - 8 - image_side(cfg) % 8, 7, -8):
+        if estimate(smallest.replace(image_size=side), gpu, world).total <= have:
+            return f"--batch-size {need.devices} at --image-size {side} would fit"
+    return "no batch size fits at this image size; use a smaller --width or --image-size"
