@@ -154,7 +154,7 @@ step7() {
   for side in --no-step-cache --step-cache; do
     run "$PY" -m frameworks.jax_pmap "${JAXWORK[@]}" "$side" --output "$OUT/step-cache-warmup.json"
   done
-  run env DPBENCH_PYTHON_JAX_PMAP="$PY" "$PY" -m benchmarks.ab --framework jax-pmap \
+  run env DPBENCH_PYTHON_JAX_PMAP="$PY" "$PY" -m benchmarks.analysis.ab --framework jax-pmap \
       --a=--no-step-cache --b=--step-cache --repeat 3 --timeout 180 \
       --out "$OUT/step-cache-jax-pmap" -- "${JAXWORK[@]}"
 }
@@ -182,7 +182,7 @@ step8() {
 
 # 9. MFU (optional, issue 39): how much of the GPU's bf16 peak the best loops reach, by batch.
 #    jax-pmap and torch-ddp with CUDA graphs at global batch 256, 512, 1024 and 2048 on one GPU,
-#    the loop and its compute-only step, 8192 images per epoch, 3 epochs; benchmarks/mfu.py
+#    the loop and its compute-only step, 8192 images per epoch, 3 epochs; benchmarks/analysis/mfu.py
 #    turns the four tables into one with MFU = images/s x 3.33 GFLOP per image (ResNet-18 at
 #    32x32, forward and backward, measured with torch's FlopCounterMode on the H200) / the
 #    peak (--peak-tflops, default 989: H100/H200 SXM dense bf16). About 4 minutes, estimated.
@@ -194,7 +194,7 @@ step9() {
       --channels-last --out "$OUT/mfu/b$b"
     tables+=("$OUT/mfu/b$b/throughput.json")
   done
-  run "$PY" -m benchmarks.mfu --out "$OUT/mfu" "${tables[@]}"
+  run "$PY" -m benchmarks.analysis.mfu --out "$OUT/mfu" "${tables[@]}"
 }
 
 IFS=, read -r -a order <<<"$STEPS"

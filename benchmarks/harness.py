@@ -78,7 +78,7 @@ from common.runtime import (
 from common.safe_io import read_regular
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
-TOOL = "python -m benchmarks.{}"  # how each tool is started
+TOOL = "python -m benchmarks.{}"  # how each runner is started (the analysis tools: prog=)
 TAIL_LINES = 15  # the last lines of a log kept with a failed run's record
 
 
@@ -518,7 +518,7 @@ class Parser(argparse.ArgumentParser):
         self.tool = tool
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.tool}: error: {message}; see {TOOL.format(self.tool)} --help\n")
+        self.exit(2, f"{self.tool}: error: {message}; see {self.prog} --help\n")
 
 
 def add_flags(

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import breakdowns, harness
+from benchmarks import harness
+from benchmarks.analysis import breakdowns
 from benchmarks.harness import UsageError, markdown_table, print_table as show, write_atomic
 from common.json_input import Required, Whole
 from common.processes import gone
@@ -740,9 +741,9 @@ def _bytes(n: float) -> str:
 
 def predicted_section(records: list[dict[str, Any]]) -> list[str]:
     """Markdown lines: each framework's measured N-device efficiency beside the efficiency that
-    benchmarks/predict.py PREDICTS from its 1-device run alone, and every input of the
+    benchmarks/analysis/predict.py PREDICTS from its 1-device run alone, and every input of the
     prediction; no lines when no framework has both (predict.measured_vs_predicted)."""
-    from benchmarks import predict
+    from benchmarks.analysis import predict
 
     table = predict.measured_vs_predicted(records)
     if not table:
@@ -752,7 +753,7 @@ def predicted_section(records: list[dict[str, Any]]) -> list[str]:
         f"## {PREDICTED_TITLE}",
         "",
         "Measured: the N-device runs above (efficiency = images/s / (N x the 1-device "
-        "images/s), medians over the seeds). PREDICTED: benchmarks/predict.py's model "
+        "images/s), medians over the seeds). PREDICTED: benchmarks/analysis/predict.py's model "
         "(docs/scaling.md: step = host + input wait + compute + exposed ring all-reduce) from "
         "each framework's 1-device run and the inputs listed below, nothing taken from the "
         "N-device runs but their device count and global batch. measured - predicted is in "
@@ -829,7 +830,7 @@ def predicted_plot(plt: Any, sweep: Sweep, records: list[dict[str, Any]], title:
     lines, one colour per framework; None when there is nothing to compare."""
     from matplotlib.ticker import PercentFormatter
 
-    from benchmarks import predict
+    from benchmarks.analysis import predict
 
     table = [r for r in predict.measured_vs_predicted(records)
              if r["predicted_efficiency"] is not None]  # fmt: skip
@@ -838,7 +839,7 @@ def predicted_plot(plt: Any, sweep: Sweep, records: list[dict[str, Any]], title:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     ax.set_title(
         "Scaling efficiency: measured (points) and PREDICTED from the 1-device run (dashed, "
-        f"benchmarks/predict.py)\n{title}",
+        f"benchmarks/analysis/predict.py)\n{title}",
         fontsize=8,
     )
     ax.set_xlabel("devices")

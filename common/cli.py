@@ -73,7 +73,7 @@ class _Checking(_Parser):
 
 def check_args(argv: Sequence[str], framework: str) -> Config:
     """The Config a trainer would resolve from `argv`, or ConfigError naming the first problem:
-    a tool that starts trainers (benchmarks.ab) refuses bad flags before any run starts."""
+    a tool that starts trainers (benchmarks.analysis.ab) refuses bad flags before any run starts."""
     parser = build_parser(f"python -m frameworks.{framework.replace('-', '_')}")
     parser.__class__ = _Checking
     ns = parser.parse_args(list(argv))

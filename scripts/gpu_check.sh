@@ -9,7 +9,7 @@
 #      left,
 # and, with --archive, everything packed into ONE file (the logs, the exact commands, the
 # tables and the records), the loose folder removed. It ends with the verdicts on what it wrote
-# (benchmarks/gpu_verdicts.py: tests, precision, real/compute-only, the GPU; also written to
+# (benchmarks/analysis/gpu_verdicts.py: tests, precision, real/compute-only, the GPU; also written to
 # OUT_DIR/verdicts.txt), when step 1, the table they judge, was asked: exit 1 if one fails.
 #
 #   bash scripts/gpu_check.sh [--python PATH] [--steps LIST] [--no-tests] [--archive FILE] \
@@ -63,7 +63,7 @@ if [[ -n "$JUDGE" ]]; then  # the verdicts on an earlier check, nothing else
   [[ "$JUDGE" == /* ]] || JUDGE="$PWD/$JUDGE"
   cd "$ROOT" || fail "cannot enter $ROOT"
   ((PY_GIVEN)) || { [[ -x .venv/bin/python ]] && PY=.venv/bin/python; }
-  exec "$PY" -m benchmarks.gpu_verdicts "$JUDGE"
+  exec "$PY" -m benchmarks.analysis.gpu_verdicts "$JUDGE"
 fi
 OUT=${1:?usage: bash scripts/gpu_check.sh [--python PATH] [--steps LIST] [--no-tests] [--archive FILE] OUT_DIR [SECONDS]}
 BUDGET=${2:-540}
@@ -136,7 +136,7 @@ fi
 verdicts=""
 if [[ ",$STEPS_LIST," == *,1,* ]]; then  # the verdicts judge step 1's table: none without it
   judged=0
-  verdicts=$(.venv/bin/python -m benchmarks.gpu_verdicts "$OUT" 2>&1) || judged=$?
+  verdicts=$(.venv/bin/python -m benchmarks.analysis.gpu_verdicts "$OUT" 2>&1) || judged=$?
   printf '%s\n' "$verdicts" >"$OUT/verdicts.txt"
   ((judged == 0)) || status=1
 else

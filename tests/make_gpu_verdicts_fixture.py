@@ -9,9 +9,9 @@ cut from the H200 run of 2026-11-27 (../shared/gpu-runs/h200-20261127/gpu-steps-
   torch-ddp, jax-pmap: compiled and fine, eager, compiled float32 at 0.11) and their records as
   they were, except that torch-ddp+reduce-overhead's record gains the `ran` the present trainers
   write (bfloat16), so both kinds of record are read; each trace trimmed to its profiled window
-  and, per dtype its kernel names say (benchmarks.breakdowns.kernel_dtype), its three longest
-  kernels, one event each, carrying the time of all that dtype's kernels: the dtype shares of the
-  real trace, in a few kB.
+  and, per dtype its kernel names say (benchmarks.analysis.breakdowns.kernel_dtype), its three
+  longest kernels, one event each, carrying the time of all that dtype's kernels: the dtype shares
+  of the real trace, in a few kB.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.breakdowns import gpu_kernels, kernel_dtype
+from benchmarks.analysis.breakdowns import gpu_kernels, kernel_dtype
 from common.breakdown import WINDOW, complete, load_events
 
 OUT = Path(__file__).resolve().parent / "fixtures" / "gpu_check"

@@ -1,4 +1,4 @@
-"""benchmarks.ab: alternating A/B runs of one trainer; bad input is one line and exit 2."""
+"""benchmarks.analysis.ab: alternating A/B runs of one trainer; bad input is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.conftest import read_json, run_module
     ],
 )
 def test_bad_input_is_one_line(args: list[str], words: str) -> None:
-    proc = run_module("benchmarks.ab", *args, timeout=60)
+    proc = run_module("benchmarks.analysis.ab", *args, timeout=60)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr
 
@@ -27,7 +27,7 @@ def test_bad_input_is_one_line(args: list[str], words: str) -> None:
 def test_pairs_alternate_and_the_ratio_is_reported(tmp_path) -> None:
     out = tmp_path / "ab"
     proc = run_module(
-        "benchmarks.ab",
+        "benchmarks.analysis.ab",
         *("--framework", "torch-dp", "--a=--no-channels-last", "--b=--channels-last"),
         *("--repeat", "2", "--out", str(out), "--", "--preset", "smoke", "--epochs", "2"),
         timeout=300,

@@ -1,6 +1,6 @@
 """--profile's arithmetic and window, without a framework (common/breakdown.py,
-common/profiling.py, benchmarks/breakdowns.py): hand-made traces whose breakdown is worked out
-by hand, and a fake profiler driving the window."""
+common/profiling.py, benchmarks/analysis/breakdowns.py): hand-made traces whose breakdown is
+worked out by hand, and a fake profiler driving the window."""
 
 from __future__ import annotations
 
@@ -267,8 +267,8 @@ class CyclicProfiler(FakeProfiler):
 
 def test_the_profiler_is_freed_when_the_window_ends_not_in_a_timed_epoch(tmp_path: Path) -> None:
     """With torch.profiler's events left to Python's own cycle collection, the timed epochs
-    after a profiled one ran 5% slower (torch-ddp, digits, 1 device, benchmarks.ab: B/A 0.949
-    over 10 pairs; 1.021 once the window's end collects them)."""
+    after a profiled one ran 5% slower (torch-ddp, digits, 1 device, benchmarks.analysis.ab: B/A
+    0.949 over 10 pairs; 1.021 once the window's end collects them)."""
     CyclicProfiler.made = []
     cfg = preset("digits", framework="torch-ddp", profile=4, profile_dir=str(tmp_path))
     window = ProfileWindow(cfg, CyclicProfiler, lambda: None, 0, True, lambda s: None)
@@ -370,7 +370,7 @@ def record(framework: str, devices: int, compute: float, status: str = "ok") -> 
 
 
 def test_the_report_shows_one_row_per_cell_with_the_median_over_its_runs() -> None:
-    from benchmarks import breakdowns
+    from benchmarks.analysis import breakdowns
 
     records = [record("torch-ddp", 2, c) for c in (10.0, 30.0, 12.0)]
     records += [record("jax-pmap", 1, 5.0), record("jax-pmap", 1, 99.0, status="failed")]
@@ -390,7 +390,7 @@ def test_the_report_draws_a_stacked_bar_per_cell() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks import breakdowns
+    from benchmarks.analysis import breakdowns
 
     fig = breakdowns.plot(plt, [record("torch-ddp", 2, 10.0), record("jax-pmap", 2, 6.0)], "t")
     bars = fig.axes[0].patches

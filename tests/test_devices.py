@@ -121,9 +121,9 @@ def test_with_every_framework_seeing_the_gpus_the_check_passes(
         ("benchmarks.throughput", ["--frameworks", "jax-shard", "--steps", "1", "--epochs", "2"]),
         ("benchmarks.parity", ["--frameworks", "jax-shard", "--gpus", "1"]),
         ("benchmarks.tutorial_loops", ["--tutorials", "d2l-jax", "--gpus", "1"]),
-        ("benchmarks.comm_probe", ["--frameworks", "jax-shard", "--gpus", "1"]),
-        ("benchmarks.ab", ["--framework", "jax-shard", "--a=--lr 0.1", "--b=--lr 0.2", "--",
-                           "--preset", "smoke"]),
+        ("benchmarks.analysis.comm_probe", ["--frameworks", "jax-shard", "--gpus", "1"]),
+        ("benchmarks.analysis.ab", ["--framework", "jax-shard", "--a=--lr 0.1", "--b=--lr 0.2",
+                                    "--", "--preset", "smoke"]),
     ],
 )  # fmt: skip
 def test_every_runner_refuses_a_framework_that_sees_no_gpu(

@@ -50,8 +50,9 @@ def stand_in(path: Path) -> Path:
 # (every module of common/ and benchmarks/: a list of the judge's imports went stale once).
 COPIED = (
     *("scripts/gpu_check.sh", "scripts/gpu_preflight.py", "benchmarks/gpu_suite.sh"),
-    *(str(p.relative_to(ROOT)) for d in ("common", "benchmarks") for p in (ROOT / d).glob("*.py")),
-)
+    *(str(p.relative_to(ROOT)) for d in ("common", "benchmarks", "benchmarks/analysis")
+      for p in (ROOT / d).glob("*.py")),
+)  # fmt: skip
 
 
 def project(where: Path) -> Path:

@@ -1,6 +1,6 @@
-"""benchmarks/gpu_verdicts.py, the judge of a GPU check (scripts/gpu_check.sh's archive): on the
-real H200 archive where it is at hand (../shared/gpu-runs/h200-20261127/, not in a fresh clone),
-and always on tests/fixtures/gpu_check/, three of that run's rows cut down to a few kB
+"""benchmarks/analysis/gpu_verdicts.py, the judge of a GPU check (scripts/gpu_check.sh's archive):
+on the real H200 archive where it is at hand (../shared/gpu-runs/h200-20261127/, not in a fresh
+clone), and always on tests/fixtures/gpu_check/, three of that run's rows cut down to a few kB
 (tests/make_gpu_verdicts_fixture.py), packed the way gpu_check.sh packs. Each failure the judge
 must see is shown passing once the fixture is made right (test_a_right_run_passes_every_check),
 so no FAIL it reports is one it reports whatever the input."""
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.breakdowns import kernel_dtype, kernel_dtype_shares
+from benchmarks.analysis.breakdowns import kernel_dtype, kernel_dtype_shares
 from tests.conftest import MAIN_PYTHON, ROOT
 
 SHARED = ROOT.parent / "shared" / "gpu-runs" / "h200-20261127" / "gpu-steps-1-8.tar.xz"
@@ -29,7 +29,7 @@ FAILED_GPU_TEST = "test_devices_cpu_simulates_the_devices_although_a_gpu_is_visi
 
 
 def judge(path: Path | str) -> subprocess.CompletedProcess[str]:
-    run = [str(MAIN_PYTHON), "-m", "benchmarks.gpu_verdicts", str(path)]
+    run = [str(MAIN_PYTHON), "-m", "benchmarks.analysis.gpu_verdicts", str(path)]
     return subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

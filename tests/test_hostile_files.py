@@ -422,7 +422,7 @@ def test_read_record_of_a_fifo_is_no_record_at_once(tmp_path, hang_fails):
 
 
 def test_predict_refuses_a_breakdown_or_table_that_is_a_fifo(tmp_path, hang_fails):
-    from benchmarks import predict
+    from benchmarks.analysis import predict
     from benchmarks.harness import UsageError
 
     os.mkfifo(tmp_path / "b.json")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import ab, comm_probe, compare, compute_only, parity, throughput, tutorial_loops
+from benchmarks import compare, compute_only, parity, throughput, tutorial_loops
+from benchmarks.analysis import ab, comm_probe
 from common import cli, runtime
 from common.config import ConfigError, preset
 from common.datasets import load_for

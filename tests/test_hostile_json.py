@@ -149,7 +149,7 @@ def test_report_keeps_a_truncated_record_damaged(tmp_path, no_probe, capsys):
     ],
 )
 def test_predict_refuses_a_breakdown_it_cannot_use_in_one_line(content, says, tmp_path, capsys):
-    from benchmarks import predict
+    from benchmarks.analysis import predict
 
     path = tmp_path / "b.json"
     path.write_text(content)
@@ -167,7 +167,7 @@ def test_predict_refuses_a_breakdown_it_cannot_use_in_one_line(content, says, tm
     ],
 )
 def test_predict_refuses_a_table_cell_out_of_range_in_one_line(cell, says, tmp_path, capsys):
-    from benchmarks import predict
+    from benchmarks.analysis import predict
 
     path = tmp_path / "t.json"
     settings = '{"model": "resnet18", "width": 1.0, "image_size": 32, "precision": "fp32"}'
@@ -194,7 +194,7 @@ def test_predict_refuses_a_table_cell_out_of_range_in_one_line(cell, says, tmp_p
     ],
 )
 def test_gpu_verdicts_refuses_a_table_it_cannot_use_in_one_line(content, says, tmp_path, capsys):
-    from benchmarks import gpu_verdicts
+    from benchmarks.analysis import gpu_verdicts
 
     (tmp_path / "throughput.json").write_text(content)
     rc = gpu_verdicts.main([str(tmp_path)])

@@ -1,5 +1,5 @@
-"""benchmarks.mfu: MFU from throughput tables (gpu_suite.sh's optional step 9), run on the first
-H200 run's headline table (tests/fixtures/gpu_check)."""
+"""benchmarks.analysis.mfu: MFU from throughput tables (gpu_suite.sh's optional step 9), run on the
+first H200 run's headline table (tests/fixtures/gpu_check)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import mfu
+from benchmarks.analysis import mfu
 from tests.conftest import ROOT
 
 TABLE = ROOT / "tests" / "fixtures" / "gpu_check" / "suite" / "throughput-bf16" / "throughput.json"

@@ -1,6 +1,6 @@
-"""benchmarks/predict.py: the ring formula, what N = 1 costs, the shape of the predicted curves,
-how each framework cuts its gradients, the overlap bracket, bad input on the command line, and
-that the validation against published rows tunes nothing to them. Pure arithmetic: fast, CPU."""
+"""benchmarks/analysis/predict.py: the ring formula, what N = 1 costs, the shape of the predicted
+curves, how each framework cuts its gradients, the overlap bracket, bad input on the command line,
+and that the validation against published rows tunes nothing to them. Pure arithmetic: fast, CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import predict as P
+from benchmarks.analysis import predict as P
 from tests.conftest import ROOT, one_line_error, run_module
 
 H100 = ROOT / "docs" / "results" / "h100-20261123"
@@ -165,16 +165,20 @@ def test_the_command_writes_a_labelled_prediction(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragment):
-    proc = run_module("benchmarks.predict", "--step-ms", "10", "--batch-per-device", "512", *args)
+    proc = run_module(
+        "benchmarks.analysis.predict", "--step-ms", "10", "--batch-per-device", "512", *args
+    )
     assert "Traceback" not in proc.stderr
     one_line_error(proc, "predict: error:", fragment)
 
 
 def test_no_measurement_and_an_unreadable_breakdown_are_one_line(tmp_path):
-    one_line_error(run_module("benchmarks.predict"), "give one 1-device measurement")
+    one_line_error(run_module("benchmarks.analysis.predict"), "give one 1-device measurement")
     bad = tmp_path / "b.json"
     bad.write_text(json.dumps({"step_ms": 10, "batch": 512, "gpu_util": 0.9}))
-    one_line_error(run_module("benchmarks.predict", "--breakdown", str(bad)), "unknown keys")
+    one_line_error(
+        run_module("benchmarks.analysis.predict", "--breakdown", str(bad)), "unknown keys"
+    )
 
 
 def test_validation_rows_tune_nothing_to_the_published_rows():

@@ -1,6 +1,6 @@
 """#30 item 5: a compare sweep's measured N-device efficiency beside the efficiency that
-benchmarks/predict.py predicts from the 1-device run alone (predict.measured_vs_predicted) and
-the report section and plot that show them. Hand-made records, numbers computed by hand; no
+benchmarks/analysis/predict.py predicts from the 1-device run alone (predict.measured_vs_predicted)
+and the report section and plot that show them. Hand-made records, numbers computed by hand; no
 training."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import copy
 
 import pytest
 
-from benchmarks import predict as P, report
+from benchmarks import report
+from benchmarks.analysis import predict as P
 
 # The digits preset's ResNet-18: width 0.25, 1x16x16 inputs, 10 classes = 701,178 parameters,
 # 2,804,712 bytes of fp32 gradients; XLA's combiner sends them as ONE all-reduce (< 30 MiB).

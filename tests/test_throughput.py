@@ -113,7 +113,7 @@ RESNET18_NUMEL = {1.0: 11_173_962, 0.125: 176_402}
 
 
 def test_gradient_numels_come_from_each_frameworks_model() -> None:
-    from benchmarks.comm_probe import gradient_numels
+    from benchmarks.analysis.comm_probe import gradient_numels
 
     for family in ("torch", "jax"):
         numels = gradient_numels(family, ["resnet18", "resnet18"], 0.125)
@@ -127,7 +127,7 @@ def test_comm_probe_two_simulated_devices(tmp_path: Path) -> None:
     args = ["--frameworks", "torch-ddp,jax-pmap,mxnet-gluon", "--gpus", "2,", "--models",
             "resnet18", "--width", "0.125", "--reps", "3", "--warmup", "1",
             "--out", str(out)]  # fmt: skip
-    proc = run_module("benchmarks.comm_probe", *args, python=MAIN_PYTHON, timeout=240)
+    proc = run_module("benchmarks.analysis.comm_probe", *args, python=MAIN_PYTHON, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = read_json(out / "comm.json")
     assert "cpu-simulated" in result["title"]
@@ -149,7 +149,7 @@ def test_comm_probe_two_simulated_devices(tmp_path: Path) -> None:
     assert "| torch-ddp | dist.all_reduce | 2 |" in (out / "comm.md").read_text()
 
 
-@pytest.mark.parametrize("module", ["benchmarks.throughput", "benchmarks.comm_probe"])
+@pytest.mark.parametrize("module", ["benchmarks.throughput", "benchmarks.analysis.comm_probe"])
 def test_missing_interpreter_is_one_line_and_exit_2(module: str, tmp_path: Path) -> None:
     proc = run_module(module, "--python", "/nonexistent/bin/python", "--out", str(tmp_path),
                       python=MAIN_PYTHON, timeout=60)  # fmt: skip
@@ -170,12 +170,12 @@ def test_missing_interpreter_is_one_line_and_exit_2(module: str, tmp_path: Path)
         ("benchmarks.throughput", ["--compile-mode", "reduce-overhead"]),  # without --compile
         ("benchmarks.throughput", ["--frameworks", "torch-ddp+turbo"]),  # no such variant
         ("benchmarks.throughput", ["--frameworks", "jax-pmap+compile"]),  # JAX has one mode
-        ("benchmarks.comm_probe", ["--frameworks", "torch-ddp+compile"]),  # compare, throughput
+        ("benchmarks.analysis.comm_probe", ["--frameworks", "torch-ddp+compile"]),  # no variant
         ("benchmarks.compute_only", ["--framework", "torch", "--compile-mode", "max-autotune"]),
         ("benchmarks.compute_only", ["--framework", "mxnet"]),  # MXNet is not in .venv
-        ("benchmarks.comm_probe", ["--models", "resnet50"]),
-        ("benchmarks.comm_probe", ["--reps", "0"]),
-        ("benchmarks.comm_probe", ["--frameworks", "caffe"]),
+        ("benchmarks.analysis.comm_probe", ["--models", "resnet50"]),
+        ("benchmarks.analysis.comm_probe", ["--reps", "0"]),
+        ("benchmarks.analysis.comm_probe", ["--frameworks", "caffe"]),
         ("benchmarks.compute_only", ["--framework", "caffe"]),
         ("benchmarks.compute_only", ["--framework", "torch", "--steps", "0"]),
     ],
@@ -185,13 +185,14 @@ def test_bad_input_is_one_line_and_exit_2(module: str, args: list[str], tmp_path
     proc = run_module(module, *args, *out, python=MAIN_PYTHON, timeout=60)
     assert proc.returncode == 2, args
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(module.split(".")[1] + ": error: "), lines
+    assert len(lines) == 1 and lines[0].startswith(module.rpartition(".")[2] + ": error: "), lines
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
     "module",
-    ["throughput", "comm_probe", "compute_only", "compare", "tutorial_loops", "parity", "ab"],
+    ["throughput", "analysis.comm_probe", "compute_only", "compare", "tutorial_loops", "parity",
+     "analysis.ab"],  # fmt: skip
 )
 def test_every_flag_has_a_help_text(module: str) -> None:
     import argparse

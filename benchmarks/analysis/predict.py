@@ -1,4 +1,4 @@
-"""`python -m benchmarks.predict`: a PREDICTED step time and scaling efficiency for N devices.
+"""`python -m benchmarks.analysis.predict`: a PREDICTED step time and scaling efficiency.
 
 Nothing is measured here. From a 1-device measurement (a step time, or a breakdown of it), the
 gradient bytes as the chosen framework sends them and a description of the interconnect, it
@@ -34,7 +34,7 @@ from benchmarks.harness import UsageError
 from common.init import parameter_spec, trainable_sizes
 from common.json_input import Whole
 
-PROG = "python -m benchmarks.predict"
+PROG = "python -m benchmarks.analysis.predict"
 MIB = 1024 * 1024
 
 # ---- links ----
@@ -546,13 +546,13 @@ def validation_markdown(rows: list[dict[str, Any]]) -> str:
 # cpu-simulated devices have no interconnect preset: they exchange gradients as copies between
 # processes (torch-ddp: gloo over loopback TCP) or threads (JAX, MXNet) on one host. No compare
 # record carries a measured all-reduce, so this link is an ASSUMPTION, named as one wherever it
-# is used; `benchmarks.comm_probe` measures the real figure on a host (pass it as `link`).
+# is used; `benchmarks.analysis.comm_probe` measures the real figure on a host (pass it as `link`).
 HOST_LINK = Link(
     1.0,
     50.0,
     "cpu-simulated devices copy gradients between processes or threads of one host",
-    "ASSUMED: a round figure, of the order benchmarks.comm_probe reports for 2 cpu-simulated "
-    "devices (docs/results/cpu-2core-20261122/comm.md); not measured for this sweep",
+    "ASSUMED: a round figure, of the order benchmarks.analysis.comm_probe reports for 2 "
+    "cpu-simulated devices (docs/results/cpu-2core-20261122/comm.md); not measured for this sweep",
 )
 GPU_LINK = "pcie4"  # a GPU sweep's records do not say how its GPUs are joined: ASSUMED
 
@@ -885,7 +885,7 @@ def results_markdown(title: str, input_lines: list[str], results: list[dict]) ->
     lines = [
         f"# {title}",
         "",
-        "PREDICTED by benchmarks/predict.py (a model, not a measurement).",
+        "PREDICTED by benchmarks/analysis/predict.py (a model, not a measurement).",
         "",
     ]
     lines += ["## Inputs", "", *input_lines, "", "## Predicted", ""]
@@ -961,7 +961,7 @@ def positive(flag: str, value: float | None, *, allow_zero: bool = False) -> Non
 
 
 def build_parser() -> harness.Parser:
-    p = harness.Parser("predict", description=__doc__.split("\n\n")[0])
+    p = harness.Parser("predict", prog=PROG, description=__doc__.split("\n\n")[0])
     src = p.add_argument_group("the 1-device measurement (one of)")
     src.add_argument(
         "--throughput-table",
@@ -1199,7 +1199,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.predict --help`. Exit 0 ok, 2 bad input."""
+    """Command line: `python -m benchmarks.analysis.predict --help`. Exit 0 ok, 2 bad input."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         plan = make_plan(args)

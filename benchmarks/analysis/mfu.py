@@ -1,4 +1,4 @@
-"""`python -m benchmarks.mfu TABLE...`: model FLOP utilisation of throughput tables.
+"""`python -m benchmarks.analysis.mfu TABLE...`: model FLOP utilisation of throughput tables.
 
 MFU = images/s x FLOP per training image / the device's peak FLOP/s: how much of the GPU's
 arithmetic the loop keeps busy with the model's own work. Reads benchmarks.throughput's
@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks import harness
 from common.results import write_json_atomic
 
-PROG = "python -m benchmarks.mfu"
+PROG = "python -m benchmarks.analysis.mfu"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """ab: one trainer, two settings, alternating runs: is B faster than A on the same work?
 
-    python -m benchmarks.ab --framework torch-ddp --a=--no-channels-last --b=--channels-last \
-        --repeat 3 -- --preset digits --gpus 1
+    python -m benchmarks.analysis.ab --framework torch-ddp --a=--no-channels-last \
+        --b=--channels-last --repeat 3 -- --preset digits --gpus 1
 
 Runs the framework's trainer (its own interpreter, one process per run, through the harness)
 with the shared trainer flags after `--` plus A's extra flags, then B's, `--repeat` times,
@@ -31,6 +31,7 @@ from common.config import ConfigError
 from common.results import host_info, write_json_atomic
 
 TOOL = "ab"
+PROG = "python -m benchmarks.analysis.ab"
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Plan:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = harness.Parser(TOOL, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p = harness.Parser(TOOL, prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     p.add_argument("--framework", required=True, choices=list(REGISTRY), help="the trainer to run")
     p.add_argument("--a", default="", help="A's extra trainer flags, one string (the baseline)")
     p.add_argument("--b", default="", help="B's extra trainer flags, one string (the candidate)")
@@ -101,7 +102,7 @@ def make_plan(argv: list[str]) -> Plan:
         ns.timeout,
         ns.wait_load,
         harness.output_dir(ns.out, "ab-", "ab.json"),
-        shlex.join(["python", "-m", "benchmarks.ab", *argv]),
+        shlex.join([*PROG.split(), *argv]),
         where,
     )
 

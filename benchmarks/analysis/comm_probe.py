@@ -1,4 +1,4 @@
-"""`python -m benchmarks.comm_probe`: each framework's gradient collective, timed on its own.
+"""`python -m benchmarks.analysis.comm_probe`: each framework's gradient collective, timed alone.
 
 For every framework x device count x model, the collective that averages the gradients in that
 framework's trainer, run on one float32 buffer the size of the model's gradients:
@@ -43,7 +43,7 @@ from common import devices
 from common.results import host_info, write_json_atomic
 from common.runtime import cpu_threads, set_omp_threads, simulate_host_devices
 
-PROG = "python -m benchmarks.comm_probe"
+PROG = "python -m benchmarks.analysis.comm_probe"
 COLLECTIVES = {
     "torch-ddp": "dist.all_reduce",
     "torch-dp": "comm.reduce_add",
@@ -271,7 +271,9 @@ def worker(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = harness.Parser("comm_probe", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p = harness.Parser(
+        "comm_probe", prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1]
+    )
     harness.add_flags(p, frameworks=",".join(REGISTRY), gpus="2")
     p.add_argument(
         "--models",
@@ -341,7 +343,7 @@ def probe(plan: Plan, fw: str, n: int) -> list[dict[str, Any]]:
     python = str(REGISTRY[fw].python)
     # torch-ddp: N rank processes, started by torchrun (a free port on the loopback interface)
     launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
-    command = [python, *(launch if fw == "torch-ddp" else []), "-m", "benchmarks.comm_probe",
+    command = [python, *(launch if fw == "torch-ddp" else []), "-m", PROG.split()[-1],
                "--worker", fw, "--worker-devices", str(n), *plan.devices.flags,
                "--models", ",".join(plan.models),
                "--width", f"{ns.width:g}", "--reps", str(ns.reps), "--warmup", str(ns.warmup),
@@ -458,8 +460,8 @@ def run_worker(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.comm_probe --help`. Exit 0 all ok, 1 a probe failed,
-    2 bad input, 130 interrupted."""
+    """Command line: `python -m benchmarks.analysis.comm_probe --help`. Exit 0 all ok, 1 a probe
+    failed, 2 bad input, 130 interrupted."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--worker" in args:
         return run_worker(build_parser().parse_args(args))

@@ -1,6 +1,6 @@
 """The verdicts on a GPU check: did what scripts/gpu_check.sh ran on a GPU machine come out right?
 
-    python -m benchmarks.gpu_verdicts ARCHIVE.tar.xz | OUT_DIR
+    python -m benchmarks.analysis.gpu_verdicts ARCHIVE.tar.xz | OUT_DIR
 
 reads what gpu_check.sh wrote (its --archive, or the folder before packing) and prints one line
 per check, PASS or FAIL, the check and its figure:
@@ -8,7 +8,7 @@ per check, PASS or FAIL, the check and its figure:
 - tests: the main suite (tests.xml) and the GPU tests (suite/gpu-tests.xml) have 0 failed (and
   0 errors); a missing file is a FAIL saying it did not run;
 - precision, per throughput row: the dtype the row's GPU kernels compute in (their names, read
-  from the row's profiler trace: benchmarks.breakdowns.kernel_dtype_shares) agrees with the
+  from the row's profiler trace: benchmarks.analysis.breakdowns.kernel_dtype_shares) agrees with the
   dtype its record says ran (`ran.activation_dtype`; older records have no `ran`: the config's
   precision then, said in the line), and that dtype is the one asked for. Under bfloat16 more
   than half of the kernel time whose kernel names a dtype is bf16 (XLA's fusions and Inductor's
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.breakdowns import kernel_dtype_shares
+from benchmarks.analysis.breakdowns import kernel_dtype_shares
 from common import json_input
 from common.breakdown import TraceError
 from common.json_input import Required
@@ -312,8 +312,8 @@ def verdicts(root: Path) -> list[Verdict]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        print(f"gpu_verdicts: usage: python -m benchmarks.gpu_verdicts ARCHIVE_OR_FOLDER; {FIX}",
-              file=sys.stderr)  # fmt: skip
+        usage = "python -m benchmarks.analysis.gpu_verdicts ARCHIVE_OR_FOLDER"
+        print(f"gpu_verdicts: usage: {usage}; {FIX}", file=sys.stderr)
         return 2
     try:
         with opened(args[0]) as root:

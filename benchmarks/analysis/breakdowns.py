@@ -3,8 +3,8 @@
 Every record made with --profile holds a "breakdown" (common/breakdown.py): per step, compute,
 exposed communication, input wait and host gaps, which add up to the profiled step, and all
 communication (hidden or not) beside them. This module turns a sweep's records into a table
-(`section`) and a stacked bar per framework and device count (`plot`). `kernel_dtype_shares` reads
-a GPU trace's kernels for the dtype they compute in (benchmarks/gpu_verdicts.py's precision check).
+(`section`) and a stacked bar per framework and device count (`plot`). `kernel_dtype_shares`
+reads a GPU trace's kernels for the dtype they compute in (gpu_verdicts.py's precision check).
 """
 
 from __future__ import annotations
