@@ -58,7 +58,8 @@ def test_a_size_that_cannot_fit_is_refused_in_one_line_before_the_data(
 
 
 def test_on_gpus_each_gpu_holds_its_share_and_the_fix_divides_over_them() -> None:
-    """Not yet run on a real GPU: the GPU's memory is a stand-in (nvidia-smi's total there)."""
+    """The GPU's memory a stand-in (nvidia-smi's total on a real GPU: checked by hand on an
+    H200, common/memory.py)."""
     cfg = preset("throughput", framework="torch-ddp", gpus=4, synthetic_train=65536)
     cfg = cfg.replace(batch_size=65536, precision="bf16")
     line = refusal(cfg, True, 4, host_bytes=64 * GIB, gpu_bytes=16 * GIB)
