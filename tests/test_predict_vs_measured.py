@@ -148,7 +148,7 @@ def sweep(records: list[dict]) -> report.Sweep:
 def test_the_report_section_shows_measured_predicted_and_the_inputs(tmp_path):
     records = weak_sweep()
     md = report.markdown(sweep(records), records, [], "")
-    section = md.split(f"## {report.PREDICTED_TITLE}")[1]
+    section = md.split(f"## {P.SECTION_TITLE}")[1]
     # the default GPU link (ASSUMED pcie4): 2 x 1/2 x 2,804,712 B / 17.5 GB/s + 2 x 3.1 us
     comm = GRAD_BYTES / 17.5e9 * 1e3 + 2 * 3.1e-3
     line = next(ln for ln in section.splitlines() if ln.startswith("| jax-pmap |"))
@@ -164,10 +164,10 @@ def test_the_report_section_shows_measured_predicted_and_the_inputs(tmp_path):
     assert "predicted_efficiency.png" in [p.name for p in plots]
     assert "Busy machine (load average" not in section
     records[0]["load_avg"] = {"start": 2.5, "end": 1.0, "cores": 2}  # a busy 1-device run
-    section = report.markdown(sweep(records), records, [], "").split(report.PREDICTED_TITLE)[1]
+    section = report.markdown(sweep(records), records, [], "").split(P.SECTION_TITLE)[1]
     assert "Busy machine (load average above the core count) during jax-pmap x1:" in section
     ones = records[:1]
-    assert report.PREDICTED_TITLE not in report.markdown(sweep(ones), ones, [], "")
+    assert P.SECTION_TITLE not in report.markdown(sweep(ones), ones, [], "")
     plots, _ = report.write_plots(tmp_path / "one", sweep(ones), ones)
     assert "predicted_efficiency.png" not in [p.name for p in plots]
 
@@ -189,7 +189,7 @@ def test_a_prediction_made_without_an_unusable_breakdown_is_not_called_no_predic
     (row,) = P.measured_vs_predicted(records, link=LINK)
     assert row["predicted_efficiency"] is not None and "without step_ms" in row["note"]
     assert "the whole step is compute" in row["inputs"]["one_device"]["source"]
-    lines = report.predicted_section(records)
+    lines = P.section(records, report._busy)
     assert any(ln.startswith("- jax-pmap x2: note: breakdown without step_ms") for ln in lines)
     assert not any("no prediction" in ln for ln in lines), lines
 

@@ -21,10 +21,11 @@ preset of that machine; nothing is fitted to the rows.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from benchmarks import harness
 from benchmarks.harness import UsageError
 from common.init import parameter_spec, trainable_sizes
 from common.json_input import Whole
+from common.results import write_json_atomic
 
 PROG = "python -m benchmarks.analysis.predict"
 MIB = 1024 * 1024
@@ -773,6 +775,147 @@ def measured_vs_predicted(
     return out
 
 
+# ---- measured against predicted: benchmarks.report's section and plot ----
+
+SECTION_TITLE = "Measured and predicted scaling efficiency"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f} ms"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def section(records: list[dict[str, Any]], is_busy: Callable[[dict[str, Any]], bool]) -> list[str]:
+    """benchmarks.report's Markdown lines: each framework's measured N-device efficiency beside
+    the one PREDICTED from its 1-device run alone, and every input of the prediction; no lines
+    when no framework has both (measured_vs_predicted). `is_busy`: a run timed on a busy machine."""
+    table = measured_vs_predicted(records)
+    if not table:
+        return []
+    lines = [
+        "",
+        f"## {SECTION_TITLE}",
+        "",
+        "Measured: the N-device runs above (efficiency = images/s / (N x the 1-device "
+        "images/s), medians over the seeds). PREDICTED: benchmarks/analysis/predict.py's model "
+        "(docs/scaling.md: step = host + input wait + compute + exposed ring all-reduce) from "
+        "each framework's 1-device run and the inputs listed below, nothing taken from the "
+        "N-device runs but their device count and global batch. measured - predicted is in "
+        "percentage points (pp).",
+        "",
+    ]
+    head = ["framework", "mode", "devices", "scaling", "batch/device", "measured step",
+            "PREDICTED step", "measured eff.", "PREDICTED eff.", "measured - predicted",
+            "PREDICTED comm (exposed)", "compute/device"]  # fmt: skip
+    body = []
+    for r in table:
+        inputs = r.get("inputs") or {}
+        comm = (
+            f"{r['predicted_comm_ms']:.2f} ms ({r['predicted_exposed_comm_ms']:.2f} ms)"
+            if "predicted_comm_ms" in r
+            else "-"
+        )
+        diff = "-" if r["difference_pp"] is None else f"{r['difference_pp']:+.1f} pp"
+        factor = inputs.get("compute_factor")
+        body.append([
+            r["framework"], r["mode"] or "-", str(r["devices"]), r["scaling"],
+            f"{r['per_device_batch']:g} images", _ms(r["measured_step_ms"]),
+            _ms(r["predicted_step_ms"]), _pct(r["measured_efficiency"]),
+            _pct(r["predicted_efficiency"]), diff, comm,
+            "-" if factor is None else f"{factor:g}x the 1-device compute",
+        ])  # fmt: skip
+    lines += [harness.markdown_table(head, body), "", "Inputs of the prediction:", ""]
+    given = [r["inputs"] for r in table if r.get("inputs")]
+    for lk in {json.dumps(i["link"], sort_keys=True): i["link"] for i in given}.values():
+        lines.append(
+            f"- link {lk['name']}: busbw {lk['busbw_gbps']:g} GB/s, α {lk['latency_us']:g} us: "
+            f"{lk['what']} ({lk['source']})"
+        )
+    for why in dict.fromkeys(i["compute_factor_source"] for i in given):
+        lines.append(f"- compute/device: {why}")
+    seen = set()
+    for r in table:
+        inputs = r.get("inputs")
+        if not inputs or r["framework"] in seen:
+            continue
+        seen.add(r["framework"])
+        one, msgs = inputs["one_device"], inputs["collective_bytes"]
+        how = f"{inputs['collectives']} collective(s)"
+        if len(msgs) > 4:
+            how += f" of {_bytes(min(msgs))} to {_bytes(max(msgs))}"
+        elif msgs:
+            how += f" of {', '.join(_bytes(m) for m in msgs)}"
+        lines.append(
+            f"- **{r['framework']}**: 1-device step {one['step_ms']:.2f} ms at {one['batch']} "
+            f"images: compute {one['compute_ms']:.2f} ms (backward {one['backward_ms']:.2f} ms), "
+            f"input wait {one['input_wait_ms']:.2f} ms, host {one['host_ms']:.2f} ms "
+            f"({one['source']}); {inputs['model']}: {inputs['grad_bytes']:,} bytes of "
+            f"{inputs['grad_dtype']} gradients in {how}; overlap {inputs['overlap']:g} "
+            f"({inputs['overlap_source']})"
+        )
+    for r in table:
+        if r["note"]:  # why there is no prediction, or what the one shown could not use
+            what = "no prediction" if r.get("predicted_efficiency") is None else "note"
+            lines.append(f"- {r['framework']} x{r['devices']}: {what}: {r['note']}.")
+    shown = {r["framework"] for r in table}
+    busy = [f"{key} x{r['devices']}" for r in records
+            if (key := harness.row_key(r)) in shown and is_busy(r)]  # fmt: skip
+    if busy:
+        lines.append(
+            f"- Busy machine (load average above the core count) during {', '.join(busy)}: a "
+            "1-device run timed on a busy machine moves the prediction as much as a busy "
+            "N-device run moves the measurement."
+        )
+    return lines
+
+
+def sweep_plot(
+    plt: Any, counts: list[int], order: list[str], records: list[dict[str, Any]], title: str
+) -> Any:
+    """The figure of `section`: measured efficiency as points, the PREDICTED as dashed lines, one
+    colour per framework (`order`: the sweep's); None when there is nothing to compare."""
+    from matplotlib.ticker import PercentFormatter
+
+    table = [r for r in measured_vs_predicted(records)
+             if r["predicted_efficiency"] is not None]  # fmt: skip
+    if not table:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    ax.set_title(
+        "Scaling efficiency: measured (points) and PREDICTED from the 1-device run (dashed, "
+        f"benchmarks/analysis/predict.py)\n{title}",
+        fontsize=8,
+    )
+    ax.set_xlabel("devices")
+    ax.set_ylabel("scaling efficiency (speed-up / devices)")
+    ax.set_xticks(counts)
+    ax.grid(alpha=0.3)
+    frameworks = list(dict.fromkeys(r["framework"] for r in table))
+    colours = {fw: f"C{order.index(fw) if fw in order else i}"
+               for i, fw in enumerate(frameworks)}  # fmt: skip
+    for fw in frameworks:
+        pts = [r for r in table if r["framework"] == fw]
+        xs = [1] + [r["devices"] for r in pts]
+        ax.plot(xs, [1.0] + [r["measured_efficiency"] for r in pts], "o", color=colours[fw],
+                label=f"{fw}, measured")  # fmt: skip
+        ax.plot(xs, [1.0] + [r["predicted_efficiency"] for r in pts], "--", color=colours[fw],
+                label=f"{fw}, PREDICTED")  # fmt: skip
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.legend(fontsize=7)
+    return fig
+
+
 # ---- inputs ----
 
 
@@ -1142,7 +1285,7 @@ def run(plan: dict[str, Any]) -> int:
         print(text, end="")
         if out:
             (out / "validation.md").write_text(text)
-            write_json(out / "validation.json", {"predicted": True, "rows": rows})
+            write_json_atomic(out / "validation.json", {"predicted": True, "rows": rows})
         return 0
     inter = INTER_NODE[args.inter_node]
     results, setups = [], []
@@ -1166,7 +1309,7 @@ def run(plan: dict[str, Any]) -> int:
     if out:
         stem = f"predicted-{args.scaling}"
         (out / f"{stem}.md").write_text(text)
-        write_json(out / f"{stem}.json", {
+        write_json_atomic(out / f"{stem}.json", {
             "predicted": True,
             "command": f"{PROG} {' '.join(plan['argv'])}".strip(),
             "inputs": {
@@ -1190,12 +1333,6 @@ def _repeat(plan: dict[str, Any]):
     for sc in plan["scenarios"]:
         for _ in plan["links"]:
             yield sc
-
-
-def write_json(path: Path, obj: Any) -> None:
-    from common.results import write_json_atomic
-
-    write_json_atomic(path, obj)
 
 
 def main(argv: list[str] | None = None) -> int:
