@@ -191,8 +191,15 @@ def test_bad_input_is_one_line_and_exit_2(module: str, args: list[str], tmp_path
 
 @pytest.mark.parametrize(
     "module",
-    ["throughput", "analysis.comm_probe", "compute_only", "compare", "tutorial_loops", "parity",
-     "analysis.ab"],  # fmt: skip
+    [
+        "throughput",
+        "analysis.comm_probe",
+        "compute_only",
+        "compare",
+        "tutorial_loops",
+        "parity",
+        "analysis.ab",
+    ],  # fmt: skip
 )
 def test_every_flag_has_a_help_text(module: str) -> None:
     import argparse
