@@ -29,7 +29,9 @@ typecheck_log=$(mktemp)
 .venv/bin/python -m mypy >"$typecheck_log" 2>&1 &
 typecheck=$!
 parallel=()
-((workers > 1)) && parallel=(-n "$workers" --dist loadfile)
+# Whole files, heaviest first (tests/conftest.py orders them by tests/weights.json; xdist's own
+# reordering, by number of tests, would start slow files of few tests last).
+((workers > 1)) && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 echo "[test] main environment: .venv/bin/python -m pytest tests --ignore=tests/mxnet ${parallel[*]}"
 .venv/bin/python -m pytest tests --ignore=tests/mxnet ${parallel[@]+"${parallel[@]}"} "$@" || status=1
 echo "[test] type check: .venv/bin/python -m mypy"

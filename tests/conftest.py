@@ -162,9 +162,57 @@ def visible_gpus() -> list[str]:
     return detect_gpus()
 
 
+CPU_LOG = os.environ.get("DPBENCH_TEST_CPU_LOG")  # scripts/test_weights.py's input
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """With DPBENCH_TEST_CPU_LOG=FILE, each test's CPU seconds (this process and the processes
+    it started and reaped: trainers, ranks, probes) and wall seconds, one JSON line per test.
+    CPU time barely moves with the machine's load, wall time does: scripts/test_weights.py
+    turns the lines into tests/weights.json, the order in which xdist hands out the files."""
+    if not CPU_LOG:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu() -> float:
+        return sum(
+            u.ru_utime + u.ru_stime
+            for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        )
+
+    cpu0, wall0 = cpu(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "cpu": round(cpu() - cpu0, 2),
+            "wall": round(time.monotonic() - wall0, 2)}  # fmt: skip
+    with open(CPU_LOG, "a") as f:  # one short write per line: workers may share the file
+        f.write(json.dumps(line) + "\n")
+
+
+def heaviest_files_first(items: list[pytest.Item]) -> None:
+    """Order the files by their measured CPU seconds (tests/weights.json, scripts/
+    test_weights.py), heaviest first, each file's own order kept: scripts/test.sh's workers
+    take whole files in this order (--dist loadfile --no-loadscope-reorder), so the longest
+    file does not start last and run alone at the end. A file not measured yet counts as
+    NEW_FILE_WEIGHT seconds."""
+    path = ROOT / "tests" / "weights.json"
+    weights: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
+
+    def weight(item: pytest.Item) -> float:
+        return -float(weights.get(item.nodeid.split("::", 1)[0], NEW_FILE_WEIGHT))
+
+    items.sort(key=weight)  # stable: a file's tests keep their order
+
+
+NEW_FILE_WEIGHT = 30.0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The main pass skips the `gpu` tests; the GPU pass runs only them, and skips them where no
-    GPU is visible."""
+    """Files heaviest first; the main pass skips the `gpu` tests; the GPU pass runs only them,
+    and skips them where no GPU is visible."""
+    heaviest_files_first(items)
     if not GPU_PASS:
         skip = pytest.mark.skip(
             reason="a GPU test: run by the GPU pass, `DPBENCH_TEST_GPU=1 .venv/bin/python -m "
