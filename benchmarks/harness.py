@@ -625,8 +625,9 @@ def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: 
         ("--batch-size", dict(type=int, default=batch_size, help=batch_help)),
         ("--precision", dict(default="fp32", choices=PRECISIONS,
                              help="CUDA: fp32, or mixed precision bf16 / fp16 (CPU: fp32)")),
-        ("--channels-last", dict(action=on_off, default=True,
-                                 help="channels-last memory format (torch, CUDA and CPU)")),
+        ("--channels-last", dict(action=on_off, default=None,
+                                 help="channels-last memory format (torch; default: on CUDA, "
+                                 "NCHW on a CPU)")),
         ("--xla-cpu-ynn", dict(action=on_off, default=True,
                                help="JAX on CPU: XLA's YNNPACK fusion kernels")),
         ("--compile", dict(action=on_off, default=False,

@@ -223,7 +223,11 @@ def workload(ns: Any, batch: int) -> list[str]:
     return [
         *("--model", ns.model, "--width", f"{ns.width:g}", "--image-size", str(ns.image_size)),
         *("--batch-size", str(batch), "--lr", f"{ns.lr:g}", "--precision", ns.precision),
-        "--channels-last" if ns.channels_last else "--no-channels-last",
+        *(
+            (f"--{'' if ns.channels_last else 'no-'}channels-last",)
+            if ns.channels_last is not None
+            else ()
+        ),  # None: the trainer's own default
         "--xla-cpu-ynn" if ns.xla_cpu_ynn else "--no-xla-cpu-ynn",
         "--compile" if ns.compile else "--no-compile",
         *(("--compile-mode", ns.compile_mode) if ns.compile else ()),

@@ -219,10 +219,13 @@ class Config:
     # Fast paths: mixed precision, torch.compile and TF32 (CUDA), channels-last (torch, CUDA and
     # CPU), XLA:CPU's YNNPACK kernels (JAX on CPU). Every record's `execution` names the path.
     precision: str = opt("fp32", "CUDA: fp32, or mixed precision bf16 / fp16", choices=PRECISIONS)
-    channels_last: bool = opt(
-        True,
-        "channels-last (NHWC) memory format for torch's images and conv weights, on CUDA and on "
-        "CPU (oneDNN); --no-channels-last for NCHW. Same values, faster convolutions",
+    channels_last: bool | None = opt(
+        None,
+        "channels-last (NHWC) memory format for torch's images and conv weights, or NCHW "
+        "(--no-channels-last). Same values. Default: on CUDA (cuDNN's fast path), NCHW on a CPU "
+        "(oneDNN's channels-last crashed torch 2.11 on a Xeon with 'double free or corruption', "
+        "docs/results/h200-20261128; it gained 0.96-1.17x where it ran)",
+        switch=True,
     )
     compile: bool = opt(False, "CUDA: torch.compile the model (torch)")
     compile_mode: str = opt(

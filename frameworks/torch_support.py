@@ -99,7 +99,8 @@ def device_plan(cfg: Config, device_type: DeviceType) -> DevicePlan:
     """The one place a torch run's device decisions are made:
     - --precision bf16: bfloat16 autocast on every device type (a CPU runs the path a GPU runs:
       slower there, for checking); fp16 (with loss scaling) on CUDA only;
-    - channels-last as --channels-last says, on CUDA and on CPU (oneDNN);
+    - channels-last as --channels-last says; by default on CUDA only (on a CPU, oneDNN's
+      channels-last crashed torch 2.11 on a Xeon: docs/results/h200-20261128);
     - torch.compile with --compile on CUDA; a CPU runs eager (inductor's CPU code is unmeasured);
     - float32 matmuls and convolutions in full fp32 unless --tf32 (CUDA), the same choice as
       every other framework (torch's own defaults differ: TF32 on for cuDNN convolutions);
@@ -116,7 +117,7 @@ def device_plan(cfg: Config, device_type: DeviceType) -> DevicePlan:
         device_type=device_type,
         autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision),
         grad_scaling=cfg.precision == "fp16",
-        channels_last=cfg.channels_last,
+        channels_last=cuda if cfg.channels_last is None else cfg.channels_last,
         compile_mode=cfg.compile_mode if cuda and cfg.compile else None,
         tf32=cfg.tf32 if cuda else None,
         cudnn_benchmark=cuda,

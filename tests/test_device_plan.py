@@ -72,8 +72,21 @@ def test_bf16_runs_on_the_cpu_and_the_record_says_what_ran(framework: str, tmp_p
     )
     ran = read_json(out)["ran"]
     assert ran["activation_dtype"] == "bfloat16", ran
-    layout = "NHWC" if framework.startswith("jax") else "channels_last"
+    layout = "NHWC" if framework.startswith("jax") else "NCHW"  # torch: NCHW on a CPU
     assert ran["input_memory_format"] == layout and ran["mode"], ran
+
+
+def test_channels_last_is_cudas_default_and_a_cpus_only_when_asked() -> None:
+    # oneDNN's channels-last crashed torch 2.11 on the H200 machine's Xeon (4 runs of 4, "double
+    # free or corruption"; 0 of 4 with --no-channels-last: docs/results/h200-20261128).
+    default = preset("smoke")
+    assert default.channels_last is None  # "auto": decided by the device plan
+    assert torch_support.device_plan(default, "cuda").channels_last is True
+    assert torch_support.device_plan(default, "cpu").channels_last is False
+    for asked in (True, False):
+        cfg = preset("smoke", channels_last=asked)
+        assert torch_support.device_plan(cfg, "cpu").channels_last is asked
+        assert torch_support.device_plan(cfg, "cuda").channels_last is asked
 
 
 # A run whose step computes in float32 although --precision bf16 was asked: the bug injected
