@@ -23,6 +23,7 @@ import math
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,13 +194,6 @@ class Plan:
         return harness.device_kind(self.gpus)
 
 
-def _lcm(values: list[int]) -> int:
-    out = 1
-    for v in values:
-        out = out * v // math.gcd(out, v)
-    return out
-
-
 def make_plan(argv: list[str]) -> Plan:
     """Parse and validate everything; raise UsageError (argparse exits 2 itself)."""
     ns, rest = runner_parser().parse_known_args(argv)
@@ -249,7 +243,7 @@ def make_plan(argv: list[str]) -> Plan:
     if scaling == "strong":
         bad = [n for n in counts if batch % n]
         if bad:
-            step = _lcm(counts)
+            step = math.lcm(*counts)
             raise UsageError(
                 f"global batch {batch} does not divide over {bad[0]} devices (strong scaling "
                 f"keeps it fixed at every count in {','.join(map(str, counts))}); use "
@@ -429,16 +423,13 @@ def finish_record(
 
 
 def sweep_of(plan: Plan) -> report.Sweep:
-    planned: dict[tuple[str, int], int] = {}
-    for spec in plan.runs:
-        planned[(spec.framework, spec.devices)] = planned.get((spec.framework, spec.devices), 0) + 1
     b = plan.base
     return report.Sweep(
         title=report.sweep_title(b.model, b.width, b.dataset, b.preset, plan.scaling),
         command=shlex.join(plan.command),
         frameworks=plan.frameworks,
         counts=plan.counts,
-        planned=planned,
+        planned=Counter((spec.framework, spec.devices) for spec in plan.runs),
         skipped=plan.skipped,
         not_applicable=plan.not_applicable,
         expected_kind=plan.expected_kind,

@@ -2,37 +2,31 @@
 
 The same model and optimiser as the framework's trainers (built by their own functions), stepping
 on ONE device-resident batch of the per-device size, on one device: no data pipeline, no
-host-to-device copy, no data-parallel wrapper, no per-step metrics. Warm-up steps (compilation,
-cuDNN autotuning, MXNet's static allocation) are excluded; the timed steps are bracketed by the
-framework's own sync (torch.cuda.synchronize, jax.block_until_ready, mx.nd.waitall), so queued
-asynchronous work is counted when it completes. The trainer's images/s divided by this is the
-share of the step's speed that the real loop keeps (benchmarks/throughput.py).
+host-to-device copy, no data-parallel wrapper, no per-step metrics; warm-up steps excluded, the
+timed steps bracketed by the framework's own sync (docs/performance.md, "Definitions").
 
 `--interleave R` (with a framework name, e.g. `--framework torch-ddp`) also builds that
-trainer's own loop in the same process (its train_step, fed by the real input pipeline: the
-background prefetcher, to_device / device prefetch, metric sums on the device) and times R
-alternating rounds of bare steps and loop steps. On a shared machine, separate processes minutes
-apart see different loads; alternating rounds in one process do not, so this ratio is the one to
-trust there.
+trainer's own loop in the same process (its train_step fed by the real input pipeline) and times
+R alternating rounds of bare steps and loop steps: on a shared machine, the ratio to trust.
 
-Prints one JSON line: images_per_sec, step_ms, first_step_sec, peak_memory_bytes and where that
-figure comes from (memory_source), device_kind, precision (and a note where a requested fast path
-does not apply), params, and with --interleave an "interleaved" entry (per-round step times of
-both loops and the median per-round ratio loop / bare in images/s). Framework imports are lazy:
-each family runs in its own interpreter.
+Prints one JSON line: images_per_sec, step_ms, first_step_sec, peak_memory_bytes and
+memory_source, device_kind, precision_note, params, and with --interleave "interleaved" (per-round
+step times of both loops, the median per-round ratio loop / bare). Framework imports are lazy.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -78,9 +72,10 @@ def check_installed(family: str) -> None:
         )
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+def peak_rss(why: str = "") -> dict[str, Any]:
+    """This process's peak resident set size (Linux reports ru_maxrss in KiB) and its source."""
+    rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return {"peak_memory_bytes": rss, "memory_source": f"peak RSS (resource.getrusage{why})"}
 
 
 def synthetic_batch(cfg: Config, batch: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
@@ -146,32 +141,58 @@ def interleaved(
     }
 
 
-def endless(epoch_batches: Callable[[int], Any]) -> Any:
-    """Batches of epoch 0, 1, 2, ... as the trainers iterate them (a new prefetcher per epoch)."""
-    epoch = 0
-    while True:
-        yield from epoch_batches(epoch)
-        epoch += 1
+@dataclass
+class Bare:
+    """One family's bare step on one device, ready to time (`timed`)."""
+
+    step: Callable[[], None]
+    sync: Callable[[], None]
+    facts: Callable[[], dict[str, Any]]  # read right after the timed steps (the peak memory)
+    # with --interleave: the trainer's loop for that many steps -> (its step, a sync of both)
+    loop: Callable[[int], tuple[Callable[[], None], Callable[[], None]]]
 
 
-def trainer_loader(cfg: Config, batch: int, layout: str) -> Any:
-    """The trainers' input pipeline on the synthetic throughput data, one rank of one."""
+def timed(bare: Bare, steps: int, warmup: int, rounds: int) -> dict[str, Any]:
+    """The bare step timed, its facts, and with `rounds` the interleaved rounds with the loop."""
+    first, per_step = timed_loop(bare.step, bare.sync, steps, warmup)
+    out = bare.facts()
+    if rounds:
+        loop, sync = bare.loop(4 + rounds * steps)
+        out["interleaved"] = interleaved(bare.step, loop, sync, rounds, steps)
+    return {**out, "first_step_sec": first, "step_ms": per_step * 1000}
+
+
+def trainer_loop(
+    cfg: Config, batch: int, layout: str, step: Callable[[Any], Any], put: Any = None
+) -> Callable[[], None]:
+    """One iteration of a trainer's training loop: the next batch of its input pipeline on the
+    synthetic throughput data (one rank of one; `put`: the trainer's device prefetch of an
+    epoch's batches), then `step(batch) -> metrics`, their sums kept on the device."""
     from common.datasets import load_for
     from common.pipeline import TrainLoader
 
-    ds = load_for(cfg)
-    return TrainLoader(ds, batch, cfg.seed, 0, 1, augment=cfg.augment, layout=layout,
-                       prefetch=cfg.prefetch)  # fmt: skip
+    loader = TrainLoader(load_for(cfg), batch, cfg.seed, 0, 1, augment=cfg.augment,
+                         layout=layout, prefetch=cfg.prefetch)  # fmt: skip
+
+    def epochs() -> Iterator[Any]:  # epoch 0, 1, 2, ... as the trainers iterate them
+        for epoch in itertools.count():
+            yield from put(loader.epoch(epoch)) if put else loader.epoch(epoch)
+
+    batches = epochs()
+    totals: dict[str, Any] = {}
+
+    def one() -> None:
+        for k, v in step(next(batches)).items():
+            totals[k] = totals[k] + v if k in totals else v
+
+    return one
 
 
 # -- torch --------------------------------------------------------------------------------------
 
 
-def torch_loop(
-    framework: str, cfg: Config, batch: int, n_steps: int, plan: Any
-) -> Callable[[], None]:
-    """One iteration of torch-ddp's / torch-dp's training loop: next prefetched batch,
-    to_device, train_step, metric sums kept on the device."""
+def torch_loop(framework: str, cfg: Config, batch: int, n_steps: int, plan: Any) -> Any:
+    """torch-ddp's / torch-dp's training loop: next prefetched batch, to_device, train_step."""
     import torch
     import torch.distributed as dist
 
@@ -179,7 +200,6 @@ def torch_loop(
     from frameworks.torch_support import to_device
 
     cuda = torch.cuda.is_available()
-    loader = trainer_loader(cfg, batch, "NCHW")
     torch.manual_seed(cfg.seed)
     if framework == "torch-ddp":  # a world of one process, as `--gpus 1` runs it
         if not dist.is_initialized():
@@ -194,21 +214,16 @@ def torch_loop(
         state = torch_dp.create_train_state(cfg, model, [0] if cuda else [], n_steps, plan)
         train_step = torch_dp.train_step
     state.model.train()
-    batches = endless(loader.epoch)
-    totals: dict[str, Any] = {}
 
-    def step() -> None:
+    def step(host: Any) -> Any:
         nonlocal state
-        state, metrics = train_step(state, to_device(next(batches), state))
-        for k, v in metrics.items():
-            totals[k] = totals[k] + v if k in totals else v
+        state, metrics = train_step(state, to_device(host, state))
+        return metrics
 
-    return step
+    return trainer_loop(cfg, batch, "NCHW", step)
 
 
-def run_torch(
-    cfg: Config, batch: int, steps: int, warmup: int, framework: str = "", rounds: int = 0
-) -> dict[str, Any]:
+def run_torch(cfg: Config, batch: int, framework: str) -> Bare:
     import torch
 
     from frameworks.torch_dp import build_model, create_train_state
@@ -254,33 +269,28 @@ def run_torch(
         if cuda:
             torch.cuda.synchronize()
 
-    first, per_step = timed_loop(step, sync, steps, warmup)
-    out: dict[str, Any] = {
-        "device_kind": f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu-simulated",
-        "params": count_params(state.module),
-        "packages": {"torch": torch.__version__},
-    }
-    out["ran"] = ran
-    mode = execution(plan, compiled=ran["mode"] != "eager")  # "eager, channels_last, oneDNN"
-    out["precision_note"] = f"{ran['activation_dtype']} activations, {mode}, float32 {fp32}"
-    if cuda:
-        out["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated())
-        out["memory_source"] = "torch.cuda.max_memory_allocated"
-    else:
-        out["peak_memory_bytes"] = peak_rss_bytes()
-        out["memory_source"] = "peak RSS (resource.getrusage)"
-    if rounds:
-        loop = torch_loop(framework, cfg, batch, 4 + rounds * steps, plan)
-        out["interleaved"] = interleaved(step, loop, sync, rounds, steps)
-    return {**out, "first_step_sec": first, "step_ms": per_step * 1000}
+    def facts() -> dict[str, Any]:
+        mode = execution(plan, compiled=ran["mode"] != "eager")  # "eager, channels_last, oneDNN"
+        memory = peak_rss()
+        if cuda:
+            memory = {"peak_memory_bytes": int(torch.cuda.max_memory_allocated()),
+                      "memory_source": "torch.cuda.max_memory_allocated"}  # fmt: skip
+        return {
+            "device_kind": f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu-simulated",
+            "params": count_params(state.module),
+            "packages": {"torch": torch.__version__},
+            "ran": ran,
+            "precision_note": f"{ran['activation_dtype']} activations, {mode}, float32 {fp32}",
+            **memory,
+        }
+
+    return Bare(step, sync, facts, lambda n: (torch_loop(framework, cfg, batch, n, plan), sync))
 
 
 # -- JAX ----------------------------------------------------------------------------------------
 
 
-def run_jax(
-    cfg: Config, batch: int, steps: int, warmup: int, framework: str = "", rounds: int = 0
-) -> dict[str, Any]:
+def run_jax(cfg: Config, batch: int, framework: str) -> Bare:
     simulate_host_devices(1)  # before JAX's CPU backend starts: one device
     # the trainers' XLA:CPU path at one device (jax_support.setup_xla)
     use_xla_cpu_ynn(xla_cpu_ynn_wanted(cfg.xla_cpu_ynn, image_side(cfg), 1))
@@ -325,47 +335,42 @@ def run_jax(
     step_fn = jax.jit(train_step, donate_argnums=plan.donate)  # as the trainers
     x, y = synthetic_batch(cfg, batch, "NHWC")
     xd, yd = jax.device_put(jnp.asarray(x), device), jax.device_put(jnp.asarray(y), device)
-    state = jax.device_put(state, device)
-    holder = [state]
+    live: list[Any] = [jax.device_put(state, device), None]  # the bare state, the loop's
 
     def step() -> None:
-        holder[0] = step_fn(holder[0], xd, yd)
+        live[0] = step_fn(live[0], xd, yd)
 
     def sync() -> None:
-        jax.block_until_ready(holder[0])
+        jax.block_until_ready(live)
 
-    first, per_step = timed_loop(step, sync, steps, warmup)
-    stats = device.memory_stats() or {}
-    kind = "cpu-simulated" if device.platform == "cpu" else f"cuda:{device.device_kind}"
-    out: dict[str, Any] = {
-        "device_kind": kind,
-        "params": count_params(holder[0].params),
-        "packages": {"jax": jax.__version__},
-    }
-    if "peak_bytes_in_use" in stats:
-        out["peak_memory_bytes"] = int(stats["peak_bytes_in_use"])
-        out["memory_source"] = "jax device memory_stats peak_bytes_in_use"
-    else:
-        out["peak_memory_bytes"] = peak_rss_bytes()
-        out["memory_source"] = "peak RSS (resource.getrusage; no JAX device memory_stats)"
-    out["ran"] = what_ran(model, holder[0].params, holder[0].batch_stats, shape)
-    out["precision_note"] = f"{out['ran']['activation_dtype']} activations, float32 {fp32}"
-    if device.platform == "cpu":
-        out["execution"] = xla_cpu_execution()
-    if rounds:
-        loop, loop_state = jax_loop(framework, cfg, batch, plan, device)
+    def facts() -> dict[str, Any]:
+        stats = device.memory_stats() or {}
+        memory = peak_rss("; no JAX device memory_stats")
+        if "peak_bytes_in_use" in stats:
+            memory = {"peak_memory_bytes": int(stats["peak_bytes_in_use"]),
+                      "memory_source": "jax device memory_stats peak_bytes_in_use"}  # fmt: skip
+        ran = what_ran(model, live[0].params, live[0].batch_stats, shape)
+        out = {
+            "device_kind": "cpu-simulated" if device.platform == "cpu"
+            else f"cuda:{device.device_kind}",
+            "params": count_params(live[0].params),
+            "packages": {"jax": jax.__version__},
+            **memory,
+            "ran": ran,
+            "precision_note": f"{ran['activation_dtype']} activations, float32 {fp32}",
+        }  # fmt: skip
+        if device.platform == "cpu":
+            out["execution"] = xla_cpu_execution()
+        return out
 
-        def sync_both() -> None:
-            jax.block_until_ready((holder[0], loop_state))
-
-        out["interleaved"] = interleaved(step, loop, sync_both, rounds, steps)
-    return {**out, "first_step_sec": first, "step_ms": per_step * 1000}
+    return Bare(
+        step, sync, facts, lambda n: (jax_loop(framework, cfg, batch, plan, device, live), sync)
+    )
 
 
-def jax_loop(framework: str, cfg: Config, batch: int, plan: Any, device: Any) -> Any:
-    """One iteration of a JAX trainer's training loop on a 1-device mesh: next batch
-    from the device prefetch, the trainer's compiled step, metric sums kept on the device.
-    Returns the step and a list holding the live state (for the sync)."""
+def jax_loop(framework: str, cfg: Config, batch: int, plan: Any, device: Any, live: list) -> Any:
+    """A JAX trainer's training loop on a 1-device mesh: next batch from the device prefetch,
+    the trainer's compiled step; its state kept in live[1] (for the sync)."""
     from jax.sharding import Mesh
 
     from common.timing import PhaseTimer
@@ -373,39 +378,33 @@ def jax_loop(framework: str, cfg: Config, batch: int, plan: Any, device: Any) ->
     from frameworks.jax_support import prefetch_to_devices
 
     mesh = Mesh(np.array([device]), ("batch",))
-    loader = trainer_loader(cfg, batch, "NHWC")
     shape = (cfg.image_size, cfg.image_size, cfg.synthetic_channels)
     modules = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap}
     module: Any = modules[framework]
     model = module.build_model(
         cfg, cfg.synthetic_channels, cfg.synthetic_classes, plan.compute_dtype
     )
-    state = module.create_train_state(cfg, model, shape, mesh, 1)
+    live[1] = module.create_train_state(cfg, model, shape, mesh, 1)
     step_fn, _ = module.parallelize(plan, mesh)  # the trainer's own parallel transform
     off = PhaseTimer(lambda: None, False)
     put = lambda batch: module.to_device(batch, mesh)  # noqa: E731 (as the trainers write it)
-    batches = endless(lambda e: prefetch_to_devices(loader.epoch(e), put, off))
-    live: list[Any] = [state]
-    totals: dict[str, Any] = {}
 
-    def step() -> None:
-        live[0], metrics = step_fn(live[0], next(batches))
-        for k, v in metrics.items():
-            totals[k] = totals[k] + v if k in totals else v
+    def step(device_batch: Any) -> Any:
+        live[1], metrics = step_fn(live[1], device_batch)
+        return metrics
 
-    return step, live
+    return trainer_loop(cfg, batch, "NHWC", step, lambda it: prefetch_to_devices(it, put, off))
 
 
 # -- MXNet --------------------------------------------------------------------------------------
 
 
-def run_mxnet(
-    cfg: Config, batch: int, steps: int, warmup: int, framework: str = "", rounds: int = 0
-) -> dict[str, Any]:
+def run_mxnet(cfg: Config, batch: int, framework: str) -> Bare:
     set_omp_threads(cpu_threads())  # before mxnet loads, as the trainer's main() does
     import mxnet as mx
     from mxnet import autograd
 
+    from frameworks import mxnet_gluon
     from frameworks.mxnet_gluon import build_model, create_train_state, select_devices
     from frameworks.mxnet_models import count_params
 
@@ -424,37 +423,29 @@ def run_mxnet(
         loss.backward()  # gradient of the sum; Trainer.step rescales by 1/B
         state.trainer.step(batch)
 
-    first, per_step = timed_loop(step, mx.nd.waitall, steps, warmup)
-    extra: dict[str, Any] = {}
-    if rounds:  # mxnet-gluon's loop: next batch, to_device (split_and_load), train_step
-        from frameworks import mxnet_gluon
+    def facts() -> dict[str, Any]:
+        return {
+            "device_kind": kind,
+            "params": count_params(model),
+            "packages": {"mxnet": mx.__version__},
+            **peak_rss("; MXNet has no peak-allocation query"),
+            "precision_note": "fp32 (mxnet-gluon trains in fp32 only)",
+        }
 
+    def loop(n_steps: int) -> tuple[Callable[[], None], Callable[[], None]]:
+        """mxnet-gluon's loop: next batch, to_device (split_and_load), train_step."""
         loop_model = build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes)
-        loop_state = create_train_state(cfg, loop_model, ctx, 4 + rounds * steps)
-        batches = endless(trainer_loader(cfg, batch, "NCHW").epoch)
-        totals: dict[str, Any] = {}
+        loop_state = create_train_state(cfg, loop_model, ctx, n_steps)
 
-        def loop() -> None:
+        def one(host: Any) -> Any:
             nonlocal loop_state
-            host = next(batches)
-            loop_state, metrics = mxnet_gluon.train_step(
-                loop_state, mxnet_gluon.to_device(host, loop_state)
-            )
-            for k, v in metrics.items():
-                totals[k] = totals[k] + v if k in totals else v
+            device_batch = mxnet_gluon.to_device(host, loop_state)
+            loop_state, metrics = mxnet_gluon.train_step(loop_state, device_batch)
+            return metrics
 
-        extra["interleaved"] = interleaved(step, loop, mx.nd.waitall, rounds, steps)
-    return {
-        **extra,
-        "device_kind": kind,
-        "params": count_params(model),
-        "packages": {"mxnet": mx.__version__},
-        "peak_memory_bytes": peak_rss_bytes(),
-        "memory_source": "peak RSS (resource.getrusage; MXNet has no peak-allocation query)",
-        "precision_note": "fp32 (mxnet-gluon trains in fp32 only)",
-        "first_step_sec": first,
-        "step_ms": per_step * 1000,
-    }
+        return trainer_loop(cfg, batch, "NCHW", one), mx.nd.waitall
+
+    return Bare(step, mx.nd.waitall, facts, loop)
 
 
 RUNNERS = {"torch": run_torch, "jax": run_jax, "mxnet": run_mxnet}
@@ -473,7 +464,7 @@ def measure(
     if rounds and framework not in FRAMEWORKS:
         raise ConfigError(f"--interleave needs a framework name ({', '.join(FRAMEWORKS)}), "
                           f"not the family {framework!r}")  # fmt: skip
-    result = RUNNERS[family](cfg, batch, steps, warmup, framework, rounds)
+    result = timed(RUNNERS[family](cfg, batch, framework), steps, warmup, rounds)
     return {
         "family": family,
         "model": cfg.model,

@@ -1107,14 +1107,10 @@ def read_throughput(path: Path, what: str = "throughput table") -> dict[str, Any
 RECORD_FIX = "delete it or rerun this run"
 
 
-def check_record_file(path: Path) -> None:
+def check_record_file(path: Path) -> dict[str, Any] | None:
     """A run record that exists is a regular file of sane size whose fields the tools can use
-    (RECORD_SCHEMA), unless it is no record at all (truncated, not JSON, no status: report
-    calls it "damaged"); UsageError otherwise."""
-    _record(path)
-
-
-def _record(path: Path) -> dict[str, Any] | None:
+    (RECORD_SCHEMA), unless it is no record at all (missing, truncated, not JSON, no status:
+    None; report calls such a file "damaged"); UsageError otherwise."""
     try:
         data = read_json_file(path, "run record", RECORD_FIX)
     except (FileNotFoundError, NotADirectoryError, ValueError):
@@ -1132,7 +1128,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
     FIFO, a device or an oversized file in its place: read_json_file; JSON whose fields the
     tools cannot use: RECORD_SCHEMA, check_record_file says which)."""
     try:
-        return _record(path)
+        return check_record_file(path)
     except (OSError, UsageError):
         return None
 
@@ -1143,11 +1139,19 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     atomic_write_bytes(path, data.encode() if isinstance(data, str) else data)
 
 
-def markdown_table(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+def cell(value: Any, spec: str, none: str = "-") -> str:
+    """A table cell: `value` formatted by `spec`, or `none` where there is no value."""
+    return none if value is None else format(value, spec)
+
+
+def markdown_table(headers: Sequence[str], body: Sequence[Sequence[str]], align: str = "") -> str:
+    """A Markdown table; `align`: one letter a column, "r" for a right-aligned one."""
+
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
-    return "\n".join([line(headers), line(["---"] * len(headers)), *map(line, body)])
+    rule = ["---:" if a == "r" else "---" for a in align.ljust(len(headers), "l")]
+    return "\n".join([line(headers), line(rule), *map(line, body)])
 
 
 def print_table(

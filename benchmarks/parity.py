@@ -1,37 +1,17 @@
 """`python -m benchmarks.parity`: does one training step give the same update in every framework?
 
-Every framework runs in its own process (its own interpreter: .venv, .venv-mxnet) from the shared
-initial state (`--init shared`) on the same K global batches of the real pipeline: synthetic
-random images with augmentation on (pad-and-crop, flip), an LR that changes every step (cosine
-with warm-up over half the run), SGD with Nesterov momentum 0.9, weight decay 5e-4 on conv and
-linear weights, label smoothing 0.1, dropout 0. Grid: both models x `--bn local` / `--bn sync`
-x 1 and 2 devices. Each run writes its parameters and BN running statistics after K steps
-(`--save-state`, torch's names and layouts) and the parent compares them with a reference run:
-
-- the reference is torch-ddp at 1 device (`--bn local`), except for `--bn local` at 2 devices:
-  BN statistics per device are different maths from 1 device (each device normalises its half
-  of the batch), so those rows are compared with torch-ddp `--bn local` at 2 devices. `--bn sync`
-  at any count, and every 1-device row, is the 1-device maths;
-- update_rel_diff = ||dW_f - dW_ref|| / ||dW_ref|| over all parameters together, dW = W_K - W_0
-  (also per tensor in parity.json): relative to the update, not to the weights, whose size would
-  hide a wrong LR, decay mask or gradient average;
-- running_mean_rel_diff: the same for the BN running means (a wrong BN momentum shows there);
-- running_var_factor: the ratio of the reference's running-variance update to the framework's,
-  min and max over the BN layers. torch keeps the unbiased batch variance, Flax and MXNet the
-  biased one, so it is n/(n-1) (n = values per channel in the batch statistics, from 1.0001 at
-  the stem to ~1.03 at the last stage) where torch meets Flax or MXNet and 1 between torch
-  trainers. It is reported, not counted against ok.
-
-The configuration is conditioned so that rounding cannot change the verdict: random images (no
-constant regions: exact ties in conv/BN/ReLU/max-pool outputs break differently per framework),
-16 images per device at 2 devices, at least 64 values per channel in every BN layer. A ReLU
-whose input lies within rounding of 0 is the one remaining discontinuity of a step: flipping
-one moves the update by ~1e-3 relative (measured), so K=1 (one forward pass) is the default;
-tests/test_parity.py checks that rounding-level noise on the step's inputs stays far below the
-tolerance. Outputs in --out DIR: parity.json (a list of rows {framework, model, devices, bn,
-steps, update_rel_diff, running_mean_rel_diff, ok, ...}), parity.md (the table, config and
-notes), runs/ (states and records), logs/. Exit 0 when every row is ok (or skipped), 1 otherwise,
-2 on bad input (nothing ran), 130 interrupted.
+Every framework runs in its own process (its own interpreter) from the shared initial state
+(`--init shared`) on the same K global batches of the real pipeline, and saves its parameters
+and BN running statistics after K steps (`--save-state`, torch's names and layouts); the parent
+compares them with a torch-ddp reference run. What is compared, the reference of each row and why
+the configuration (random images, 16 images per device at 2 devices, >= 64 values per channel in
+every BN layer, K=1) keeps rounding from changing the verdict: docs/fairness.md, "Cross-framework
+parity". update_rel_diff = ||dW_f - dW_ref|| / ||dW_ref||, dW = W_K - W_0, over all parameters
+(per tensor in parity.json); running_mean_rel_diff the same for the BN running means;
+running_var_factor = reference / framework running-variance update, min..max over the BN layers
+(n/(n-1) between torch's unbiased and Flax's or MXNet's biased variance; reported, not judged).
+Outputs in --out DIR: parity.json, parity.md, runs/ (states and records), logs/. Exit 0 when every
+row is ok (or skipped), 1 otherwise, 2 on bad input (nothing ran), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -427,17 +407,13 @@ HEADERS = ["framework", "model", "bn", "devices", "reference", "update rel diff"
            "running_mean rel diff", "running_var factor", "status", "note"]  # fmt: skip
 
 
-def _e(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1e}"
-
-
 def table(rows: list[dict[str, Any]]) -> list[list[str]]:
     body = []
     for r in rows:
         f = r.get("running_var_factor")
         body.append([
             r["framework"], r["model"], r["bn"], str(r["devices"]), r["reference"],
-            _e(r["update_rel_diff"]), _e(r["running_mean_rel_diff"]),
+            *(harness.cell(r[k], ".1e") for k in ("update_rel_diff", "running_mean_rel_diff")),
             "-" if f is None else f"{f[0]:.5f}..{f[1]:.5f}", r["status"], r["note"],
         ])  # fmt: skip
     return body

@@ -25,6 +25,7 @@ import csv
 import io
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +115,7 @@ def _busy(record: dict[str, Any]) -> bool:
 def _status(statuses: list[str], planned: int) -> str:
     if not statuses:
         return "not run"
-    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    counts = Counter(statuses)
     if len(counts) == 1 and len(statuses) == planned:
         return statuses[0]
     parts = [f"{s} {n}" for s, n in counts.items()]
@@ -789,10 +790,6 @@ class Rebuild:
 def sweep_from_config(config: dict[str, Any]) -> Sweep:
     """The Sweep that benchmarks.compare planned, from the config.json it wrote."""
     base = config["base_config"]
-    planned: dict[tuple[str, int], int] = {}
-    for run in config["runs"]:
-        key = (run["framework"], int(run["devices"]))
-        planned[key] = planned.get(key, 0) + 1
     return Sweep(
         title=sweep_title(
             base["model"], base["width"], base["dataset"], base["preset"], config["scaling"]
@@ -800,7 +797,7 @@ def sweep_from_config(config: dict[str, Any]) -> Sweep:
         command=config["command"],
         frameworks=list(config["frameworks"]),
         counts=[int(n) for n in config["device_counts"]],
-        planned=planned,
+        planned=Counter((run["framework"], int(run["devices"])) for run in config["runs"]),
         skipped=dict(config.get("skipped") or {}),
         not_applicable={
             (na["framework"], int(na["devices"])): na["reason"]

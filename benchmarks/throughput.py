@@ -1,23 +1,12 @@
 """`python -m benchmarks.throughput`: how much of the bare step's speed each training loop keeps.
 
-For every framework x device count, on synthetic CIFAR-shaped data (preset "throughput"):
-- real loop: the framework module itself, `<python> -m frameworks.<module> --preset throughput
-  ...`, in a process of its own; its record's images_per_sec (epochs after the first, which holds
-  compilation and warm-up) and first_epoch_sec, and the process tree's peak RSS (harness.run_child);
-- compute-only loop: `benchmarks.compute_only` in the same interpreter, the same model and
-  optimiser on one device-resident batch of the per-device size, one device, no data pipeline,
-  no data-parallel wrapper; its images/s, first step (compile) time and peak memory (the
-  device's allocator peak where the framework reports one, else the process's peak RSS);
-- ratio = real / (devices x compute-only). At 1 device it is the share of the bare step's speed
-  the real loop keeps (target >= 0.90); at N devices it compares with N perfectly parallel bare
-  steps. Simulated CPU devices share the host's cores, so there it is ~1/N by construction.
-- mode = the execution mode the real loop's record says ran (harness.mode_label); a table whose
-  rows ran eager and compiled says so under it. A framework variant in --frameworks
-  (torch-ddp+reduce-overhead: harness.VARIANTS) is a row of its own, both loops in its mode.
-
-Every measurement is a separate process with the framework's interpreter (.venv for torch and
-JAX, .venv-mxnet for MXNet; `--python PATH` uses one interpreter for all, e.g. a GPU machine's
-python3). A framework whose interpreter lacks its packages is reported as skipped.
+For every framework x device count, on synthetic CIFAR-shaped data (preset "throughput"): the
+real loop (the framework module itself, in a process of its own: its record's images/s after the
+first epoch, its first epoch and the process tree's peak RSS), the compute-only loop
+(`benchmarks.compute_only` in the same interpreter) and ratio = real / (devices x compute-only);
+mode = the execution mode the real loop's record says ran. Definitions: docs/performance.md. A
+framework variant in --frameworks (torch-ddp+reduce-overhead: harness.VARIANTS) is a row of its
+own, both loops in its mode; a framework whose interpreter lacks its packages is skipped.
 Outputs in --out DIR: throughput.json (config, host, every measurement, commands),
 throughput.md, runs/*.json (trainer records), logs/*.log. Exit 0 when every measurement
 succeeded, 1 when any failed, 2 on bad input (nothing ran).
@@ -416,10 +405,6 @@ HEADERS = [
 ]
 
 
-def _f(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def table(cells: list[dict[str, Any]]) -> list[list[str]]:
     mib = 1 / 2**20
     return [
@@ -428,18 +413,20 @@ def table(cells: list[dict[str, Any]]) -> list[list[str]]:
             c.get("mode") or "-",
             str(c["devices"]),
             str(c["global_batch"]),
-            _f(c.get("real_images_per_sec"), ".1f"),
-            _f(c.get("compute_images_per_sec"), ".1f"),
-            _f(c.get("ratio"), ".3f"),
-            _f(c.get("first_epoch_sec"), ".2f"),
-            _f(c.get("first_step_sec"), ".2f"),
-            _f(
+            harness.cell(c.get("real_images_per_sec"), ".1f"),
+            harness.cell(c.get("compute_images_per_sec"), ".1f"),
+            harness.cell(c.get("ratio"), ".3f"),
+            harness.cell(c.get("first_epoch_sec"), ".2f"),
+            harness.cell(c.get("first_step_sec"), ".2f"),
+            harness.cell(
                 c["compute_peak_memory_bytes"] * mib
                 if c.get("compute_peak_memory_bytes")
                 else None,
                 ".0f",
             ),
-            _f(c["real_peak_rss_bytes"] * mib if c.get("real_peak_rss_bytes") else None, ".0f"),
+            harness.cell(
+                c["real_peak_rss_bytes"] * mib if c.get("real_peak_rss_bytes") else None, ".0f"
+            ),
             c["status"],
         ]
         for c in cells

@@ -1,28 +1,13 @@
 """`python -m benchmarks.tutorial_loops`: our training loops against the seed tutorials' loops.
 
-Each trainer is timed against the tutorial loop it grew out of, on the same work: the same
-Config (the same flags go to both), the same arrays from `common.datasets`, the same model built
-by the trainer's own `build_model`. What differs is only the loop (benchmarks/tutorials/):
-
-    d2l-torch      d2l 13.6, PyTorch: nn.DataParallel, DataLoader(num_workers=4) + ToTensor,
-                   a host sync per evaluation batch                         vs  torch-dp
-    nvidia-course  NVIDIA DLI data-parallel course: DDP, DistributedSampler,
-                   DataLoader(num_workers=0) + ToTensor, drop_last test set   vs  torch-ddp
-    d2l-mxnet      d2l 13.6, MXNet: split_and_load, gluon DataLoader(num_workers=4), network
-                   not hybridized, float() per evaluation shard             vs  mxnet-gluon
-    d2l-jax        d2l 13.6, JAX: jax.pmap + lax.pmean, numpy batches reshaped per step in
-                   the training thread, state not donated, an int() per test batch  vs  jax-pmap
-    flax-imagenet  Flax examples/imagenet: jax.pmap + lax.pmean, prefetch_to_device(2),
-                   per-step metrics fetched every log_every_steps            vs  jax-pmap
-
-Both sides run in their own processes, alternately (ours first in even repeats, the tutorial's
-first in odd ones, so a drift in the machine's load falls on both), with idle OpenMP threads
-sleeping. The figure compared is the record's `images_per_sec` (training images of the epochs
-after the first over their training seconds, ended by the framework's own sync, in both) and the
-per-repeat ratio ours / tutorial; `epoch_sec` adds evaluation (whole epoch, wall clock).
-Augmentation is off and the LR constant on both sides (the tutorials have neither). Each row
-shows both sides' execution modes (harness.mode_label: eager, XLA, hybridized ...), and the
-table says under it when its rows differ in mode (harness.mode_note).
+Each trainer is timed against the tutorial loop it grew out of (TUTORIALS below; each module
+of benchmarks/tutorials/ says what its loop costs), on the same work: the same Config (the same
+flags go to both), the same arrays from `common.datasets`, the same model built by the trainer's
+own `build_model`; only the loop differs. Both sides run in their own processes, alternately
+(ours first in even repeats), with augmentation off and a constant LR on both (the tutorials have
+neither). Compared: the records' `images_per_sec` and the per-repeat ratio ours / tutorial;
+`epoch_sec` adds evaluation; each side's execution mode (harness.mode_label). Results:
+docs/performance.md, "Against the seed tutorials' loops".
 
 outputs (in --out DIR): tutorial_loops.json (every run and the summary), tutorial_loops.md,
 runs/*.json (each run's record), logs/*.log.
@@ -51,42 +36,24 @@ PROG = "python -m benchmarks.tutorial_loops"
 @dataclass(frozen=True)
 class Tutorial:
     name: str
-    module: str  # run as `python -m <module>` with the compared framework's interpreter
     framework: str  # the trainer it is compared with
     title: str
     mode: str  # its loop's execution mode (harness.mode_label's words), where its record has none
+
+    @property
+    def module(self) -> str:
+        """Run as `python -m <module>` with the compared framework's interpreter."""
+        return "benchmarks.tutorials." + self.name.replace("-", "_")
 
 
 TUTORIALS: dict[str, Tutorial] = {
     t.name: t
     for t in (
-        Tutorial(
-            "d2l-torch", "benchmarks.tutorials.d2l_torch", "torch-dp", "d2l 13.6 (PyTorch)", "eager"
-        ),
-        Tutorial(
-            "nvidia-course",
-            "benchmarks.tutorials.nvidia_course",
-            "torch-ddp",
-            "NVIDIA DLI data-parallel course (DDP)",
-            "eager",
-        ),
-        Tutorial(
-            "d2l-mxnet",
-            "benchmarks.tutorials.d2l_mxnet",
-            "mxnet-gluon",
-            "d2l 13.6 (MXNet)",
-            "imperative (not hybridized)",
-        ),
-        Tutorial(
-            "d2l-jax", "benchmarks.tutorials.d2l_jax", "jax-pmap", "d2l 13.6 (JAX)", "XLA (pmap)"
-        ),
-        Tutorial(
-            "flax-imagenet",
-            "benchmarks.tutorials.flax_imagenet",
-            "jax-pmap",
-            "Flax examples/imagenet (pmap)",
-            "XLA (pmap)",
-        ),
+        Tutorial("d2l-torch", "torch-dp", "d2l 13.6 (PyTorch)", "eager"),
+        Tutorial("nvidia-course", "torch-ddp", "NVIDIA DLI data-parallel course (DDP)", "eager"),
+        Tutorial("d2l-mxnet", "mxnet-gluon", "d2l 13.6 (MXNet)", "imperative (not hybridized)"),
+        Tutorial("d2l-jax", "jax-pmap", "d2l 13.6 (JAX)", "XLA (pmap)"),
+        Tutorial("flax-imagenet", "jax-pmap", "Flax examples/imagenet (pmap)", "XLA (pmap)"),
     )
 }
 
@@ -286,7 +253,7 @@ def summarise(plan: Plan, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             cell = [r for r in runs if r["tutorial"] == tut.name and r["devices"] == n]
             if not cell:
                 continue
-            side = {s: [r for r in cell if r["side"] == s] for s in ("ours", "tutorial")}
+            side = {s: [r for r in cell if r["side"] == s] for s in SIDES}
             ratios, epoch_ratios = [], []
             for rep in range(plan.repeat):
                 pair = {r["side"]: r for r in cell if r["repeat"] == rep}
@@ -326,8 +293,9 @@ def summarise(plan: Plan, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "—" if value is None else format(value, spec)
+NUMBERS = (("ours_images_per_sec", ".1f"), ("tutorial_images_per_sec", ".1f"), ("ratio", ".3f"),
+           ("epoch_speedup", ".3f"))  # fmt: skip
+SIDES = ("ours", "tutorial")
 
 
 def markdown(plan: Plan, rows: list[dict[str, Any]], host: dict[str, Any]) -> str:
@@ -343,24 +311,22 @@ def markdown(plan: Plan, rows: list[dict[str, Any]], host: dict[str, Any]) -> st
         "ratio = ours / tutorial training images/s (median of per-repeat ratios; > 1: ours is "
         "faster); epoch speed-up = tutorial / ours whole-epoch seconds (training + evaluation).",
         "",
-        "| tutorial | vs | mode ours / tutorial | devices | ours images/s | tutorial images/s "
-        "| ratio | epoch speed-up | test images ours / tutorial | status |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
+    head = ["tutorial", "vs", "mode ours / tutorial", "devices", "ours images/s",
+            "tutorial images/s", "ratio", "epoch speed-up", "test images ours / tutorial",
+            "status"]  # fmt: skip
+    body = []
     for r in rows:
-        ours, theirs = r["ours_images_per_sec"], r["tutorial_images_per_sec"]
-        tests = (
-            f"{_fmt(r['ours_test_examples'], '.0f')} / {_fmt(r['tutorial_test_examples'], '.0f')}"
-        )
         modes = f"{r.get('ours_mode') or '—'} / {r.get('tutorial_mode') or '—'}"
-        lines.append(
-            f"| {r['tutorial']} | {r['framework']} | {modes} | {r['devices']} "
-            f"| {_fmt(ours, '.1f')} | {_fmt(theirs, '.1f')} "
-            f"| {_fmt(r['ratio'], '.3f')} | {_fmt(r['epoch_speedup'], '.3f')} | {tests} "
-            f"| {r['status']} |"
-        )
+        numbers = [harness.cell(r[key], spec, "—") for key, spec in NUMBERS]
+        tests = [harness.cell(r[f"{side}_test_examples"], ".0f", "—") for side in SIDES]
+        body.append([r["tutorial"], r["framework"], modes, str(r["devices"]), *numbers,
+                     " / ".join(tests), r["status"]])  # fmt: skip
     for name, why in plan.skipped.items():
-        lines.append(f"| {name} | {TUTORIALS[name].framework} | | — | | | | | | skipped: {why} |")
+        body.append(
+            [name, TUTORIALS[name].framework, "", "—", "", "", "", "", "", f"skipped: {why}"]
+        )
+    lines.append(harness.markdown_table(head, body, "lllrrrrrrl"))
     note = mode_note(plan, rows)
     return "\n".join(lines + ([f"\n- {note}"] if note else [])) + "\n"
 

@@ -1,26 +1,14 @@
 """`python -m benchmarks.analysis.comm_probe`: each framework's gradient collective, timed alone.
 
 For every framework x device count x model, the collective that averages the gradients in that
-framework's trainer, run on one float32 buffer the size of the model's gradients:
-- torch-ddp: `dist.all_reduce` in N processes started by torchrun (`--standalone`, a free
-  loopback port; gloo on CPU, NCCL on CUDA; what DDP's buckets call);
-- torch-dp: `torch.nn.parallel.comm.reduce_add` of N per-GPU buffers onto GPU 0 (how
-  nn.DataParallel sums the replicas' gradients; CUDA only);
-- jax-pmap: a pmapped `lax.psum` over N devices; jax-shard and jax-shardmap: a jitted `shard_map`
-  `lax.psum` over a 1-D mesh (simulated CPU devices without GPUs);
-- mxnet-gluon: kvstore "device" `pushpull` of N per-context buffers (what Trainer.step does per
-  parameter with update_on_kvstore=False).
-Median (and min) of --reps timed repetitions after --warmup untimed ones, each bracketed by the
-framework's own sync (torch.cuda.synchronize / barrier, block_until_ready, mx.nd.waitall); for
-torch the slowest rank's time of each repetition. Bandwidth as nccl-tests reports it:
-algbw = bytes / time, busbw = algbw x 2(N-1)/N (the per-link traffic of a ring all-reduce).
-
-The buffer is ONE flat tensor. The trainers differ in how they cut it (DDP: 25 MB buckets
-overlapped with backward; XLA: its all-reduce combiner; Gluon: one pushpull per parameter), so
-this is the collective's cost for the bytes, not the step's communication time (see the
-trainers' --phase-timing for that). The buffer's size is each model's trainable parameter count,
-taken from the framework's own model (frameworks/*_models.py) in the measuring process.
-Outputs in --out DIR: comm.json, comm.md, logs/*.log.
+framework's trainer (COLLECTIVES; each worker_* says how it is run), on one float32 buffer the
+size of the model's gradients (its trainable parameters, from the framework's own model). Median
+(and min) of --reps timed repetitions after --warmup untimed ones, each bracketed by the
+framework's own sync (torch: the slowest rank's time). Bandwidth as nccl-tests reports it:
+algbw = bytes / time, busbw = algbw x 2(N-1)/N. The buffer is ONE flat tensor, where the trainers
+cut their gradients (DDP's buckets, XLA's combiner, Gluon per parameter): this is the collective's
+cost for the bytes, not the step's communication time (the trainers' --phase-timing or --profile
+measure that). Outputs in --out DIR: comm.json, comm.md, logs/*.log.
 """
 
 from __future__ import annotations
@@ -44,13 +32,13 @@ from common.results import host_info, write_json_atomic
 from common.runtime import cpu_threads, set_omp_threads, simulate_host_devices
 
 PROG = "python -m benchmarks.analysis.comm_probe"
-COLLECTIVES = {
-    "torch-ddp": "dist.all_reduce",
-    "torch-dp": "comm.reduce_add",
+COLLECTIVES = {  # what each trainer averages its gradients with
+    "torch-ddp": "dist.all_reduce",  # N processes (torchrun); gloo on CPU, NCCL on CUDA
+    "torch-dp": "comm.reduce_add",  # N per-GPU buffers onto GPU 0, as nn.DataParallel (CUDA)
     "jax-pmap": "pmap psum",
-    "jax-shard": "shard_map psum",
+    "jax-shard": "shard_map psum",  # jitted shard_map over a 1-D mesh
     "jax-shardmap": "shard_map psum",
-    "mxnet-gluon": "kvstore pushpull",
+    "mxnet-gluon": "kvstore pushpull",  # kvstore "device": Trainer.step's, per parameter
 }
 
 

@@ -92,30 +92,19 @@ def rows_of(ns: argparse.Namespace) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["framework"], r["global_batch"]))
 
 
-def _n(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
 def markdown(rows: list[dict[str, Any]], ns: argparse.Namespace) -> str:
-    lines = [
+    head = ["framework", "mode", "devices", "global batch", "precision", "real img/s", "real MFU",
+            "compute-only img/s", "compute-only MFU"]  # fmt: skip
+    body = [[r["framework"], r["mode"], str(r["devices"]), str(r["global_batch"]), r["precision"],
+             harness.cell(r["real_images_per_sec"], ",.0f"), harness.cell(r["real_mfu"], ".1%"),
+             harness.cell(r["compute_images_per_sec"], ",.0f"),
+             harness.cell(r["compute_mfu"], ".1%")] for r in rows]  # fmt: skip
+    return (
         f"MFU = images/s x {ns.gflop_per_image} GFLOP per training image / "
-        f"{ns.peak_tflops:g} TFLOP/s per device",
-        "",
-        "| framework | mode | devices | global batch | precision | real img/s | real MFU "
-        "| compute-only img/s | compute-only MFU |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['framework']} | {r['mode']} | {r['devices']} | {r['global_batch']} "
-            f"| {r['precision']} | {_n(r['real_images_per_sec'])} | {_pct(r['real_mfu'])} "
-            f"| {_n(r['compute_images_per_sec'])} | {_pct(r['compute_mfu'])} |"
-        )
-    return "\n".join(lines) + "\n"
+        f"{ns.peak_tflops:g} TFLOP/s per device\n\n"
+        + harness.markdown_table(head, body, "llrrlrrrr")
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,20 +3,10 @@
 Nothing is measured here. From a 1-device measurement (a step time, or a breakdown of it), the
 gradient bytes as the chosen framework sends them and a description of the interconnect, it
 predicts the step time, images/s and weak or strong scaling efficiency for N = 1..64 (#30, items
-3 and 4). Every output says "predicted" and echoes every input. The model (docs/scaling.md):
-
-    step(N) = host + input_wait(b) + compute(b) + exposed_comm(N)
-    ring all-reduce of S bytes over N ranks: t = 2(N-1)·α + 2(N-1)/N · S / B
-
-B is the bus bandwidth as nccl-tests defines it (busbw = algbw · 2(N-1)/N), α the latency of one
-ring step. How the gradients are cut into collectives is the framework's: DDP's buckets, XLA's
-combined all-reduces, one kvstore pushpull per parameter key, nn.DataParallel's broadcast and
-reduce through GPU 0. The exposed part of the communication is bounded by what can hide behind
-the backward pass: exposed = min(comm, max(comm - overlap · backward, last collective)).
-
-`--validate` checks the model against published multi-GPU measurements: each row's prediction
-takes only that row's published 1-GPU throughput, the model's gradient bytes and the hardware
-preset of that machine; nothing is fitted to the rows.
+3 and 4). Every output says "predicted" and echoes every input. The model (step = host + input
+wait + compute + the exposed part of the framework's collectives, each a ring all-reduce), the
+presets and `--validate` (the model against published multi-GPU measurements, nothing fitted to
+them): docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -500,10 +490,6 @@ def validate(rows: Sequence[Published] = PUBLISHED) -> list[dict[str, Any]]:
     return out
 
 
-def share(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
-
-
 def validation_markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "# Predicted against published multi-GPU throughput (the prediction is a model)",
@@ -512,18 +498,20 @@ def validation_markdown(rows: list[dict[str, Any]]) -> str:
         "tensors and the preset of that machine's interconnect; the overlap is the framework's "
         "default, the same for every row of a framework. No constant is fitted to these rows.",
         "",
-        "| published row | N | published img/s (eff.) | predicted img/s (eff.) | residual | "
-        "comm. explains | no-overlap bound: eff. (explains) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
+    head = ["published row", "N", "published img/s (eff.)", "predicted img/s (eff.)", "residual",
+            "comm. explains", "no-overlap bound: eff. (explains)"]  # fmt: skip
+    body = []
     for r in rows:
         d, z = r["predicted"], r["predicted_no_overlap"]
-        lines.append(
-            f"| {r['name']} | {r['devices']} | {r['published_images_per_sec']:,.0f} "
-            f"({r['published_efficiency']:.1%}) | {d['images_per_sec']:,.0f} "
-            f"({d['efficiency']:.1%}) | {r['residual_pp']:+.1f} pp | {share(d['explained'])} | "
-            f"{z['efficiency']:.1%} ({share(z['explained'])}) |"
-        )
+        body.append([
+            r["name"], str(r["devices"]),
+            f"{r['published_images_per_sec']:,.0f} ({r['published_efficiency']:.1%})",
+            f"{d['images_per_sec']:,.0f} ({d['efficiency']:.1%})", f"{r['residual_pp']:+.1f} pp",
+            harness.cell(d["explained"], ".0%"),
+            f"{z['efficiency']:.1%} ({harness.cell(z['explained'], '.0%')})",
+        ])  # fmt: skip
+    lines.append(harness.markdown_table(head, body, "lrrrrrr"))
     lines += ["", "## What each row's model uses, and what it leaves out", ""]
     rows_of: dict[tuple[str, ...], list[str]] = {}
     for r in rows:
@@ -780,10 +768,6 @@ def measured_vs_predicted(
 SECTION_TITLE = "Measured and predicted scaling efficiency"
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
-
-
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f} ms"
 
@@ -830,8 +814,8 @@ def section(records: list[dict[str, Any]], is_busy: Callable[[dict[str, Any]], b
         body.append([
             r["framework"], r["mode"] or "-", str(r["devices"]), r["scaling"],
             f"{r['per_device_batch']:g} images", _ms(r["measured_step_ms"]),
-            _ms(r["predicted_step_ms"]), _pct(r["measured_efficiency"]),
-            _pct(r["predicted_efficiency"]), diff, comm,
+            _ms(r["predicted_step_ms"]), harness.cell(r["measured_efficiency"], ".1%"),
+            harness.cell(r["predicted_efficiency"], ".1%"), diff, comm,
             "-" if factor is None else f"{factor:g}x the 1-device compute",
         ])  # fmt: skip
     lines += [harness.markdown_table(head, body), "", "Inputs of the prediction:", ""]
@@ -1025,30 +1009,25 @@ def inputs_table(scenarios, setups, args) -> list[str]:
 
 
 def results_markdown(title: str, input_lines: list[str], results: list[dict]) -> str:
+    head = ["predicted for", "interconnect", "N", "batch/GPU", "step ms", "img/s", "efficiency",
+            "comm ms", "exposed comm ms"]  # fmt: skip
+    body = []
+    for r in results:
+        row = [r["label"], r["interconnect"], str(r["devices"]), f"{r['per_device_batch']:g}"]
+        if "step_ms" not in r:
+            body.append([*row, r["note"], "", "", "", ""])
+            continue
+        body.append([*row, f"{r['step_ms']:.3f}", f"{r['images_per_sec']:,.0f}",
+                     f"{r['efficiency']:.1%}", f"{r['comm_ms']:.3f}",
+                     f"{r['exposed_comm_ms']:.3f}"])  # fmt: skip
     lines = [
         f"# {title}",
         "",
         "PREDICTED by benchmarks/analysis/predict.py (a model, not a measurement).",
         "",
+        *("## Inputs", "", *input_lines, "", "## Predicted", ""),
+        harness.markdown_table(head, body, "llrrrrrrr"),
     ]
-    lines += ["## Inputs", "", *input_lines, "", "## Predicted", ""]
-    lines += [
-        "| predicted for | interconnect | N | batch/GPU | step ms | img/s | efficiency | "
-        "comm ms | exposed comm ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        if "step_ms" not in r:
-            lines.append(
-                f"| {r['label']} | {r['interconnect']} | {r['devices']} | "
-                f"{r['per_device_batch']:g} | {r['note']} | | | | |"
-            )
-            continue
-        lines.append(
-            f"| {r['label']} | {r['interconnect']} | {r['devices']} | {r['per_device_batch']:g} "
-            f"| {r['step_ms']:.3f} | {r['images_per_sec']:,.0f} | {r['efficiency']:.1%} | "
-            f"{r['comm_ms']:.3f} | {r['exposed_comm_ms']:.3f} |"
-        )
     return "\n".join(lines) + "\n"
 
 
@@ -1288,12 +1267,12 @@ def run(plan: dict[str, Any]) -> int:
             write_json_atomic(out / "validation.json", {"predicted": True, "rows": rows})
         return 0
     inter = INTER_NODE[args.inter_node]
-    results, setups = [], []
+    results, setups = [], []  # setups: (Setup, the 1-device breakdown it predicts from)
     for label, fw, bd in plan["scenarios"]:
         for name, link in plan["links"]:
             s = Setup(fw, args.model, args.grad_dtype, name, link, inter, args.gpus_per_node,
                       args.nics_per_node, args.overlap)  # fmt: skip
-            setups.append(s)
+            setups.append((s, bd))
             for row in curve(bd, s, plan["ns"], args.scaling, args.global_batch or bd.batch):
                 results.append({"label": label, "interconnect": name, **row})
     batch = (
@@ -1303,7 +1282,9 @@ def run(plan: dict[str, Any]) -> int:
     )
     links = ", ".join(n for n, _ in plan["links"])
     title = f"Predicted {args.scaling} scaling: {args.model}, {batch}, {links}"
-    lines = inputs_table([(lb, bd) for lb, _, bd in plan["scenarios"]], setups, args)
+    lines = inputs_table(
+        [(lb, bd) for lb, _, bd in plan["scenarios"]], [s for s, _ in setups], args
+    )
     text = results_markdown(title, lines, results)
     print(text, end="")
     if out:
@@ -1316,7 +1297,7 @@ def run(plan: dict[str, Any]) -> int:
                 "scenarios": [{"label": lb, "framework": fw, **asdict(bd)}
                               for lb, fw, bd in plan["scenarios"]],
                 "setups": [asdict(s) | {"overlap_used": overlap_for(s.framework, bd, s.overlap)}
-                           for s, (_, _, bd) in zip(setups, _repeat(plan))],
+                           for s, bd in setups],
                 "scaling": args.scaling, "global_batch": args.global_batch,
             },
             "rows": results,
@@ -1326,13 +1307,6 @@ def run(plan: dict[str, Any]) -> int:
             if note:
                 print(note, file=sys.stderr)
     return 0
-
-
-def _repeat(plan: dict[str, Any]):
-    """The scenario of every setup, in the order run() builds them."""
-    for sc in plan["scenarios"]:
-        for _ in plan["links"]:
-            yield sc
 
 
 def main(argv: list[str] | None = None) -> int:
