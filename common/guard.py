@@ -68,7 +68,8 @@ def _exit_as(status: int) -> None:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the child's core, not ours
         except (ImportError, OSError, ValueError):
             pass
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be set (EINVAL)
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)  # a signal whose default is not to end a process
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)

@@ -159,6 +159,16 @@ def test_the_guard_leaves_the_childs_exit_its_output_and_its_start_failure_as_th
         processes.run_captured([str(ROOT / "no-such-interpreter")], timeout=30)
 
 
+def test_a_child_killed_9_reaches_the_tool_as_killed_without_the_guards_traceback() -> None:
+    """A trainer killed with SIGKILL (the OOM killer, a user's kill -9): the guard dies by the
+    same signal. It used to reset SIGKILL's handler first, which raised OSError (EINVAL) and
+    printed the guard's traceback into the run's log, which compare shows."""
+    shell = ["sh", "-c", "echo out; kill -KILL $$"]
+    done = processes.run_captured(shell, timeout=30)
+    assert done.returncode == -signal.SIGKILL
+    assert "Traceback" not in done.stderr and done.stdout == "out\n"
+
+
 def test_the_nvidia_course_ranks_die_with_their_parent(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tutorial's ranks (torch.multiprocessing.spawn) arm common.runtime.die_with_parent with
     the pid of the process that spawned them, before any work (torch-ddp's ranks: see
