@@ -16,6 +16,7 @@ from tests.conftest import read_json, run_module
         (["--framework", "torch-dp", "--b=--output x.json"], "--output is set by ab"),
         (["--framework", "nope"], "invalid choice"),
         (["--framework", "torch-dp", "--b=--no-channels-last", "--repeat", "0"], "--repeat"),
+        (["--framework", "torch-dp", "--a=--lr '0.1", "--b="], "no closing quotation"),
     ],
 )
 def test_bad_input_is_one_line(args: list[str], words: str) -> None:

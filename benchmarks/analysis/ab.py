@@ -66,11 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def split_flags(side: str, text: str) -> list[str]:
+    """One side's flags, split as a shell would; an unclosed quote is one line, not shlex's
+    traceback."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise UsageError(f"{side} {text!r}: {str(exc).lower()}; close the quote") from None
+
+
 def make_plan(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
     harness.check_options(ns)
     shared = ns.shared[1:] if ns.shared[:1] == ["--"] else ns.shared
-    a, b = shlex.split(ns.a), shlex.split(ns.b)
+    a, b = split_flags("--a", ns.a), split_flags("--b", ns.b)
     if a == b:
         raise UsageError("--a and --b are the same settings; give B the flags to compare")
     if ns.repeat < 1:
