@@ -26,6 +26,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+# Flags that name a file or directory: an empty value (`--output "$OUT"` with OUT unset) is
+# refused; it used to mean "none", so the run went on without its record or checkpoints.
+PATH_FIELDS = frozenset(
+    {
+        "output",
+        "tensorboard",
+        "checkpoint_dir",
+        "save_state",
+        "profile_dir",
+        "cache_dir",
+        "data_dir",
+    }
+)
+
+
+def _path(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a path, or leave the flag out")
+    return text
+
+
 def _flag_kwargs(f: dataclasses.Field[Any]) -> dict[str, Any]:
     """argparse keywords for Config field `f`, from its metadata and the type of its default.
 
@@ -37,6 +58,8 @@ def _flag_kwargs(f: dataclasses.Field[Any]) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(default=argparse.SUPPRESS, help=meta["help"])
     if meta.get("parse"):
         kwargs["type"] = meta["parse"]
+    elif f.name in PATH_FIELDS:
+        kwargs["type"] = _path
     elif isinstance(f.default, bool) or meta.get("switch"):
         kwargs["action"] = argparse.BooleanOptionalAction
     elif isinstance(f.default, (int, float, str)):

@@ -167,3 +167,14 @@ def test_nesterov_needs_momentum(capsys: pytest.CaptureFixture[str]) -> None:
         preset("smoke", nesterov=True, momentum=0.0)
     assert preset("smoke", nesterov=True, momentum=0.9).nesterov
     assert preset("smoke", nesterov=True, momentum=0.0, optimizer="novograd").nesterov
+
+
+@pytest.mark.parametrize("name", sorted(cli.PATH_FIELDS))
+def test_an_empty_path_is_refused(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--output "$OUT"` with OUT unset: the run went on without its record (or checkpoints,
+    state, traces), exit 0, not a word (independent battery for #41)."""
+    assert name in FIELDS and isinstance(FIELDS[name].default, str)
+    for empty in ("", " "):
+        err = fails([flag(name), empty], capsys)
+        assert f"argument {flag(name)}: is empty: give a path" in err
+        assert len(err.strip().splitlines()) == 1
