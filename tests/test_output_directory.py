@@ -46,3 +46,22 @@ def test_compare_refuses_a_save_state_with_a_trailing_slash(tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "names a directory" in err[0], err
     assert not out.exists() and not (tmp_path / "s").exists()
+
+
+def test_a_jax_cache_dir_that_cannot_be_created_is_refused_before_the_run(tmp_path):
+    """HOME on /proc (or read-only): the default --cache-dir ~/.cache/dp-bench cannot be
+    created. It ended a JAX run with "failed: FileNotFoundError: '/proc/.cache'", exit 1
+    (independent battery for #41); now one line naming --cache-dir and the way out, exit 2,
+    before any work. Torch does not use it; --no-compile-cache needs none."""
+    from common.config import preset
+    from common.errors import ConfigError
+    from common.preflight import check_outputs
+
+    for framework in ("jax-pmap", "jax-shard", "jax-shardmap"):
+        cfg = preset("smoke", framework=framework, cache_dir="/proc/nope/dp-bench")
+        with pytest.raises(ConfigError, match=r"--cache-dir /proc/nope/dp-bench: .*--no-compile"):
+            check_outputs(cfg)
+        check_outputs(cfg.replace(compile_cache=False))
+    check_outputs(preset("smoke", framework="torch-dp", cache_dir="/proc/nope/dp-bench"))
+    check_outputs(preset("smoke", framework="jax-pmap", cache_dir=str(tmp_path / "c")))
+    assert not (tmp_path / "c").exists()  # checked, not created
