@@ -1139,6 +1139,9 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     atomic_write_bytes(path, data.encode() if isinstance(data, str) else data)
 
 
+Column = Callable[[dict[str, Any]], str]  # a table column: a row's cell
+
+
 def cell(value: Any, spec: str, none: str = "-") -> str:
     """A table cell: `value` formatted by `spec`, or `none` where there is no value."""
     return none if value is None else format(value, spec)

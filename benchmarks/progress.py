@@ -89,7 +89,8 @@ class Tracker:
 
 
 class PlainProgress:
-    """One line per event, for logs."""
+    """One line per event, for logs. Every event updates the Tracker and shows itself under the
+    lock (`started`, `show_epoch`, `show_sweep`: what RichProgress draws instead)."""
 
     def __init__(self, planned_epochs: list[int], stream: Any = None):
         self.track = Tracker(planned_epochs)
@@ -104,32 +105,40 @@ class PlainProgress:
         return None
 
     def print(self, text: str) -> None:
-        with self.lock:
-            print(text, file=self.stream, flush=True)
+        print(text, file=self.stream, flush=True)
 
     def start_run(self, label: str, epochs: int, log: str) -> None:
         with self.lock:
             self.track.start_run(epochs)
             self.label = f"[{self.track.run_index}/{self.track.total_runs}] {label}"
-        self.print(f"{self.label}: started (log: {log})")
+            self.started(epochs, log)
 
     def epoch(self, row: dict[str, float]) -> None:
         with self.lock:
             self.track.epoch(int(row["epoch"]))
-            t = self.track
-            text = (
-                f"{self.label}: epoch {int(row['epoch'])}/{int(row['epochs'])} "
-                f"test_accuracy={row.get('test_accuracy', float('nan')):.4f} "
-                f"sec={row.get('sec', float('nan')):.2f} | run {duration(t.run_elapsed())}, "
-                f"~{duration(t.run_remaining())} left | all {duration(t.elapsed())}, "
-                f"~{duration(t.remaining())} left"
-            )
-        self.print(text)
+            self.show_epoch(row)
 
     def end_run(self, summary: str) -> None:
         with self.lock:
             self.track.end_run()
-        self.print(f"{self.label}: {summary}")
+            self.show_sweep()
+            self.print(f"{self.label}: {summary}")
+
+    def started(self, epochs: int, log: str) -> None:
+        self.print(f"{self.label}: started (log: {log})")
+
+    def show_epoch(self, row: dict[str, float]) -> None:
+        t = self.track
+        self.print(
+            f"{self.label}: epoch {int(row['epoch'])}/{int(row['epochs'])} "
+            f"test_accuracy={row.get('test_accuracy', float('nan')):.4f} "
+            f"sec={row.get('sec', float('nan')):.2f} | run {duration(t.run_elapsed())}, "
+            f"~{duration(t.run_remaining())} left | all {duration(t.elapsed())}, "
+            f"~{duration(t.remaining())} left"
+        )
+
+    def show_sweep(self) -> None:
+        return None
 
 
 class RichProgress(PlainProgress):
@@ -163,7 +172,7 @@ class RichProgress(PlainProgress):
     def print(self, text: str) -> None:
         self.progress.console.print(text, markup=False, highlight=False)
 
-    def _update(self) -> None:
+    def show_sweep(self) -> None:
         t = self.track
         self.progress.update(
             self.sweep,
@@ -171,34 +180,23 @@ class RichProgress(PlainProgress):
             info=f"epochs  {duration(t.elapsed())} elapsed, ~{duration(t.remaining())} left",
         )
 
-    def start_run(self, label: str, epochs: int, log: str) -> None:
-        with self.lock:
-            self.track.start_run(epochs)
-            self.label = f"[{self.track.run_index}/{self.track.total_runs}] {label}"
-            if self.run is not None:
-                self.progress.remove_task(self.run)
-            self.run = self.progress.add_task(self.label, total=epochs, info="starting")
-            self._update()
+    def started(self, epochs: int, log: str) -> None:
+        if self.run is not None:
+            self.progress.remove_task(self.run)
+        self.run = self.progress.add_task(self.label, total=epochs, info="starting")
+        self.show_sweep()
 
-    def epoch(self, row: dict[str, float]) -> None:
-        with self.lock:
-            self.track.epoch(int(row["epoch"]))
-            t = self.track
-            self.progress.update(
-                self.run,
-                completed=int(row["epoch"]),
-                info=(
-                    f"epochs  test_accuracy={row.get('test_accuracy', float('nan')):.4f}  "
-                    f"{duration(t.run_elapsed())} elapsed, ~{duration(t.run_remaining())} left"
-                ),
-            )
-            self._update()
-
-    def end_run(self, summary: str) -> None:
-        with self.lock:
-            self.track.end_run()
-            self._update()
-        self.print(f"{self.label}: {summary}")
+    def show_epoch(self, row: dict[str, float]) -> None:
+        t = self.track
+        self.progress.update(
+            self.run,
+            completed=int(row["epoch"]),
+            info=(
+                f"epochs  test_accuracy={row.get('test_accuracy', float('nan')):.4f}  "
+                f"{duration(t.run_elapsed())} elapsed, ~{duration(t.run_remaining())} left"
+            ),
+        )
+        self.show_sweep()
 
 
 def make_progress(planned_epochs: list[int]) -> PlainProgress:

@@ -389,48 +389,34 @@ def summarise(cell: dict[str, Any]) -> None:
 
 # -- output -------------------------------------------------------------------------------------
 
-HEADERS = [
-    "framework",
-    "mode",
-    "devices",
-    "batch",
-    "real img/s",
-    "compute img/s",
-    "ratio",
-    "1st epoch s",
-    "1st step s",
-    "mem compute MiB",
-    "RSS real MiB",
-    "status",
+
+def _number(key: str, spec: str) -> harness.Column:
+    return lambda c: harness.cell(c.get(key), spec)
+
+
+def _mib(key: str) -> harness.Column:
+    return lambda c: harness.cell(c[key] / 2**20 if c.get(key) else None, ".0f")
+
+
+COLUMNS: list[tuple[str, harness.Column]] = [
+    ("framework", lambda c: c["framework"]),
+    ("mode", lambda c: c.get("mode") or "-"),
+    ("devices", lambda c: str(c["devices"])),
+    ("batch", lambda c: str(c["global_batch"])),
+    ("real img/s", _number("real_images_per_sec", ".1f")),
+    ("compute img/s", _number("compute_images_per_sec", ".1f")),
+    ("ratio", _number("ratio", ".3f")),
+    ("1st epoch s", _number("first_epoch_sec", ".2f")),
+    ("1st step s", _number("first_step_sec", ".2f")),
+    ("mem compute MiB", _mib("compute_peak_memory_bytes")),
+    ("RSS real MiB", _mib("real_peak_rss_bytes")),
+    ("status", lambda c: c["status"]),
 ]
+HEADERS = [h for h, _ in COLUMNS]
 
 
 def table(cells: list[dict[str, Any]]) -> list[list[str]]:
-    mib = 1 / 2**20
-    return [
-        [
-            c["framework"],
-            c.get("mode") or "-",
-            str(c["devices"]),
-            str(c["global_batch"]),
-            harness.cell(c.get("real_images_per_sec"), ".1f"),
-            harness.cell(c.get("compute_images_per_sec"), ".1f"),
-            harness.cell(c.get("ratio"), ".3f"),
-            harness.cell(c.get("first_epoch_sec"), ".2f"),
-            harness.cell(c.get("first_step_sec"), ".2f"),
-            harness.cell(
-                c["compute_peak_memory_bytes"] * mib
-                if c.get("compute_peak_memory_bytes")
-                else None,
-                ".0f",
-            ),
-            harness.cell(
-                c["real_peak_rss_bytes"] * mib if c.get("real_peak_rss_bytes") else None, ".0f"
-            ),
-            c["status"],
-        ]
-        for c in cells
-    ]
+    return [[f(c) for _, f in COLUMNS] for c in cells]
 
 
 def title(plan: Plan) -> str:
