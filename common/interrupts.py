@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -55,6 +56,43 @@ def raise_if_interrupted() -> None:
         raise Interrupted(_pending[0])
 
 
+# Before `interruptible` is first entered (the interpreter importing torch or JAX, the flags
+# being parsed), Python's own SIGINT handler raised KeyboardInterrupt wherever the import was:
+# a 30-line traceback from importlib for a Ctrl-C at start-up. `quiet_start_up` (the trainers'
+# `python -m` entry, common/runtime.check_interpreter) makes a stop there one line and exit
+# 128 + the signal; nothing has been written yet, and the children a trainer starts later (the
+# guard's, torch-ddp's ranks) are not started yet.
+_START_UP: dict[str, Any] = {}
+
+
+def _stop_at_start_up(signum: int, frame: Any) -> None:
+    if os.getpid() != _START_UP.get("pid"):  # a forked child: the signal's default action
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if not _START_UP.get("entered"):
+        name = signal.Signals(signum).name
+        with suppress(OSError, ValueError):
+            sys.stderr.write(
+                f"{_START_UP['prog']}: interrupted by {name} at start-up; nothing ran\n"
+            )
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(128 + signum)
+
+
+def quiet_start_up(prog: str) -> None:
+    """SIGINT / SIGTERM before the run begins (and after it ended): one line, exit 128 + the
+    signal, no traceback. Main thread only; `interruptible` takes over while the run runs."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _START_UP.update(pid=os.getpid(), prog=prog, entered=False)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(s) not in (signal.SIG_IGN, None):  # one ignored stays ignored
+            signal.signal(s, _stop_at_start_up)
+
+
 # The SIGTERM / SIGINT handlers `interruptible` replaced: what a forked child gets back.
 _BEFORE: dict[int, Any] = {}
 
@@ -83,6 +121,7 @@ def interruptible() -> Iterator[None]:
         yield
         return
     _pending.clear()
+    _START_UP["entered"] = True
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
     for s, handler in previous.items():
         if handler is not None and handler is not _raise_interrupted:  # None: set outside Python

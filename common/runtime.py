@@ -65,6 +65,10 @@ def check_interpreter(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         raise SystemExit(2)
+    if module in ENTRY_POINTS:
+        from common.interrupts import quiet_start_up
+
+        quiet_start_up(f"python -m {module}")  # a Ctrl-C while torch or JAX imports: one line
 
 
 def set_xla_flag(name: str, value: str) -> None:

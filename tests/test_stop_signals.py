@@ -103,3 +103,42 @@ def test_a_stop_swallowed_in_jax_shard_still_stops_the_run(
 
     monkeypatch.setattr(jax_shard, "cached_step", counted)
     stops_interrupted(jax_shard.main, tmp_path, signum, steps)
+
+
+def caught(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (its SigCgt mask, Linux)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    line = next((x for x in status.splitlines() if x.startswith("SigCgt:")), "SigCgt: 0")
+    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
+def test_a_ctrl_c_while_the_trainer_imports_its_framework_is_one_line(tmp_path: Path) -> None:
+    """SIGINT while `python -m frameworks.torch_dp` still imports torch: Python's own handler
+    raised KeyboardInterrupt inside importlib, a 30-line traceback (independent battery for
+    #41). Now the trainer's package sets a start-up handler first: one line, exit 130, nothing
+    written. The signal goes as soon as SIGTERM is caught (that handler is in place), or at
+    0.6 s, still inside torch's import, where there is none."""
+    import subprocess
+    import time
+
+    from tests.conftest import MAIN_PYTHON, ROOT
+
+    out = tmp_path / "run.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_DEVICES": "cpu"}
+    argv = [str(MAIN_PYTHON), "-m", "frameworks.torch_dp", *SMOKE, "--output", str(out)]
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=pipe, stderr=pipe, text=True)
+    start = time.monotonic()
+    while not caught(proc.pid, signal.SIGTERM) and time.monotonic() - start < 0.6:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        "python -m frameworks.torch_dp: interrupted by SIGINT at start-up; nothing ran"
+    ], err[-3000:]
+    assert not out.exists()
