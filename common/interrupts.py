@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, NoReturn
 
 
 class Interrupted(BaseException):
@@ -28,12 +28,18 @@ class Interrupted(BaseException):
         self.recorded = False
 
 
+# The signals that stop a run: SIGHUP too (the terminal of a run started by hand was closed: the
+# process died without a word and without its record). A SIGHUP ignored by the parent (nohup)
+# stays ignored.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def shield_interrupts() -> None:
-    """Ignore further SIGTERM / SIGINT while an interrupted run stops its workers and writes its
+    """Ignore further stop signals while an interrupted run stops its workers and writes its
     record (a scheduler signals every process of a job; a second Ctrl-C is common): a second
     `Interrupted` raised half-way would lose the record. `interruptible` restores the handlers."""
     if threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGTERM, signal.SIGINT):
+        for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
 
 
@@ -88,9 +94,24 @@ def quiet_start_up(prog: str) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     _START_UP.update(pid=os.getpid(), prog=prog, entered=False)
-    for s in (signal.SIGTERM, signal.SIGINT):
+    for s in STOP_SIGNALS:
         if signal.getsignal(s) not in (signal.SIG_IGN, None):  # one ignored stays ignored
             signal.signal(s, _stop_at_start_up)
+
+
+def exit_after(code: int) -> NoReturn:
+    """The end of a JAX trainer's `python -m` process. After a stop (exit 128 + SIGINT or
+    SIGTERM) it ends at once, without the interpreter's finalization: XLA's own threads may
+    still be compiling or running what the interrupted step started, and its static
+    destructors racing with them crashed 3 of 53 interrupted jax-shardmap runs here (SIGSEGV,
+    exit -11, after the "interrupted" record and its line were written). Those are written by
+    then; the streams are flushed first."""
+    if code in [128 + s for s in STOP_SIGNALS]:
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 # The SIGTERM / SIGINT handlers `interruptible` replaced: what a forked child gets back.
@@ -114,15 +135,19 @@ os.register_at_fork(after_in_child=_restore_signals_in_child)
 
 @contextmanager
 def interruptible() -> Iterator[None]:
-    """SIGTERM and SIGINT raise `Interrupted` in the main thread while inside (a no-op off the
-    main thread, where Python cannot install handlers). SIGTERM's default would end the process
-    without a record; torch-ddp's parent uses the exception to stop its workers first."""
+    """SIGTERM, SIGINT and SIGHUP raise `Interrupted` in the main thread while inside (a no-op
+    off the main thread, where Python cannot install handlers). SIGTERM's default would end the
+    process without a record; torch-ddp's parent uses the exception to stop its workers first."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _pending.clear()
     _START_UP["entered"] = True
-    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {
+        s: signal.signal(s, _raise_interrupted)
+        for s in STOP_SIGNALS
+        if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN  # nohup: stays ignored
+    }
     for s, handler in previous.items():
         if handler is not None and handler is not _raise_interrupted:  # None: set outside Python
             _BEFORE.setdefault(s, handler)

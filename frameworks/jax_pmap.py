@@ -22,7 +22,6 @@ Known differences from the other frameworks (BN variance, test loss): docs/fairn
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +33,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from common.config import Config
+from common.interrupts import exit_after
 from common.trainer import run_main, should_log
 from frameworks.jax_models import create_model, initial_variables
 from frameworks.jax_support import (
@@ -276,4 +276,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main())  # after a stop: no finalization racing XLA's threads (common/interrupts.py)

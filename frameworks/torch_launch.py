@@ -208,7 +208,9 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
                 break
         read(reports)  # what a worker sent just before it exited
         signalled = [
-            -p.exitcode for p in workers if p.exitcode in (-signal.SIGTERM, -signal.SIGINT)
+            -p.exitcode
+            for p in workers
+            if p.exitcode in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
         ]
         if signalled and not errors:  # a scheduler signalled the whole job, workers first
             raise Interrupted(signalled[0])
@@ -329,6 +331,7 @@ def _spawned(
     """One rank of a spawned run: dies with the parent; reports to it; never writes --output."""
     die_with_parent(parent, lifeline)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops the workers
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal closed: likewise
     sys.argv = argv  # the record's "command"
     os.environ.update(
         RANK=str(local_rank),
