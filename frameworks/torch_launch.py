@@ -101,19 +101,43 @@ def single_process() -> Launch:
 
 
 @contextmanager
+def native_stderr_held() -> Iterator[None]:
+    """What C++ writes to stderr (fd 2) inside the block, held back: shown after it if the block
+    succeeds, dropped if it raises, whose one line says it. A rank whose rendezvous never
+    forms (rank 0 not started, a MASTER_ADDR that does not resolve) printed c10d's retry
+    warnings and a 50-frame C++ backtrace before that line."""
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+            held.seek(0)
+            os.write(2, held.read())  # the block succeeded: its warnings, as they were
+    finally:
+        os.close(saved)
+
+
+@contextmanager
 def process_group(backend: str, launch: Launch, timeout: float) -> Iterator[None]:
     """This rank in the job's process group (env://: MASTER_ADDR and MASTER_PORT) for the
     `with` block, destroyed however the block ends. `timeout` bounds the rendezvous and every
     collective: a rank that stops answering (stopped, hung, its node gone) fails the run
     instead of holding it; a failed rendezvous is one line naming the usual causes."""
     try:
-        dist.init_process_group(
-            backend,
-            init_method="env://",
-            rank=launch.rank,
-            world_size=launch.world,
-            timeout=datetime.timedelta(seconds=timeout),
-        )
+        with native_stderr_held():
+            dist.init_process_group(
+                backend,
+                init_method="env://",
+                rank=launch.rank,
+                world_size=launch.world,
+                timeout=datetime.timedelta(seconds=timeout),
+            )
     except Exception as exc:
         raise RuntimeError(
             f"rendezvous of {launch.world} ranks at {os.environ.get('MASTER_ADDR')}:"

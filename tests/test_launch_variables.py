@@ -132,3 +132,23 @@ def test_a_tool_refuses_it_before_any_work(tool, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "JAX_PROCESS_ID=7 is not below" in err[0], err
     assert not out.exists()
+
+
+def test_a_rank_whose_rendezvous_never_forms_says_it_in_one_line(tmp_path):
+    """RANK=1 of 2 with nothing listening at MASTER_ADDR:MASTER_PORT (rank 0 never started):
+    the run failed with its one line, but after c10d's retry warnings and a 50-frame C++
+    backtrace on stderr (independent battery for #41). Now that output is held back while the
+    rendezvous runs and dropped when it fails: the line alone, exit 1."""
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = str(closed.getsockname()[1])
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    out = tmp_path / "r.json"
+    proc = run_trainer(
+        "torch-ddp", *SMOKE, "--collective-timeout", "2", "--output", str(out), env=env, timeout=120
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rendezvous of 2 ranks" in lines[0], proc.stderr[-3000:]
