@@ -55,3 +55,26 @@ def test_pairs_alternate_and_the_ratio_is_reported(tmp_path) -> None:
     logs = sorted((out / "logs").glob("*-1.log"), key=lambda p: p.stat().st_mtime)
     assert [p.name for p in logs] == ["B-1.log", "A-1.log"]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"ab": str(out / "ab.json")}
+
+
+def test_a_stop_during_a_run_ends_ab_there_with_130(tmp_path, monkeypatch) -> None:
+    """SIGTERM to ab while side A runs: the harness kills A's group and reports the child as
+    "interrupted". ab took that for a failed run, went on to run side B in full and exited 1
+    (independent battery for #41, wave 2). Now it stops there: B never starts, ab.json keeps
+    what ran, exit 130."""
+    from benchmarks import harness
+    from benchmarks.analysis import ab
+
+    started: list[list[str]] = []
+
+    def run_child(command, log, timeout, **kw):
+        started.append(list(command))
+        return harness.Child(list(command), log, timeout, ended="interrupted")
+
+    monkeypatch.setattr(harness, "run_child", run_child)
+    plan = ab.make_plan(
+        ["--framework", "torch-dp", "--a=--lr 0.05", "--b=--lr 0.06", "--out", str(tmp_path / "ab")]
+    )
+    assert ab.execute(plan) == 130
+    assert len(started) == 1  # side A only
+    assert json.loads((tmp_path / "ab" / "ab.json").read_text())["runs"] == []

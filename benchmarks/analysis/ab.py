@@ -127,6 +127,8 @@ def run_side(plan: Plan, side: str, pair: int) -> dict[str, Any]:
     child = harness.run_child(
         command, plan.out / "logs" / f"{tag}.log", plan.timeout, tag=tag, wait_load=plan.wait_load
     )
+    if child.ended == "interrupted":  # Ctrl-C / SIGTERM: stop here, not go on to the next run
+        raise KeyboardInterrupt
     record = harness.read_record(output) or {}
     row: dict[str, Any] = {"side": side, "pair": pair, "load_avg": list(child.load_avg)}
     if not child.ok or record.get("status") != "ok":
@@ -143,6 +145,7 @@ def run_side(plan: Plan, side: str, pair: int) -> dict[str, Any]:
 def execute(plan: Plan) -> int:
     rows: list[dict[str, Any]] = []
     ratios: list[float] = []
+    interrupted = False
     try:
         for pair in range(plan.repeat):
             order = ("A", "B") if pair % 2 == 0 else ("B", "A")  # who goes first alternates
@@ -166,6 +169,7 @@ def execute(plan: Plan) -> int:
                 flush=True,
             )
     except KeyboardInterrupt:
+        interrupted = True
         print(f"[{TOOL}] interrupted: the pairs measured so far are saved", flush=True)
     result = {
         "command": plan.command,
@@ -194,6 +198,8 @@ def execute(plan: Plan) -> int:
             flush=True,
         )
     print(json.dumps({"ab": str(plan.out / "ab.json")}), flush=True)
+    if interrupted:
+        return 130
     failed = any(r["status"] != "ok" for r in rows)
     return 1 if failed or not ratios else 0
 
