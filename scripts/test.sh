@@ -21,24 +21,25 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 # not spin (spinning made an oversubscribed 1-process torch run 10x slower here).
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 status=0
-# The type checker (pyproject.toml's [tool.mypy]): a bool passed where a platform belongs, say.
-# It runs beside the main suite (about 90 s of one core on a cold cache, most of it while the
-# suite's workers wait on their processes) and reports after it.
-echo "[test] type check: .venv/bin/python -m mypy (common/, frameworks/, benchmarks/), beside the main suite"
-typecheck_log=$(mktemp)
-.venv/bin/python -m mypy >"$typecheck_log" 2>&1 &
-typecheck=$!
 parallel=()
 # Whole files, heaviest first (tests/conftest.py orders them by tests/weights.json; xdist's own
 # reordering, by number of tests, would start slow files of few tests last).
 ((workers > 1)) && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 echo "[test] main environment: .venv/bin/python -m pytest tests --ignore=tests/mxnet ${parallel[*]}"
 .venv/bin/python -m pytest tests --ignore=tests/mxnet ${parallel[@]+"${parallel[@]}"} "$@" || status=1
+# The type checker (pyproject.toml's [tool.mypy]): a bool passed where a platform belongs, say.
+# About 90 s of one core on a cold cache: it runs beside the MXNet suite, one process that
+# leaves a core of two idle most of the time (beside the main suite it took a core from its
+# workers, which use them all), and reports after it.
+echo "[test] type check: .venv/bin/python -m mypy (common/, frameworks/, benchmarks/), beside the mxnet suite"
+typecheck_log=$(mktemp)
+.venv/bin/python -m mypy >"$typecheck_log" 2>&1 &
+typecheck=$!
+echo "[test] mxnet environment: .venv-mxnet/bin/python -m pytest tests/mxnet"
+.venv-mxnet/bin/python -m pytest tests/mxnet "$@" || status=1
 echo "[test] type check: .venv/bin/python -m mypy"
 wait "$typecheck" || status=1
 cat "$typecheck_log" && rm -f "$typecheck_log"
-echo "[test] mxnet environment: .venv-mxnet/bin/python -m pytest tests/mxnet"
-.venv-mxnet/bin/python -m pytest tests/mxnet "$@" || status=1
 # The runs above pin every test to the CPU (tests/conftest.py): a GPU machine runs them as CI
 # does. Where nvidia-smi lists a GPU, the GPU pass follows: only the tests marked `gpu`.
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then

@@ -65,7 +65,10 @@ def test_throughput_table_has_every_framework_and_device_count(tmp_path: Path) -
         expected = r["real_images_per_sec"] / (r["devices"] * r["compute_images_per_sec"])
         assert r["ratio"] == pytest.approx(expected)
         if r["devices"] == 1:  # at 2 simulated devices the thread counts differ (1 vs 2 each)
-            assert 0 < r["ratio"] < 2
+            # Two loops of 3 steps, timed minutes apart on shared cores: 2.06 seen once with
+            # the suite's other worker and other sessions busy (load 5); a ratio off by the
+            # per-device batch (8x) would still be far outside.
+            assert 0 < r["ratio"] < 4
         assert r["first_epoch_sec"] > 0 and r["first_step_sec"] > 0
         assert r["compute_peak_memory_bytes"] > 0 and r["real_peak_rss_bytes"] > 0
         assert r["memory_source"].startswith("peak RSS")

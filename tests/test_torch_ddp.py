@@ -116,7 +116,9 @@ def eval_config():
     return preset("smoke", dataset="digits", image_size=16, test_limit=359)
 
 
-def test_evaluation_identical_at_1_2_3_processes(tmp_path):
+def test_evaluation_identical_at_1_and_3_processes(tmp_path):
+    """359 test images do not divide over 3 processes (nor over 2: the uneven case once, at
+    the larger world): every image counted once, and the sums those of the whole set at once."""
     from common.datasets import load_for
     from common.pipeline import Normalizer
     from frameworks.torch_ddp import build_model
@@ -130,7 +132,7 @@ def test_evaluation_identical_at_1_2_3_processes(tmp_path):
     with torch.no_grad():  # the whole test set at once, no sharding: the reference
         logits = model(torch.from_numpy(Normalizer(ds.mean, ds.std, "NCHW")(ds.test_x)))
     ref_correct = int((logits.argmax(1).numpy() == ds.test_y).sum())
-    for world in (1, 2, 3):
+    for world in (1, 3):
         out = tmp_path / f"{world}.json"
         torch.multiprocessing.start_processes(
             _eval_worker, args=(world, free_port(), str(out)), nprocs=world, start_method="spawn"

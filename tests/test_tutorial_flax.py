@@ -151,12 +151,17 @@ def run(tmp_path: Path, *flags: str) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
-def test_one_device_digits_learns(tmp_path: Path) -> None:
+def test_two_devices_digits_learns_and_counts_every_batch(tmp_path: Path) -> None:
+    """2 simulated devices with sync BN: the global batch and its maths of 1 device (the step
+    test above compares that step with jax-pmap's), the same images per epoch and evaluated
+    test images as 1 device would see, and the loop learns. One run, not one per device count:
+    the counts are the example's loaders', which split the same global batch whatever the
+    count (its 1-device run gave the same counts and 0.96)."""
     epochs = 3
-    record, stdout = run(tmp_path, *DIGITS, "--epochs", str(epochs), "--gpus", "1")
+    record, stdout = run(tmp_path, *DIGITS, "--epochs", str(epochs), "--gpus", "2", "--bn", "sync")
     assert record["status"] == "ok" and record["error"] == ""
     assert record["tutorial"] == "flax-imagenet" and record["compared_with"] == "jax-pmap"
-    assert record["devices"] == 1 and record["device_kind"] == "cpu-simulated"
+    assert record["devices"] == 2 and record["device_kind"] == "cpu-simulated"
     assert record["deviations"] == list(tut.DEVIATIONS)
     assert [e["epoch"] for e in record["epochs"]] == list(range(1, epochs + 1))
     # Full training batches only: 1437 // 64 = 22 steps of 64 images.
@@ -164,21 +169,9 @@ def test_one_device_digits_learns(tmp_path: Path) -> None:
     # The example's eval: 360 // 64 = 5 full batches of the training batch; 40 images never seen.
     assert record["test_examples"] == 5 * 64 and record["test_set_size"] == 360
     assert record["timed_epochs"] == epochs - 1 and record["images_per_sec"] > 0
-    # Measured 0.96 after 3 epochs (0.57 after the first); chance is 0.1.
+    # Measured 0.96 after 3 epochs at 1 device (0.57 after the first); chance is 0.1.
     assert record["test_accuracy"] > 0.6, stdout
     assert stdout.count("epoch ") == epochs
-
-
-@pytest.mark.slow
-def test_two_devices_same_counts(tmp_path: Path) -> None:
-    record, stdout = run(tmp_path, *DIGITS, "--epochs", "2", "--gpus", "2", "--bn", "sync")
-    assert record["status"] == "ok", record["error"]
-    assert record["devices"] == 2 and record["device_kind"] == "cpu-simulated"
-    assert len(record["epochs"]) == 2
-    # Same global batch: the same images per epoch and the same evaluated test images.
-    assert all(e["images"] == 22 * 64 for e in record["epochs"])
-    assert record["test_examples"] == 5 * 64
-    assert record["test_accuracy"] > 0.4, stdout
 
 
 @pytest.mark.parametrize(
