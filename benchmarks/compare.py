@@ -35,7 +35,8 @@ from benchmarks.progress import make_progress, parse_epoch_line
 from common import cli
 from common.config import FRAMEWORKS, Config, ConfigError, preset, resolve, train_size
 from common.datasets import DatasetError, check_available
-from common.preflight import check_memory, check_outputs
+from common.memory import check_machine
+from common.preflight import check_outputs
 from common.processes import identity
 from common.results import host_info, write_json_atomic
 from common.runtime import MIN_FREE_BYTES, ROOT
@@ -220,7 +221,7 @@ def make_plan(argv: list[str]) -> Plan:
             shared[key] = str(Path(shared[key]).resolve())
     try:
         base = preset(preset_name, **shared)  # gpus=1: the 1-device configuration
-        check_memory(base)
+        check_machine(base)
         check_outputs(base)  # --checkpoint-dir, --save-state, --data-dir: now, not in every run
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -338,7 +339,7 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
             cfg = cfg.replace(**{key: str(Path(plan.passthrough[key]) / run_id)})
     try:
         cfg = resolve(cfg.replace(output=str(output)))
-        check_memory(cfg)
+        check_machine(cfg)
     except ConfigError as exc:
         raise UsageError(f"{fw} at {n} devices: {exc}") from None
     command = (str(framework.python), "-m", framework.module, *args)

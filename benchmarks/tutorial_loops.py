@@ -27,7 +27,7 @@ from benchmarks import harness
 from benchmarks.harness import REGISTRY, UsageError
 from common import cli
 from common.config import ConfigError, preset
-from common.preflight import check_memory
+from common.memory import check_machine
 from common.results import host_info, write_json_atomic
 
 PROG = "python -m benchmarks.tutorial_loops"
@@ -159,7 +159,7 @@ def plan_from(argv: list[str]) -> Plan:
     try:  # the same resolution both sides will do, at every device count: fail before any run
         for n in counts:
             cfg = preset(name, framework=TUTORIALS[names[0]].framework, gpus=n, **work)  # type: ignore[arg-type]
-            check_memory(cfg)
+            check_machine(cfg)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     flags = ["--preset", name]

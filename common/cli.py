@@ -18,7 +18,7 @@ from common import devices
 from common.config import PRESETS, Config, preset
 from common.errors import ConfigError
 from common.launch_env import check_launch_env
-from common.preflight import check_memory
+from common.memory import check_machine
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,7 +124,7 @@ def resolved(ns: argparse.Namespace, framework: str) -> Config:
     preset) and disagreeing is refused: --batch-per-device used to win silently."""
     overrides = overrides_of(ns)
     cfg = preset(ns.preset, framework=framework, **overrides)
-    check_memory(cfg)  # what this machine can hold (common/preflight.py)
+    check_machine(cfg)  # what this machine can hold at all (common/memory.py)
     given, per_device = overrides.get("batch_size"), overrides.get("batch_per_device", 0)
     if given is not None and per_device > 0 and given != cfg.batch_size:
         raise ConfigError(

@@ -554,7 +554,7 @@ def image_side(cfg: Config) -> int:
 
 def _check_sizes(cfg: Config) -> None:
     """What the dataset can hold, known before any file is read: a global batch no larger than
-    the training set. (What the machine can hold: common/preflight.py's check_memory.)"""
+    the training set. (What the machine can hold: common/memory.py's check_machine.)"""
     n_train = train_size(cfg)
     if cfg.batch_size > n_train:
         most = max(cfg.gpus, n_train // cfg.gpus * cfg.gpus)

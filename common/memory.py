@@ -44,6 +44,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import runtime
 from common.config import DATA_SHAPES, Config, data_dims, image_side, train_size
 from common.errors import ConfigError
 from common.init import parameter_spec
@@ -223,6 +224,37 @@ def gpu_memory(gpus: int) -> int:
                 break  # a MIG instance, or an entry CUDA would stop at too
             chosen += match
     return min(chosen[:gpus], default=0)
+
+
+DEVICE_BYTES = 256 << 20  # memory a simulated device (a torch-ddp process) needs at least
+
+
+def check_machine(cfg: Config) -> None:
+    """Before any process starts (the command line, common/cli.py's `resolved`, and the runners
+    that plan runs): the images and the simulated devices of `cfg` fit this machine's physical
+    memory at all. The run's own estimate, against the memory left when its processes have
+    started, is `check_memory`'s."""
+    n_train = train_size(cfg)
+    n_test, _, channels = DATA_SHAPES.get(
+        cfg.dataset, (cfg.synthetic_test, 32, cfg.synthetic_channels)
+    )
+    side = image_side(cfg)
+    n_test = min(n_test, cfg.test_limit or n_test)
+    memory = runtime.physical_memory()
+    # uint8 images plus the float32 copy a resize makes: 5 bytes per pixel value.
+    need = (n_train + n_test) * side * side * channels * 5
+    if memory and need > memory * 0.8:
+        raise ConfigError(
+            f"{n_train + n_test} images of {side}x{side}x{channels} need ~{need / 2**30:.1f} "
+            f"GiB of memory, more than this machine's {memory / 2**30:.1f} GiB allow; use a "
+            "smaller --image-size or --train-limit"
+        )
+    if memory and cfg.gpus * DEVICE_BYTES > memory:
+        most = max(1, memory // DEVICE_BYTES)
+        raise ConfigError(
+            f"--gpus {cfg.gpus} needs at least {cfg.gpus * DEVICE_BYTES / 2**30:.0f} GiB of "
+            f"memory ({DEVICE_BYTES >> 20} MiB per device); this machine allows --gpus {most}"
+        )
 
 
 def check_memory(

@@ -1,48 +1,18 @@
-"""The checks a run passes before any work, on what the flags ask of this machine: the paths it
-writes and reads (`check_outputs`) and the memory its images and simulated devices need
-(`check_memory`). Each refusal is one line naming the fix (ConfigError: exit 2), given before
-any process starts or file is created: by the command line (common/cli.py's `resolved`, so
-every trainer and tool that checks a trainer's flags), by run_main (common/trainer.py) and by
-the runners that plan runs (benchmarks/compare.py, benchmarks/tutorial_loops.py).
-What the flags ask of each other and of the dataset is the config's own check
-(common/config.py's `validate`).
+"""The check a run passes before any work on the paths it writes and reads (`check_outputs`):
+one line naming the fix (ConfigError: exit 2), given before any process starts or file is
+created, by run_main (common/trainer.py) and the runners that plan runs (benchmarks/compare.py).
+What the machine's memory can hold is common/memory.py's (`check_machine` before any process,
+`check_memory` when the run's processes have started); what the flags ask of each other and of
+the dataset is the config's own check (common/config.py's `validate`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from common import runtime
-from common.config import DATA_SHAPES, Config, image_side, train_size
+from common.config import Config
 from common.errors import ConfigError
 from common.runtime import unnamable, unwritable
-
-DEVICE_BYTES = 256 << 20  # memory a simulated device (a torch-ddp process) needs at least
-
-
-def check_memory(cfg: Config) -> None:
-    """The images and the simulated devices of `cfg` fit this machine's physical memory."""
-    n_train = train_size(cfg)
-    n_test, _, channels = DATA_SHAPES.get(
-        cfg.dataset, (cfg.synthetic_test, 32, cfg.synthetic_channels)
-    )
-    side = image_side(cfg)
-    n_test = min(n_test, cfg.test_limit or n_test)
-    memory = runtime.physical_memory()
-    # uint8 images plus the float32 copy a resize makes: 5 bytes per pixel value.
-    need = (n_train + n_test) * side * side * channels * 5
-    if memory and need > memory * 0.8:
-        raise ConfigError(
-            f"{n_train + n_test} images of {side}x{side}x{channels} need ~{need / 2**30:.1f} "
-            f"GiB of memory, more than this machine's {memory / 2**30:.1f} GiB allow; use a "
-            "smaller --image-size or --train-limit"
-        )
-    if memory and cfg.gpus * DEVICE_BYTES > memory:
-        most = max(1, memory // DEVICE_BYTES)
-        raise ConfigError(
-            f"--gpus {cfg.gpus} needs at least {cfg.gpus * DEVICE_BYTES / 2**30:.0f} GiB of "
-            f"memory ({DEVICE_BYTES >> 20} MiB per device); this machine allows --gpus {most}"
-        )
 
 
 def check_outputs(cfg: Config) -> None:
