@@ -132,7 +132,14 @@ def test_kill_9_of_the_parent_leaves_no_orphan_and_no_ok_record(tmp_path):
     resumed, seen = start_and_wait_for_epoch([*args, "--resume"], env_with(tmp), epoch=4)
     try:
         assert any(line.startswith("resumed from") for line in seen), seen
-        assert leftovers(ck, tmp) == []
+
+        # Debris is a temp file whose writer is dead. The resumed run's rank 0 may be writing
+        # its own next checkpoint at this moment (seen once in CI: its .tmp<pid>, alive).
+        def written_now(name: str) -> bool:
+            pid = int(name.rpartition(".tmp")[2]) if name.startswith("torch-ddp.pt.") else 0
+            return pid > 0 and process_state(pid) not in ("", "Z", "X")
+
+        assert [d for d in leftovers(ck, tmp) if not written_now(d)] == []
     finally:
         os.killpg(resumed.pid, signal.SIGKILL)
         resumed.wait()
