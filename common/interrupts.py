@@ -95,7 +95,9 @@ def quiet_start_up(prog: str) -> None:
         return
     _START_UP.update(pid=os.getpid(), prog=prog, entered=False)
     for s in STOP_SIGNALS:
-        if signal.getsignal(s) not in (signal.SIG_IGN, None):  # one ignored stays ignored
+        handler = signal.getsignal(s)
+        if handler not in (signal.SIG_IGN, None):  # one ignored stays ignored
+            _ORIGINAL.setdefault(s, handler)
             signal.signal(s, _stop_at_start_up)
 
 
@@ -116,6 +118,9 @@ def exit_after(code: int) -> NoReturn:
 
 # The SIGTERM / SIGINT handlers `interruptible` replaced: what a forked child gets back.
 _BEFORE: dict[int, Any] = {}
+# The handlers `quiet_start_up` replaced (SIGTERM's and SIGHUP's default action, Python's
+# KeyboardInterrupt for SIGINT): what a forked child gets back in place of `_stop_at_start_up`.
+_ORIGINAL: dict[int, Any] = {}
 
 
 def _restore_signals_in_child() -> None:
@@ -123,10 +128,20 @@ def _restore_signals_in_child() -> None:
     inside `train`): the handlers from before `interruptible`. With the parent's handler a
     worker would answer its pool's terminate() by raising `Interrupted` through its copy of the
     parent's stack and ignore the next SIGTERM (shield_interrupts), and the pool's join could
-    wait for it for ever (seen once: d2l-mxnet's DataLoader at the end of a run)."""
-    for s, handler in _BEFORE.items():
-        if signal.getsignal(s) is _raise_interrupted:
-            with suppress(ValueError):  # not the main thread: handlers cannot be set
+    wait for it for ever (seen once: d2l-mxnet's DataLoader at the end of a run). Never a
+    handler of ours, `quiet_start_up`'s included: a Python-level handler runs only when the
+    child's main thread runs Python, and a pool worker blocked in its task queue's semaphore,
+    with the signal taken by another of its threads (MXNet's engine, OpenMP), never does: its
+    pool's terminate() waited on it for ever (fresh-clone CI, d2l-mxnet's DataLoader, after
+    `quiet_start_up` came). The default action ends it whichever thread takes the signal."""
+    for s in STOP_SIGNALS:
+        handler = signal.getsignal(s)
+        if handler is _raise_interrupted:
+            handler = _BEFORE.get(s, signal.SIG_DFL)
+        if handler is _stop_at_start_up:
+            handler = _ORIGINAL.get(s, signal.SIG_DFL)
+        if handler is not signal.getsignal(s):
+            with suppress(ValueError, TypeError):  # not the main thread: cannot be set
                 signal.signal(s, handler)
 
 

@@ -319,14 +319,27 @@ def test_sigterm_in_a_trainer_keeps_its_epochs_as_interrupted(tmp_path):
     assert rec["status"] == "interrupted" and rec["epochs"] == []
 
 
-@pytest.mark.parametrize("sigint", ["inherited", "ignored"])
+def _main_thread_lets_another_take_sigterm() -> None:
+    """A pool worker's initializer: a second thread, and SIGTERM blocked in the main one, so that
+    the signal is taken by the other thread, as MXNet's engine threads took it in d2l-mxnet's
+    DataLoader workers (a Python-level handler then waits for a main thread that sits in the
+    task queue's semaphore). The conditions of that hang; here the pool ended even with the
+    start-up handler left in its workers: the handler check is what fails without the fix."""
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+@pytest.mark.parametrize("sigint", ["inherited", "ignored", "quiet start-up"])
 def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, request, monkeypatch):
     """A DataLoader's or Pool's worker forked inside `train` gets the signal handlers from before
     run_main (common.interrupts._restore_signals_in_child): the parent's would make it raise
     Interrupted through its copy of the parent's stack and ignore the next SIGTERM, so that its
     pool's terminate() could wait for ever (d2l-mxnet's DataLoader did once, in CI). "ignored":
     as in a background job (`(bash scripts/test.sh &)`, nohup), started with SIGINT ignored (the
-    hostile sweep's case of issue 29, group 5)."""
+    hostile sweep's case of issue 29, group 5). "quiet start-up": as a trainer's `python -m`
+    entry, whose start-up handler (common.interrupts.quiet_start_up) is Python-level too: the
+    child gets the default action back, which ends it whichever of its threads takes the signal
+    (with the start-up handler, d2l-mxnet's DataLoader hung a fresh-clone CI run)."""
     import multiprocessing
 
     import common.interrupts as interrupts
@@ -354,21 +367,27 @@ def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, reques
         request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     before = tuple(repr(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGINT))
     assert "_raise_interrupted" not in str(before)
+    if sigint == "quiet start-up":
+        monkeypatch.setattr(interrupts, "_START_UP", {})
+        monkeypatch.setattr(interrupts, "_ORIGINAL", {})
+        saved = {s: signal.getsignal(s) for s in interrupts.STOP_SIGNALS}
+        request.addfinalizer(lambda: [signal.signal(s, h) for s, h in saved.items()])
+        interrupts.quiet_start_up("test")
+        assert "_stop_at_start_up" in repr(signal.getsignal(signal.SIGTERM))
     with interruptible():
         assert child_handlers() == before
         # A real pool: its terminate() ends a worker idle in the task queue, and returns.
-        pool = multiprocessing.get_context("fork").Pool(2)
+        pool = multiprocessing.get_context("fork").Pool(
+            2, initializer=_main_thread_lets_another_take_sigterm
+        )
         assert pool.apply(os.getpid) != os.getpid()
         done = threading.Event()
         threading.Thread(target=lambda: (pool.terminate(), done.set()), daemon=True).start()
         assert done.wait(20), "pool.terminate() did not return"
-        # The check fails without the hook: emptied, it restores nothing, and the child keeps
-        # the parent's handler.
-        saved, interrupts._BEFORE = dict(interrupts._BEFORE), {}
-        try:
-            assert "_raise_interrupted" in child_handlers()[0]
-        finally:
-            interrupts._BEFORE = saved
+        # The check fails without the hook: given no signals to restore, it restores nothing,
+        # and the child keeps the parent's handler.
+        monkeypatch.setattr(interrupts, "STOP_SIGNALS", ())
+        assert "_raise_interrupted" in child_handlers()[0]
 
 
 # ---- one run per checkpoint directory -------------------------------------------------------
