@@ -319,16 +319,6 @@ def test_sigterm_in_a_trainer_keeps_its_epochs_as_interrupted(tmp_path):
     assert rec["status"] == "interrupted" and rec["epochs"] == []
 
 
-def _main_thread_lets_another_take_sigterm() -> None:
-    """A pool worker's initializer: a second thread, and SIGTERM blocked in the main one, so that
-    the signal is taken by the other thread, as MXNet's engine threads took it in d2l-mxnet's
-    DataLoader workers (a Python-level handler then waits for a main thread that sits in the
-    task queue's semaphore). The conditions of that hang; here the pool ended even with the
-    start-up handler left in its workers: the handler check is what fails without the fix."""
-    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-
-
 @pytest.mark.parametrize("sigint", ["inherited", "ignored", "quiet start-up"])
 def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, request, monkeypatch):
     """A DataLoader's or Pool's worker forked inside `train` gets the signal handlers from before
@@ -377,9 +367,7 @@ def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, reques
     with interruptible():
         assert child_handlers() == before
         # A real pool: its terminate() ends a worker idle in the task queue, and returns.
-        pool = multiprocessing.get_context("fork").Pool(
-            2, initializer=_main_thread_lets_another_take_sigterm
-        )
+        pool = multiprocessing.get_context("fork").Pool(2)
         assert pool.apply(os.getpid) != os.getpid()
         done = threading.Event()
         threading.Thread(target=lambda: (pool.terminate(), done.set()), daemon=True).start()
