@@ -197,13 +197,16 @@ def test_sighup_stops_a_run_as_interrupted_unless_ignored(tmp_path: Path) -> Non
         argv = [*SMOKE, "--epochs", "4", "--output", str(out)]
         return run_main(argv, "torch-dp", check=lambda cfg: None, train=train)
 
-    assert run(tmp_path / "a.json") == 129
-    record = read_json(tmp_path / "a.json")
-    assert record["status"] == "interrupted" and "SIGHUP" in record["error"]
-    assert len(record["epochs"]) == 2
-    assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # handlers restored
-    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # The disposition the test starts from is its own: a suite started under nohup (SIGHUP
+    # ignored in every process) ran the first half as the second (exit 0, seen at 2ad45a7).
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
+        assert run(tmp_path / "a.json") == 129
+        record = read_json(tmp_path / "a.json")
+        assert record["status"] == "interrupted" and "SIGHUP" in record["error"]
+        assert len(record["epochs"]) == 2
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # handlers restored
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         assert run(tmp_path / "b.json") == 0
         assert read_json(tmp_path / "b.json")["status"] == "ok"
     finally:
