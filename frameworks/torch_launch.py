@@ -67,6 +67,8 @@ def launch_env() -> Launch | None:
         raise ConfigError(stale)
     if "RANK" in env and "WORLD_SIZE" in env:
         world = env_int("WORLD_SIZE", 1, minimum=1)
+        if world > 1 and env.get("MASTER_ADDR"):  # a name that no rank can reach: now, not
+            check_master_addr(env["MASTER_ADDR"], rank0=False, hint=TORCHRUN_HINT)  # at timeout
         return Launch(
             env_int("RANK", 0),
             world,
@@ -79,7 +81,7 @@ def launch_env() -> Launch | None:
                 "under srun, export MASTER_ADDR (the first node's host name) and "
                 "MASTER_PORT (a free port) in the batch script"
             )
-        check_master_addr(env["MASTER_ADDR"], env["SLURM_PROCID"] == "0")
+        check_master_addr(env["MASTER_ADDR"], env["SLURM_PROCID"] == "0", SLURM_HINT)
         world = env_int("SLURM_NTASKS", 1)
         rank, local_rank = env_int("SLURM_PROCID", 0), env_int("SLURM_LOCALID", 0)
         per_node = re.match(r"\d+", env.get("SLURM_NTASKS_PER_NODE", ""))  # "8" or "8(x2)"
@@ -151,17 +153,24 @@ def process_group(backend: str, launch: Launch, timeout: float) -> Iterator[None
         dist.destroy_process_group()
 
 
-def check_master_addr(host: str, rank0: bool) -> None:
-    """Under srun the batch script exports MASTER_ADDR: it must resolve, and rank 0 (which
-    serves the rendezvous there) must run on it. A stale value (another job's first node)
-    would otherwise hold every rank until the rendezvous times out."""
+SLURM_HINT = (
+    "export the first node's host name "
+    '(e.g. MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1))'
+)
+TORCHRUN_HINT = (
+    "a stale value? launch with torchrun, which sets it, or unset RANK, WORLD_SIZE and "
+    "MASTER_ADDR for a run alone"
+)
+
+
+def check_master_addr(host: str, rank0: bool, hint: str = SLURM_HINT) -> None:
+    """MASTER_ADDR must resolve (under torchrun or srun), and under srun, whose batch script
+    exports it, rank 0 (which serves the rendezvous there) must run on it. A stale value
+    (another job's first node) would otherwise hold every rank until the rendezvous times out."""
     try:
         ip = socket.gethostbyname(host)
-    except OSError:
-        raise ConfigError(
-            f"MASTER_ADDR={host} does not resolve; export the first node's host name "
-            '(e.g. MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1))'
-        ) from None
+    except (OSError, UnicodeError):
+        raise ConfigError(f"MASTER_ADDR={host} does not resolve; {hint}") from None
     if rank0:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:

@@ -223,6 +223,11 @@ def test_launcher_environments(monkeypatch):
     env.clear()
     env.update(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")  # torchrun's
     assert launch_env() == Launch(rank=3, world=4, local_rank=1, local_world=2)
+    env.update(MASTER_ADDR="no-such-host.invalid", MASTER_PORT="29500")  # at once, not after
+    with pytest.raises(ConfigError, match="does not resolve; a stale value"):  # the timeout
+        launch_env()
+    env.update(MASTER_ADDR="localhost")
+    assert launch_env() == Launch(rank=3, world=4, local_rank=1, local_world=2)
 
 
 if __name__ == "__main__":
