@@ -11,7 +11,7 @@ counted with `nvidia-smi -L`; without GPUs every framework simulates its devices
 every table, file and plot says "cpu-simulated".
 
 Exit code: 0 when every run finished with status "ok", 1 when any failed, diverged or timed out,
-2 on bad input (nothing started), 130 when interrupted.
+2 on bad input (nothing started), 128 + the signal when interrupted (130 Ctrl-C, 143 SIGTERM).
 """
 
 from __future__ import annotations
@@ -544,7 +544,7 @@ def execute(plan: Plan) -> int:
     if plan.unwritten:
         print(f"compare: NOT written (disk full?): {', '.join(dict.fromkeys(plan.unwritten))}")
     if status == "interrupted":
-        return 130
+        return harness.interrupted()
     return 0 if all(r["status"] == "ok" for r in records) and not plan.unwritten else 1
 
 

@@ -770,12 +770,13 @@ def run_tool(
 ) -> int:
     """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM (a cancelled
     CI job, a time limit around the tool) ends the run like Ctrl-C, as a KeyboardInterrupt that
-    `execute` turns into saved partial results and exit code 130. SIGHUP (the terminal or the
-    ssh session gone) likewise: every child's process group is killed, none is left running;
-    also during the checks, whose probes are killed (one line, exit code 130)."""
+    `execute` turns into saved partial results and exit code 128 + the signal (`interrupted`).
+    SIGHUP (the terminal or the ssh session gone) likewise: every child's process group is
+    killed, none is left running; also during the checks, whose probes are killed (one line)."""
     args = list(sys.argv[1:] if argv is None else argv)
     _CLAIMS.clear()
     locks: list[tuple[Any, Path]] = []
+    _STOPPED_BY[0] = signal.SIGINT
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         try:  # before any work: RANK, JAX_*, cache dirs, DPBENCH_* (common/launch_env.py)
@@ -788,12 +789,13 @@ def run_tool(
             return 2
         except KeyboardInterrupt:  # during the checks: their probes are killed (in_parallel)
             print(f"{tool}: interrupted before any run started", file=sys.stderr)
-            return 130
+            return interrupted()
         chosen = getattr(plan, "devices", None)
         if isinstance(chosen, Devices):  # which device each framework will use, before any run
             print(chosen.line(), flush=True)
         return execute(plan)
     finally:
+        _STOPPED_BY[0] = signal.SIGINT
         for s, handler in previous.items():
             signal.signal(s, handler)
         for lock, out in locks:
@@ -802,8 +804,18 @@ def run_tool(
             lock.close()
 
 
+_STOPPED_BY = [signal.SIGINT]  # the signal that stopped this tool (Ctrl-C: Python's own raise)
+
+
 def _interrupt(signum: int, frame: Any) -> NoReturn:
+    _STOPPED_BY[0] = signal.Signals(signum)
     raise KeyboardInterrupt
+
+
+def interrupted() -> int:
+    """The exit code of a tool that a signal stopped: 128 + the signal, as a trainer's (130
+    Ctrl-C, 143 SIGTERM, 129 SIGHUP), so that a CI job or a scheduler sees which it was."""
+    return 128 + _STOPPED_BY[0]
 
 
 # -- running a child ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ parity". update_rel_diff = ||dW_f - dW_ref|| / ||dW_ref||, dW = W_K - W_0, over 
 running_var_factor = reference / framework running-variance update, min..max over the BN layers
 (n/(n-1) between torch's unbiased and Flax's or MXNet's biased variance; reported, not judged).
 Outputs in --out DIR: parity.json, parity.md, runs/ (states and records), logs/. Exit 0 when every
-row is ok (or skipped), 1 otherwise, 2 on bad input (nothing ran), 130 interrupted.
+row is ok (or skipped), 1 otherwise, 2 on bad input (nothing ran), 128 + the signal interrupted.
 """
 
 from __future__ import annotations
@@ -471,7 +471,7 @@ def execute(plan: Plan) -> int:
             if r["status"] == "planned":
                 r.update(status="interrupted", ok=False)
         save()
-        return 130
+        return harness.interrupted()
     evaluate(plan, rows, runs)
     for r in rows:
         if r["status"] == "skipped":
@@ -486,7 +486,7 @@ def execute(plan: Plan) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.parity --help`. Exit 0 every row ok (or skipped),
-    1 a row differs or failed, 2 bad input, 130 interrupted."""
+    1 a row differs or failed, 2 bad input, 128 + the signal interrupted (130: Ctrl-C)."""
     return harness.run_tool("parity", argv, make_plan, execute)
 
 

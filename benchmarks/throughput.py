@@ -539,7 +539,7 @@ def execute(plan: Plan) -> int:
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the measurement under way was killed
         save(interrupted=True)
         say(f"interrupted; finished measurements are in {plan.out / 'throughput.json'}")
-        return 130
+        return harness.interrupted()
     harness.print_table(
         title(plan), HEADERS, table(cells), notes(plan, cells), left=("framework", "mode", "status")
     )
@@ -549,7 +549,7 @@ def execute(plan: Plan) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.throughput --help`. Exit 0 all ok, 1 a measurement
-    failed, 2 bad input, 130 interrupted."""
+    failed, 2 bad input, 128 + the signal interrupted (130: Ctrl-C)."""
     return harness.run_tool("throughput", argv, make_plan, execute)
 
 

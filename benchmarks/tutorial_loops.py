@@ -382,7 +382,7 @@ def execute(plan: Plan) -> int:
                     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the finished runs
                         save()
                         print(f"interrupted; finished runs are in {plan.out}", flush=True)
-                        return 130
+                        return harness.interrupted()
                     save()
     rows = save()
     print()
@@ -393,7 +393,7 @@ def execute(plan: Plan) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.tutorial_loops --help`. Exit 0 every run ok, 1 a run
-    failed or timed out, 2 bad input, 130 interrupted."""
+    failed or timed out, 2 bad input, 128 + the signal interrupted (130: Ctrl-C)."""
     return harness.run_tool("tutorial_loops", argv, plan_from, execute)
 
 

@@ -199,7 +199,7 @@ def execute(plan: Plan) -> int:
         )
     print(json.dumps({"ab": str(plan.out / "ab.json")}), flush=True)
     if interrupted:
-        return 130
+        return harness.interrupted()
     failed = any(r["status"] != "ok" for r in rows)
     return 1 if failed or not ratios else 0
 

@@ -422,7 +422,7 @@ def execute(plan: Plan) -> int:
     harness.write_atomic(plan.out / "comm.md", "\n".join(md) + "\n")
     if interrupted:
         print(f"[comm_probe] interrupted; finished rows are in {plan.out / 'comm.json'}")
-        return 130
+        return harness.interrupted()
     harness.print_table(title, HEADERS, table(rows), lines, left=("framework", "collective",
                         "model", "status"))  # fmt: skip
     print(f"[comm_probe] wrote {plan.out / 'comm.json'} and comm.md")
@@ -449,7 +449,7 @@ def run_worker(ns: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.analysis.comm_probe --help`. Exit 0 all ok, 1 a probe
-    failed, 2 bad input, 130 interrupted."""
+    failed, 2 bad input, 128 + the signal interrupted (130: Ctrl-C)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--worker" in args:
         return run_worker(build_parser().parse_args(args))
