@@ -144,6 +144,10 @@ def test_a_python_that_sees_no_gpu_stops_the_call_in_one_line(tmp_path: Path) ->
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and "cannot run the check" in proc.stderr
     assert not (tmp_path / "run" / "commands.txt").exists()  # nothing ran
+    # the pre-flight's own answer: one line with the reason, no traceback (battery for #41)
+    machine = (tmp_path / "run" / "machine.txt").read_text()
+    assert "Traceback" not in machine, machine
+    assert machine.splitlines()[-1].startswith("gpu_preflight: "), machine
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
