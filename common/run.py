@@ -26,6 +26,8 @@ functions (`sync`, `load` and `save` of checkpoints, `barrier`) and its profiler
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
@@ -33,11 +35,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from common.checkpoints import save_final_state
-from common.config import Config
+from common.config import Config, image_side
 from common.datasets import load_for
 from common.init import init_record
 from common.interrupts import raise_if_interrupted
-from common.memory import check_memory
+from common.memory import check_memory, guard
 from common.pipeline import (
     DEVICE_DATA_LIMIT,
     EvalLoader,
@@ -49,7 +51,7 @@ from common.profiling import Profiler, ProfileWindow
 from common.results import RunRecorder, timing_summary
 from common.runtime import injected_failure, printer
 from common.timing import PhaseTimer, Timer
-from common.trainer import keep_measured_epochs
+from common.trainer import keep_measured_epochs, prog_name
 
 S = TypeVar("S")  # a framework's train state
 
@@ -91,6 +93,8 @@ class Run:
         self.cfg, self.framework, self.packages = cfg, framework, packages
         self.rank, self.world, self.is_main = rank, world, rank == 0
         self.report, self.barrier = report, barrier
+        self.recorder: RunRecorder | None = None
+        guard(self._out_of_memory)  # what the estimate let through: stopped, not OOM-killed
         self.log = printer(self.is_main)  # only process 0 prints
         self.ds = load_for(cfg)
         self.loader = TrainLoader(
@@ -119,9 +123,23 @@ class Run:
             self.profile = ProfileWindow(cfg, profiler, sync, rank, self.is_main, self.log)
         annotate = None if self.profile is None else self.profile.annotate  # phases as ranges
         self.phases = PhaseTimer(sync, cfg.phase_timing, annotate)  # --phase-timing
-        self.recorder: RunRecorder | None = None
         self.start = 0  # the first epoch this process trains (after --resume: the next one)
         self._save: Callable[[Any, int], None] = lambda state, epoch: None  # see resume()
+
+    def _out_of_memory(self, why: str) -> None:
+        """The memory guard's end of the run (its own thread): the record "failed" with the
+        epochs so far, one line, exit 1 (a spawned rank tells its parent, which writes it)."""
+        cfg = self.cfg
+        error = (f"{why}; --batch-size {cfg.batch_size} at {image_side(cfg)}x{image_side(cfg)} "
+                 f"on --gpus {cfg.gpus} does not fit: use a smaller --batch-size, --image-size "
+                 "or --gpus")  # fmt: skip
+        if self.recorder is not None:
+            self.recorder.fail(error)
+            self.recorder.finish()  # process 0 without a parent writes --output
+        if self.report is not None:
+            self.report.send(("error", error))
+        print(f"{prog_name(self.framework)}: failed: {error}", file=sys.stderr, flush=True)
+        os._exit(1)
 
     def record(
         self,

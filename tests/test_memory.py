@@ -133,3 +133,58 @@ def test_the_estimate_is_within_a_factor_of_a_measured_peak(tmp_path: Path) -> N
     cfg = preset("smoke", framework="torch-dp", width=0.25, image_size=64, batch_size=96)
     need = memory.estimate(cfg.replace(prefetch=1), False).total
     assert measured["grew"] / 3 < need <= measured["grew"], (need, measured)
+
+
+# ---- the guard: what the estimate lets through is stopped, not killed by the OOM killer ----
+
+
+def test_the_guard_fires_when_this_process_takes_the_machine_not_when_others_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stand-in machine of 16 GiB (independent battery for #41, wave 3: jax-shard on 64
+    simulated devices at 512x512 passed the estimate, grew to 24 GiB and was OOM-killed)."""
+    monkeypatch.setattr(memory.runtime, "physical_memory", lambda: 16 * GIB)
+    left, held = [8 * GIB], [12 * GIB]
+    monkeypatch.setattr(memory, "host_available", lambda: left[0])
+    monkeypatch.setattr(memory, "resident_bytes", lambda: held[0])
+    assert memory.exhausted() == ""  # room left
+    left[0] = 300 << 20
+    why = memory.exhausted()
+    assert why.startswith("out of memory: 300 MiB left of this machine's 16.0 GiB, 12.0 GiB in ")
+    held[0] = 2 * GIB  # the machine is full, but of others' memory: left alone
+    assert memory.exhausted() == ""
+    left[0] = 0  # the system does not say: nothing is checked
+    held[0] = 12 * GIB
+    assert memory.exhausted() == ""
+
+
+GUARDED = """
+import runpy, sys
+from pathlib import Path
+import common.memory as m
+# The machine stands in: its memory is gone once the first epoch's checkpoint is on disk, and
+# every process counts as the one that took it.
+first = Path(sys.argv[1]) / "torch-dp.pt"
+m.GUARD_SHARE = 0.0
+real = m.host_available
+m.host_available = lambda: (1 << 20) if first.exists() else real()
+sys.argv = ["x", *sys.argv[2:]]
+runpy.run_module("frameworks.torch_dp", run_name="__main__")
+"""
+
+
+def test_a_run_whose_memory_runs_out_fails_in_one_line_with_its_epochs(tmp_path: Path) -> None:
+    """The guard's end of a real trainer: one stderr line, exit 1, a "failed" record that keeps
+    the epochs measured before the memory ran out."""
+    out, ck = tmp_path / "run.json", tmp_path / "ck"
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED)
+    args = [*SMOKE, "--epochs", "4", "--checkpoint-dir", str(ck), "--output", str(out)]
+    proc = run_python(MAIN_PYTHON, str(script), str(ck), *args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m frameworks.torch_dp: failed: out of memory: 1 MiB left"), last
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["status"] == "failed" and record["error"] in last
+    assert 1 <= len(record["epochs"]) < 4, record["epochs"]
