@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -182,6 +183,9 @@ def check_master_addr(host: str, rank0: bool, hint: str = SLURM_HINT) -> None:
                 ) from None
 
 
+WORKERS_IGNORE = {signal.SIGINT, signal.SIGHUP}  # a spawned rank's: its parent stops it
+
+
 def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
     """Start `cfg.gpus` processes on this node, each running `train(cfg, report=...)` as one
     rank with the environment torchrun would give it (rendezvous on a free loopback port), and
@@ -218,20 +222,30 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
                     errors.setdefault(rank, (kind, payload))
 
     try:
-        for rank in range(cfg.gpus):
-            life_r, life_w = ctx.Pipe(duplex=False)  # this process holds life_w until the end
-            report_r, report_w = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_spawned,
-                args=(rank, cfg, train, port, os.getpid(), life_r, report_w, sys.argv),
-                name=f"torch-ddp rank {rank}",
-            )
-            proc.start()
-            life_r.close()
-            report_w.close()
-            workers.append(proc)
-            lifelines.append(life_w)
-            reports[rank] = report_r
+        # Ctrl-C reaches the whole process group, workers that still import torch included,
+        # which died of it with a KeyboardInterrupt traceback each. They start with SIGINT and
+        # SIGHUP blocked (a mask survives exec), until _spawned ignores both; here they are
+        # held for the few milliseconds of the starts, not lost. (multiprocessing's resource
+        # tracker, started by the first start, unblocks SIGINT after its own: started first.)
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, WORKERS_IGNORE)
+        try:
+            for rank in range(cfg.gpus):
+                life_r, life_w = ctx.Pipe(duplex=False)  # this process holds life_w until the end
+                report_r, report_w = ctx.Pipe(duplex=False)
+                proc = ctx.Process(
+                    target=_spawned,
+                    args=(rank, cfg, train, port, os.getpid(), life_r, report_w, sys.argv),
+                    name=f"torch-ddp rank {rank}",
+                )
+                proc.start()
+                life_r.close()
+                report_w.close()
+                workers.append(proc)
+                lifelines.append(life_w)
+                reports[rank] = report_r
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKERS_IGNORE)
         while any(p.exitcode is None for p in workers):
             live = [p.sentinel for p in workers if p.exitcode is None]
             wait([*reports.values(), *live], timeout=1.0)
@@ -363,8 +377,9 @@ def _spawned(
 ) -> None:
     """One rank of a spawned run: dies with the parent; reports to it; never writes --output."""
     die_with_parent(parent, lifeline)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops the workers
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal closed: likewise
+    for s in WORKERS_IGNORE:  # Ctrl-C, the terminal closed: the parent stops the workers
+        signal.signal(s, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKERS_IGNORE)  # blocked since the start
     sys.argv = argv  # the record's "command"
     os.environ.update(
         RANK=str(local_rank),

@@ -169,6 +169,45 @@ def test_sigterm_to_the_job_stops_the_workers_and_records_interrupted(tmp_path):
     assert leftovers(ck, tmp) == []
 
 
+def test_ctrl_c_while_the_workers_start_is_one_line_not_their_tracebacks(tmp_path):
+    """Ctrl-C reaches the whole process group, the workers too while they still import torch
+    (independent battery for #41, wave 3: a KeyboardInterrupt traceback from each, or a C++
+    'terminate called ... KeyboardInterrupt', and the run failed). They start with SIGINT
+    blocked until they ignore it; the parent stops them: one line, exit 130."""
+    proc = subprocess.Popen(
+        [PY, "-m", "frameworks.torch_ddp", *LONG_DDP], cwd=ROOT, env=env_with(tmp_path / "tmp"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            workers = [  # (multiprocessing's resource tracker is a child too)
+                p for p in children(proc.pid)
+                if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+            ]  # fmt: skip
+            time.sleep(0.02)
+        assert len(workers) == 2, proc.communicate()[1][-3000:]
+        for worker in workers:  # Ctrl-C's SIGINT, as it reaches them while they start
+            os.kill(worker, signal.SIGINT)
+        time.sleep(1.0)
+        assert [process_state(w) not in ("", "Z", "X") for w in workers] == [True, True]
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    assert (
+        stderr.strip()
+        .splitlines()[-1]
+        .startswith("python -m frameworks.torch_ddp: interrupted by SIGINT")
+    ), stderr[-3000:]
+    assert gone(workers)
+
+
 def test_a_stopped_rank_is_named_after_the_collective_timeout(tmp_path):
     out, tmp = tmp_path / "run.json", tmp_path / "tmp"
     args = [*LONG_DDP, "--collective-timeout", "3", "--output", str(out)]
