@@ -262,11 +262,13 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
         if signalled and not errors:  # a scheduler signalled the whole job, workers first
             raise Interrupted(signalled[0])
         if errors or any(p.exitcode not in (None, 0) for p in workers):
-            died = _killed_rank(workers, errors)
-            error, bad_input = died or _failure(cfg, workers, errors)
+            # a rank killed or silent is the cause, named in one line: the others' tracebacks
+            # (gloo's "Connection closed by peer", its recv timeout) are only its echo
+            named = _killed_rank(workers, errors) or _silent_ranks(cfg, workers, errors)
+            error, bad_input = named or _failure(workers, errors)
             _stop(workers, cfg)
             read(reports)
-            if not died and errors and next(iter(errors)) in tracebacks:
+            if not named and errors and next(iter(errors)) in tracebacks:
                 print(tracebacks[next(iter(errors))], end="", file=sys.stderr)
             if bad_input:
                 raise ConfigError(error)
@@ -295,25 +297,41 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
     return record
 
 
-def _failure(cfg: Config, workers: list, errors: dict[int, tuple[str, str]]) -> tuple[str, bool]:
-    """The one line that says why a spawned run failed, and whether it is bad input. A rank
-    that timed out in a collective names the ranks that never answered (stopped, or alive and
-    silent); a rank that died without a word is named with its exit status."""
+def _message(errors: dict[int, tuple[str, str]]) -> tuple[int, str, str]:
+    """The first error a rank sent: its rank, kind and message (without gloo's source place)."""
+    rank, (kind, message) = next(iter(errors.items()))
+    return rank, kind, re.sub(r"\[[^\]]*:\d+\] ", "", message)
+
+
+def _silent_ranks(
+    cfg: Config, workers: list, errors: dict[int, tuple[str, str]]
+) -> tuple[str, bool] | None:
+    """A rank that timed out in a collective: one line naming the ranks that never answered
+    (stopped, or alive and silent). None when the first error is no timeout, or all answered."""
+    if not errors:
+        return None
+    rank, _, message = _message(errors)
+    if "timed out" not in message.lower() and "timeout" not in message.lower():
+        return None
+    silent = [
+        f"rank {r} (pid {p.pid}{', stopped' if process_state(p.pid) == 'T' else ''})"
+        for r, p in enumerate(workers)
+        if r not in errors and p.exitcode is None
+    ]
+    if not silent:
+        return None
+    return (
+        f"rank {rank} waited {cfg.collective_timeout:g} s (--collective-timeout) "
+        f"for {', '.join(silent)}, which did not answer: {message}",
+        False,
+    )
+
+
+def _failure(workers: list, errors: dict[int, tuple[str, str]]) -> tuple[str, bool]:
+    """The one line that says why a spawned run failed, and whether it is bad input: the first
+    error a rank sent; a rank that died without a word is named with its exit status."""
     if errors:
-        rank, (kind, message) = next(iter(errors.items()))
-        message = re.sub(r"\[[^\]]*:\d+\] ", "", message)  # gloo's source location
-        if "timed out" in message.lower() or "timeout" in message.lower():
-            silent = [
-                f"rank {r} (pid {p.pid}{', stopped' if process_state(p.pid) == 'T' else ''})"
-                for r, p in enumerate(workers)
-                if r not in errors and p.exitcode is None
-            ]
-            if silent:
-                return (
-                    f"rank {rank} waited {cfg.collective_timeout:g} s (--collective-timeout) "
-                    f"for {', '.join(silent)}, which did not answer: {message}",
-                    False,
-                )
+        rank, kind, message = _message(errors)
         return (message if rank == 0 else f"rank {rank}: {message}"), kind == "bad-input"
     for rank, proc in enumerate(workers):
         if proc.exitcode not in (None, 0):
