@@ -24,7 +24,7 @@ from typing import Any
 CHOICES = ("auto", "cpu", "cuda")
 ENV = "DPBENCH_DEVICES"  # the default of --devices, for a whole shell or test session
 USER_ENV = ("CUDA_VISIBLE_DEVICES", "JAX_PLATFORMS")  # recorded as the user set them
-_SAVED = "DPBENCH_USER_DEVICE_ENV"  # those values before `pin` changed them (JSON, inherited)
+SAVED_ENV = "DPBENCH_USER_DEVICE_ENV"  # those values before `pin` changed them (JSON, inherited)
 SETUP = "bash scripts/setup.sh"  # installs the CUDA builds the driver runs (scripts/setup_plan.py)
 
 
@@ -41,22 +41,32 @@ def default() -> str | None:
     return value
 
 
+def saved_env_ok(text: str) -> bool:
+    """`text` is what `pin` writes to SAVED_ENV: a JSON object of USER_ENV, strings or nulls."""
+    try:
+        saved = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return (
+        isinstance(saved, dict)
+        and set(saved) <= set(USER_ENV)
+        and all(v is None or isinstance(v, str) for v in saved.values())
+    )
+
+
 def user_env() -> dict[str, str | None]:
     """CUDA_VISIBLE_DEVICES and JAX_PLATFORMS as the user set them (None: unset), also in a
     process started after `pin` changed them."""
-    saved = os.environ.get(_SAVED)
-    if saved:
-        try:
-            return dict(json.loads(saved))
-        except (ValueError, TypeError):
-            pass
+    saved = os.environ.get(SAVED_ENV)
+    if saved and saved_env_ok(saved):  # (a bad value is refused by common/launch_env.py)
+        return dict(json.loads(saved))
     return {k: os.environ.get(k) for k in USER_ENV}
 
 
 def pin(choice: str) -> None:
     """Make `choice` hold in this process and every process it starts (see the module doc).
     Call before the framework's first device query."""
-    os.environ.setdefault(_SAVED, json.dumps(user_env()))
+    os.environ.setdefault(SAVED_ENV, json.dumps(user_env()))
     if choice == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ["JAX_PLATFORMS"] = "cpu"

@@ -119,7 +119,7 @@ def check_caches(env: Mapping[str, str]) -> None:
 
 def check_dpbench(env: Mapping[str, str]) -> None:
     """The project's own variables: DPBENCH_DEVICES, DPBENCH_FAIL, DPBENCH_INJECT,
-    DPBENCH_PARENT_PID, DPBENCH_PYTHON_<FRAMEWORK>, DPBENCH_TEST_GPU."""
+    DPBENCH_PARENT_PID, DPBENCH_PYTHON_<FRAMEWORK>, DPBENCH_TEST_GPU, DPBENCH_USER_DEVICE_ENV."""
     chosen = env.get(devices.ENV, "").strip()
     if chosen and chosen not in devices.CHOICES:
         raise _bad(devices.ENV, chosen, f"is not one of {', '.join(devices.CHOICES)}")
@@ -137,6 +137,11 @@ def check_dpbench(env: Mapping[str, str]) -> None:
     parent = env.get(PARENT_ENV, "").strip()
     if parent and not (parent.isdigit() and 1 <= int(parent) <= 1 << 22):
         raise _bad(PARENT_ENV, parent, "is no process id")
+    saved = env.get(devices.SAVED_ENV, "")
+    if saved and not devices.saved_env_ok(saved):  # set by `pin` for the processes it starts
+        raise _bad(devices.SAVED_ENV, saved, "is not what a dp-bench process sets there (a JSON "
+                   f"object of {', '.join(devices.USER_ENV)}: a string or null each)",
+                   f"`unset {devices.SAVED_ENV}`")  # fmt: skip
     if env.get("DPBENCH_TEST_GPU", "") not in ("", "0", "1"):
         raise _bad("DPBENCH_TEST_GPU", env["DPBENCH_TEST_GPU"], "must be 1 (the GPU pass) or 0")
     known = {f.upper().replace("-", "_") for f in FRAMEWORKS}

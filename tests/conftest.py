@@ -109,7 +109,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 # The device variables every test starts from and leaves behind: those set above, and the one
-# devices.pin adds (common/devices.py: ENV, USER_ENV, _SAVED). Only these: a test module sets
+# devices.pin adds (common/devices.py: ENV, USER_ENV, SAVED_ENV). Only these: a test module sets
 # XLA_FLAGS when imported, before JAX starts, and that must stay.
 DEVICE_VARS = (
     "DPBENCH_DEVICES", "CUDA_VISIBLE_DEVICES", "JAX_PLATFORMS", "DPBENCH_USER_DEVICE_ENV"

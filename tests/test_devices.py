@@ -209,8 +209,8 @@ def test_devices_cpu_hides_the_gpus_from_the_process_and_its_children(
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     monkeypatch.delenv("JAX_PLATFORMS")
-    monkeypatch.setenv(devices._SAVED, "")  # so that the undo removes what pin() sets
-    monkeypatch.delenv(devices._SAVED)
+    monkeypatch.setenv(devices.SAVED_ENV, "")  # so that the undo removes what pin() sets
+    monkeypatch.delenv(devices.SAVED_ENV)
     devices.pin("cpu")
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and os.environ["JAX_PLATFORMS"] == "cpu"
     # The record keeps what the user had set, in this process and in one it starts.

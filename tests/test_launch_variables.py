@@ -46,6 +46,9 @@ BAD = [
     ({"DPBENCH_PARENT_PID": "abc"}, "DPBENCH_PARENT_PID='abc' is no process id"),
     ({"DPBENCH_PYTHON_TORCH": str(MAIN_PYTHON)}, "names no framework (DPBENCH_PYTHON_ + one of"),
     ({"DPBENCH_TEST_GPU": "yes"}, "DPBENCH_TEST_GPU='yes' must be 1"),
+    ({"DPBENCH_USER_DEVICE_ENV": "{{not json"}, "DPBENCH_USER_DEVICE_ENV='{{not json' is not"),
+    ({"DPBENCH_USER_DEVICE_ENV": '{"HOME": "/"}'}, "a JSON object of CUDA_VISIBLE_DEVICES"),
+    ({"DPBENCH_USER_DEVICE_ENV": '{"JAX_PLATFORMS": 3}'}, "a string or null each"),
 ]
 
 GOOD = [
@@ -68,6 +71,7 @@ GOOD = [
         "DPBENCH_INJECT": "crop-shift@device-pipeline",
         "DPBENCH_PARENT_PID": "1",
         "DPBENCH_PYTHON_TORCH_DP": str(MAIN_PYTHON),
+        "DPBENCH_USER_DEVICE_ENV": '{"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": null}',
     },  # fmt: skip
 ]
 
