@@ -66,7 +66,7 @@ def launch_env() -> Launch | None:
     stale = stale_launch_env()
     if stale:
         raise ConfigError(stale)
-    if "RANK" in env and "WORLD_SIZE" in env:
+    if env.get("RANK", "").strip() and env.get("WORLD_SIZE", "").strip():  # empty: unset
         world = env_int("WORLD_SIZE", 1, minimum=1)
         if world > 1 and env.get("MASTER_ADDR"):  # a name that no rank can reach: now, not
             check_master_addr(env["MASTER_ADDR"], rank0=False, hint=TORCHRUN_HINT)  # at timeout

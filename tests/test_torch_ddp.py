@@ -206,6 +206,9 @@ def test_launcher_environments(monkeypatch):
         env.pop(var, None)
     monkeypatch.setattr(os, "environ", env)  # launch_env writes RANK etc.: keep it in here
     assert launch_env() is None  # plain `python -m`: --gpus spawns the processes
+    env.update(RANK="", WORLD_SIZE="")
+    assert launch_env() is None  # empty is unset (was a world of 1 waiting at None:None)
+    del env["RANK"], env["WORLD_SIZE"]
     env.update(SLURM_PROCID="0", SLURM_NTASKS="1")
     assert launch_env() is None  # a 1-task SLURM job is not a multi-process launch
     env.update(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_NTASKS_PER_NODE="4(x2)")
