@@ -161,14 +161,14 @@ def eval_step(state: TrainState, batch: tuple[torch.Tensor, ...]) -> dict[str, t
 
 def select_devices(n: int) -> tuple[list[int], str]:
     """GPU ids 0..n-1 and the device kind; no CUDA: no ids (DataParallel then runs the module
-    itself on the CPU, one replica) and "cpu", said once on stderr."""
+    itself on the CPU, one replica) and "cpu", said once (a note: stderr keeps the one line of
+    an error)."""
     if torch.cuda.is_available():
         return list(range(n)), f"cuda:{torch.cuda.get_device_name(0)}"
     asked = f" (--gpus {n} was asked)" if n > 1 else ""
     print(
-        "warning: no CUDA device: nn.DataParallel runs a single replica on the CPU; "
+        "note: no CUDA device: nn.DataParallel runs a single replica on the CPU; "
         f"this run used 1 device{asked}",
-        file=sys.stderr,
         flush=True,
     )
     return [], "cpu"

@@ -63,10 +63,9 @@ def files(directory: Path) -> dict[str, bytes]:
 
 
 def the_error(err: str) -> str:
-    """The one line of a refused in-process run (torch-dp on a CPU first warns that it runs a
-    single replica), with no traceback."""
+    """The one line of a refused in-process run, with no traceback."""
     assert "Traceback" not in err, err
-    (line,) = [ln for ln in err.strip().splitlines() if not ln.startswith("warning: no CUDA")]
+    (line,) = err.strip().splitlines()  # (torch-dp's CPU note is on stdout)
     return line
 
 

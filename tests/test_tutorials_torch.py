@@ -53,7 +53,8 @@ def test_d2l_torch_learns_and_counts_every_image(tmp_path):
     assert [e["images"] for e in rec["epochs"]] == [N_TRAIN] * 3
     # evaluate_accuracy_gpu: every test image once, no drop, no padding
     assert [e["test_examples"] for e in rec["epochs"]] == [N_TEST] * 3
-    assert len(proc.stdout.strip().splitlines()) == 3  # one line per epoch
+    note, *epochs = proc.stdout.strip().splitlines()  # the CPU note, then a line per epoch
+    assert note.startswith("note: no CUDA device") and len(epochs) == 3, proc.stdout
 
 
 def course_counts(world: int) -> tuple[int, int]:

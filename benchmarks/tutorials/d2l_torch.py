@@ -130,9 +130,8 @@ def train(cfg: Config) -> dict:
         devices = [torch.device("cpu")]
         torch.set_num_threads(cpu_threads(1))
         print(
-            "warning: no CUDA device: nn.DataParallel runs a single replica on the CPU "
+            "note: no CUDA device: nn.DataParallel runs a single replica on the CPU "
             f"(--gpus {cfg.gpus} was asked)",
-            file=sys.stderr,
             flush=True,
         )
     ds = load_for(cfg)
