@@ -61,6 +61,7 @@ from common.config import (
     ConfigError,
 )
 from common.devices import CHOICES as DEVICE_CHOICES
+from common.interrupts import kept_ignored
 from common.json_input import Required, Whole
 from common.launch_env import check_launch_env
 from common.processes import end_groups, run_captured, start_group, wait_group
@@ -777,7 +778,14 @@ def run_tool(
     _CLAIMS.clear()
     locks: list[tuple[Any, Path]] = []
     _STOPPED_BY[0] = signal.SIGINT
-    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGHUP ignored (nohup) stays ignored; SIGINT ignored (a background job's) stops it too,
+    # as a trainer (common/interrupts.py: kept_ignored)
+    stops: dict[int, Callable[[int, Any], Any]] = {
+        s: _interrupt for s in (signal.SIGTERM, signal.SIGHUP)
+    }
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        stops[signal.SIGINT] = signal.default_int_handler
+    previous = {s: signal.signal(s, h) for s, h in stops.items() if not kept_ignored(s)}
     try:
         try:  # before any work: RANK, JAX_*, cache dirs, DPBENCH_* (common/launch_env.py)
             check_launch_env()

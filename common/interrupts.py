@@ -96,9 +96,19 @@ def quiet_start_up(prog: str) -> None:
     _START_UP.update(pid=os.getpid(), prog=prog, entered=False)
     for s in STOP_SIGNALS:
         handler = signal.getsignal(s)
-        if handler not in (signal.SIG_IGN, None):  # one ignored stays ignored
-            _ORIGINAL.setdefault(s, handler)
-            signal.signal(s, _stop_at_start_up)
+        if handler is None or kept_ignored(s):
+            continue
+        _ORIGINAL.setdefault(s, handler)
+        signal.signal(s, _stop_at_start_up)
+
+
+def kept_ignored(s: int) -> bool:
+    """SIGHUP ignored by whoever started this process (nohup: the run outlives its terminal)
+    stays ignored. SIGINT and SIGTERM stop the run even where they came in ignored: a shell
+    starts a background job (`cmd &`) with SIGINT ignored, and an explicit `kill -INT` to it,
+    or to a run whose runner was started so, was lost (independent battery for #41, wave 3:
+    a torch-ddp run at start-up and a compare trained on to "ok")."""
+    return s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN
 
 
 def exit_after(code: int) -> NoReturn:
@@ -159,9 +169,7 @@ def interruptible() -> Iterator[None]:
     _pending.clear()
     _START_UP["entered"] = True
     previous = {
-        s: signal.signal(s, _raise_interrupted)
-        for s in STOP_SIGNALS
-        if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN  # nohup: stays ignored
+        s: signal.signal(s, _raise_interrupted) for s in STOP_SIGNALS if not kept_ignored(s)
     }
     for s, handler in previous.items():
         if handler is not None and handler is not _raise_interrupted:  # None: set outside Python
