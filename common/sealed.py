@@ -17,6 +17,13 @@ wrong weights. Three forms, one digest (sha256):
 
 A file without its digest, or whose content does not match it, is ConfigError: one line naming
 the file and the fix (exit 2), before anything is loaded. numpy and the standard library only.
+
+What it binds: the file to its content, against damage (flipped bytes, a cut, a CRC-consistent
+edit, another file in its place). Not against a forger: one who rewrites the digest with the
+content makes a file that is theirs, and a key that could tell would stay on this machine, where
+a checkpoint moved to another (a run resumed elsewhere, a shared file system) could not be read.
+What a resumed run checks besides is that the checkpoint belongs to it (config, epochs, step,
+finite weights: common/checkpoints.py).
 """
 
 from __future__ import annotations
