@@ -112,12 +112,14 @@ def kept_ignored(s: int) -> bool:
 
 
 def exit_after(code: int) -> NoReturn:
-    """The end of a JAX trainer's `python -m` process. After a stop (exit 128 + SIGINT or
-    SIGTERM) it ends at once, without the interpreter's finalization: XLA's own threads may
-    still be compiling or running what the interrupted step started, and its static
-    destructors racing with them crashed 3 of 53 interrupted jax-shardmap runs here (SIGSEGV,
-    exit -11, after the "interrupted" record and its line were written). Those are written by
-    then; the streams are flushed first."""
+    """The end of a trainer's `python -m` process. After a stop (exit 128 + the signal) it ends
+    at once, without the interpreter's finalization, which went wrong two ways after the
+    "interrupted" record and its line were written: in JAX, XLA's own threads may still be
+    compiling or running what the interrupted step started, and its static destructors racing
+    with them crashed 3 of 53 interrupted jax-shardmap runs here (SIGSEGV, exit -11); in every
+    trainer, finalization puts the default action back on the signals Python handles, and a
+    second Ctrl-C then ended torch-dp and mxnet-gluon by the signal (exit -2; independent
+    battery for #41, wave 3). The streams are flushed first."""
     if code in [128 + s for s in STOP_SIGNALS]:
         for stream in (sys.stdout, sys.stderr):
             with suppress(OSError, ValueError):

@@ -264,4 +264,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_after(main())  # after a stop: no finalization racing XLA's threads (common/interrupts.py)
+    exit_after(main())  # after a stop: ends without finalization (common/interrupts.py)

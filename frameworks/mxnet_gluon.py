@@ -21,7 +21,6 @@ Run: `.venv-mxnet/bin/python -m frameworks.mxnet_gluon --preset digits --gpus 2`
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ import numpy as np
 from common.checkpoints import check_resume
 from common.config import Config, ConfigError
 from common.datasets import check_available
+from common.interrupts import exit_after
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import host_info
 from common.run import Run
@@ -378,4 +378,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main())  # after a stop: ends without finalization (common/interrupts.py)

@@ -19,7 +19,6 @@ Known differences from the other frameworks (BN variance, test loss): docs/fairn
 
 from __future__ import annotations
 
-import sys
 from contextlib import nullcontext
 from multiprocessing.connection import Connection
 
@@ -31,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.checkpoints import check_resume
 from common.config import CUDA_GRAPH_MODES, Config, resolve
 from common.datasets import check_available
+from common.interrupts import exit_after
 from common.run import Run
 from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
@@ -329,4 +329,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main())  # after a stop: ends without finalization (common/interrupts.py)

@@ -19,14 +19,13 @@ in frameworks/torch_models.py and frameworks/torch_support.py.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
 from common.checkpoints import check_resume
 from common.config import Config, ConfigError
 from common.datasets import check_available
+from common.interrupts import exit_after
 from common.run import Run
 from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
@@ -261,4 +260,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_after(main())  # after a stop: ends without finalization (common/interrupts.py)

@@ -180,7 +180,7 @@ def test_a_jax_trainer_ends_a_stopped_run_without_finalization(
         with pytest.raises(SystemExit) as exc:
             interrupts.exit_after(code)
         assert exc.value.code == code
-    for module in ("jax_pmap", "jax_shard", "jax_shardmap"):
+    for module in ("torch_dp", "torch_ddp", "jax_pmap", "jax_shard", "jax_shardmap", "mxnet_gluon"):
         text = (Path(__file__).parent.parent / "frameworks" / f"{module}.py").read_text()
         assert 'if __name__ == "__main__":\n    exit_after(main())' in text, module
 
