@@ -12,6 +12,7 @@ import pytest
 
 from common import cli
 from common.config import Config, ConfigError, opt, preset
+from tests.conftest import one_line_error, run_module
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 SHOWN = [f for f in FIELDS.values() if not f.metadata["hidden"]]
@@ -178,3 +179,14 @@ def test_an_empty_path_is_refused(name: str, capsys: pytest.CaptureFixture[str])
         err = fails([flag(name), empty], capsys)
         assert f"argument {flag(name)}: is empty: give a path" in err
         assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("module", ["benchmarks.analysis.breakdowns", "benchmarks.harness"])
+def test_a_library_module_run_as_a_command_says_so(module: str) -> None:
+    """`python -m benchmarks.analysis.breakdowns --bogus-flag` printed nothing and exited 0
+    (independent battery for #41, wave 3): a library run as a command is one line, exit 2."""
+    from benchmarks import LIBRARIES
+
+    assert module in LIBRARIES
+    proc = run_module(module, "--bogus-flag")
+    one_line_error(proc, f"python -m {module}: a library of the tools, not a command")
