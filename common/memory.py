@@ -262,15 +262,24 @@ def exhausted() -> str:
     )
 
 
+_GUARDED: list[Callable[[str], None]] = []  # the latest run's end; one thread per process
+
+
 def guard(on_exhausted: Callable[[str], None]) -> None:
     """Watch the memory left from a daemon thread; call `on_exhausted(why)` (which must end the
-    process) when `exhausted` says so. Any thread: a step that grows in C++ holds no Python."""
+    process) when `exhausted` says so. Any thread: a step that grows in C++ holds no Python.
+    One thread per process, for the latest run (a process that runs several in turn, a test's,
+    does not gather threads)."""
+    started = bool(_GUARDED)
+    _GUARDED[:] = [on_exhausted]
+    if started:
+        return
 
     def watch() -> None:
         while True:
             why = exhausted()
             if why:
-                on_exhausted(why)
+                _GUARDED[0](why)
                 return
             time.sleep(GUARD_EVERY)
 

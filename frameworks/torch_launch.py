@@ -228,7 +228,7 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
         # held for the few milliseconds of the starts, not lost. (multiprocessing's resource
         # tracker, started by the first start, unblocks SIGINT after its own: started first.)
         resource_tracker.ensure_running()
-        signal.pthread_sigmask(signal.SIG_BLOCK, WORKERS_IGNORE)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, WORKERS_IGNORE)
         try:
             for rank in range(cfg.gpus):
                 life_r, life_w = ctx.Pipe(duplex=False)  # this process holds life_w until the end
@@ -245,7 +245,7 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
                 lifelines.append(life_w)
                 reports[rank] = report_r
         finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKERS_IGNORE)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # as it was
         while any(p.exitcode is None for p in workers):
             live = [p.sentinel for p in workers if p.exitcode is None]
             wait([*reports.values(), *live], timeout=1.0)

@@ -188,3 +188,15 @@ def test_a_run_whose_memory_runs_out_fails_in_one_line_with_its_epochs(tmp_path:
     record = json.loads(out.read_text())
     assert record["status"] == "failed" and record["error"] in last
     assert 1 <= len(record["epochs"]) < 4, record["epochs"]
+
+
+def test_one_guard_thread_a_process_for_the_latest_run() -> None:
+    """A process that runs several runs in turn (a test's, in-process) keeps one guard thread,
+    which answers for the latest run, not a thread per run polling for ever."""
+    import threading
+
+    first, latest = (lambda why: None), (lambda why: None)
+    memory.guard(first)
+    memory.guard(latest)
+    assert [t.name for t in threading.enumerate()].count("memory-guard") == 1
+    assert memory._GUARDED == [latest]
