@@ -16,6 +16,7 @@ reads its own format through these).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,10 +27,10 @@ from common.config import Config, check_same_run, data_dims
 from common.errors import ConfigError, WriteFailed, first_line
 from common.init import parameter_spec, state_bytes
 from common.launch_env import process_rank
-from common.results import RunRecorder, versions
+from common.results import RunRecorder, versions, write_json_atomic
 from common.runtime import atomic_write_bytes, remove_stale_temp_files
 from common.safe_io import open_regular, read_regular, regular_file, weights_problem
-from common.sealed import SEAL_BYTES, seal, seal_arrays, unseal
+from common.sealed import SEAL_BYTES, machine_key, seal, seal_arrays, seal_json, unseal, unseal_json
 
 CHECKPOINT_FORMAT = 2  # what checkpoint_meta writes; a checkpoint without it predates the checks
 CHECKPOINT_FIX = "delete it or drop --resume"
@@ -153,7 +154,23 @@ def read_sealed_checkpoint(path: Path, limit: int | None) -> bytes:
     """The payload of a `write_sealed_checkpoint` file, read bounded, once its content matches
     its sha256: a damaged file is one line naming it (exit 2) before anything is loaded."""
     data = read_checkpoint(path, None if limit is None else limit + SEAL_BYTES)
-    return unseal(data, f"checkpoint {path}", CHECKPOINT_FIX)
+    return unseal(data, f"checkpoint {path}", CHECKPOINT_FIX, trust=str(path))
+
+
+def trust_checkpoint(path: Path) -> None:
+    """`python -m benchmarks.trust`: re-seal a checkpoint file (torch's .pt, JAX's .msgpack, MXNet's
+    index .json) with this machine's key once its content matches its sha256: a checkpoint
+    written on another machine, which `--resume` refuses until the user says it is theirs."""
+    where, fix = f"checkpoint {path}", "it cannot be trusted as it is"
+    data = read_checkpoint(path, None)
+    if path.suffix == ".json":
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            obj = None  # unseal_json: "no content digest"
+        write_json_atomic(path, seal_json(unseal_json(obj, where, fix, keyed=False)))
+    else:
+        atomic_write_bytes(path, seal(unseal(data, where, fix, keyed=False)))
 
 
 def check_checkpoint_file(path: Path, limit: int | None) -> None:
@@ -244,6 +261,7 @@ def lock_checkpoint_dir(cfg: Config) -> Any:
     Returns the open lock file (closing it, or the process ending, releases the lock)."""
     if not cfg.checkpoint_dir or process_rank() != 0:
         return None
+    machine_key()  # made or read now: a home folder where it cannot be kept is one line at start
     directory = Path(cfg.checkpoint_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
