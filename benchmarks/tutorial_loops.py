@@ -1,7 +1,7 @@
 """`python -m benchmarks.tutorial_loops`: our training loops against the seed tutorials' loops.
 
 Each trainer is timed against the tutorial loop it grew out of (TUTORIALS below; each module
-of benchmarks/tutorials/ says what its loop costs), on the same work: the same Config (the same
+of tutorials/ says what its loop costs), on the same work: the same Config (the same
 flags go to both), the same arrays from `common.datasets`, the same model built by the trainer's
 own `build_model`; only the loop differs. Both sides run in their own processes, alternately
 (ours first in even repeats), with augmentation off and a constant LR on both (the tutorials have
@@ -43,7 +43,7 @@ class Tutorial:
     @property
     def module(self) -> str:
         """Run as `python -m <module>` with the compared framework's interpreter."""
-        return "benchmarks.tutorials." + self.name.replace("-", "_")
+        return "tutorials." + self.name.replace("-", "_")
 
 
 TUTORIALS: dict[str, Tutorial] = {

@@ -38,23 +38,34 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "frameworks.jax_shard": _JAX,
     "frameworks.jax_shardmap": _JAX,
     "frameworks.mxnet_gluon": ("mxnet",),
-    "benchmarks.tutorials.d2l_torch": ("torch",),
-    "benchmarks.tutorials.nvidia_course": ("torch",),
-    "benchmarks.tutorials.d2l_jax": _JAX,
-    "benchmarks.tutorials.flax_imagenet": _JAX,
-    "benchmarks.tutorials.d2l_mxnet": ("mxnet",),
+    "tutorials.d2l_torch": ("torch",),
+    "tutorials.nvidia_course": ("torch",),
+    "tutorials.d2l_jax": _JAX,
+    "tutorials.flax_imagenet": _JAX,
+    "tutorials.d2l_mxnet": ("mxnet",),
 }
+
+
+# Modules of the tools and the tutorial loops that are libraries of theirs, not commands.
+LIBRARIES = ("benchmarks.harness", "benchmarks.progress", "benchmarks.analysis.breakdowns",
+             "tutorials.record")  # fmt: skip
 
 
 def check_interpreter(argv: list[str] | None = None) -> None:
     """`python -m <entry point>` in an interpreter without its framework: one line naming the
-    interpreter to use and exit 2, instead of an ImportError's traceback from inside the module.
-    The packages' `__init__` calls it, before the module imports its framework; for any other
+    interpreter to use and exit 2, instead of an ImportError's traceback from inside the module;
+    a module of `LIBRARIES` run as a command, likewise one line. The packages' `__init__` calls
+    it, before the module imports its framework; for any other
     command (tests, imports, the runners' own checked interpreters) it does nothing."""
     argv = list(getattr(sys, "orig_argv", [])) if argv is None else argv
     if "-m" not in argv[:-1]:
         return
     module = argv[argv.index("-m") + 1]
+    if module in LIBRARIES:  # it would do nothing and exit 0
+        print(f"python -m {module}: a library of the tools, not a command: `python -m "
+              "benchmarks.compare --help` and docs/usage.md list the commands",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     missing = [p for p in ENTRY_POINTS.get(module, ()) if importlib.util.find_spec(p) is None]
     if missing:
         mxnet = "mxnet" in ENTRY_POINTS[module]

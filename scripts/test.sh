@@ -31,7 +31,7 @@ echo "[test] main environment: .venv/bin/python -m pytest tests --ignore=tests/m
 # About 90 s of one core on a cold cache: it runs beside the MXNet suite, one process that
 # leaves a core of two idle most of the time (beside the main suite it took a core from its
 # workers, which use them all), and reports after it.
-echo "[test] type check: .venv/bin/python -m mypy (common/, frameworks/, benchmarks/), beside the mxnet suite"
+echo "[test] type check: .venv/bin/python -m mypy (common/, frameworks/, benchmarks/, tutorials/), beside the mxnet suite"
 typecheck_log=$(mktemp)
 .venv/bin/python -m mypy >"$typecheck_log" 2>&1 &
 typecheck=$!

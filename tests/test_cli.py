@@ -181,11 +181,13 @@ def test_an_empty_path_is_refused(name: str, capsys: pytest.CaptureFixture[str])
         assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("module", ["benchmarks.analysis.breakdowns", "benchmarks.harness"])
+@pytest.mark.parametrize(
+    "module", ["benchmarks.analysis.breakdowns", "benchmarks.harness", "tutorials.record"]
+)
 def test_a_library_module_run_as_a_command_says_so(module: str) -> None:
     """`python -m benchmarks.analysis.breakdowns --bogus-flag` printed nothing and exited 0
     (independent battery for #41, wave 3): a library run as a command is one line, exit 2."""
-    from benchmarks import LIBRARIES
+    from common.runtime import LIBRARIES
 
     assert module in LIBRARIES
     proc = run_module(module, "--bogus-flag")

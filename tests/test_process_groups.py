@@ -173,8 +173,8 @@ def test_the_nvidia_course_ranks_die_with_their_parent(monkeypatch: pytest.Monke
     """A tutorial's ranks (torch.multiprocessing.spawn) arm common.runtime.die_with_parent with
     the pid of the process that spawned them, before any work (torch-ddp's ranks: see
     test_hostile_processes). Run in-process: spawn hands its arguments to one worker here."""
-    from benchmarks.tutorials import nvidia_course
     from common.config import preset
+    from tutorials import nvidia_course
 
     class Armed(BaseException):  # not an Exception: spawn's own handler lets it through
         pass

@@ -1,4 +1,4 @@
-"""benchmarks.tutorials.d2l_jax (d2l 13.6's JAX loop): its step does the same arithmetic as
+"""tutorials.d2l_jax (d2l 13.6's JAX loop): its step does the same arithmetic as
 jax-pmap's on every device (gradients averaged, per-device BN statistics kept apart), its runs
 count the images d2l's loop sees and learn real digits, and options d2l has no equivalent for
 exit 2 with one line.
@@ -20,17 +20,17 @@ import pytest
 from jax import lax
 from jax.sharding import Mesh
 
-from benchmarks.tutorials import d2l_jax as tut
 from common.config import preset
 from common.datasets import load_for
 from common.pipeline import TrainLoader
 from common.runtime import simulate_host_devices
 from frameworks import jax_pmap
 from tests.conftest import one_line_error, relative_update_difference, run_module, run_recorded
+from tutorials import d2l_jax as tut
 
 simulate_host_devices(4)  # before the first device query (as tests/test_jax_pmap.py)
 
-MODULE = "benchmarks.tutorials.d2l_jax"
+MODULE = "tutorials.d2l_jax"
 FORCED = ("--no-augment", "--lr-schedule", "constant", "--warmup-epochs", "0")
 DIGITS = ("--preset", "digits", "--width", "0.125", *FORCED)  # 1437 train, 360 test, batch 64
 # ||dW_d2l - dW_ours|| / ||dW_ours|| after one step: the two programs compute the same loss,

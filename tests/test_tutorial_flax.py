@@ -1,4 +1,4 @@
-"""benchmarks.tutorials.flax_imagenet (the Flax ImageNet example's pmap loop): its step does
+"""tutorials.flax_imagenet (the Flax ImageNet example's pmap loop): its step does
 the same arithmetic as jax-pmap's, runs at 1 and 2 simulated devices count the images the
 example's loaders yield (full training batches; full test batches of the TRAINING batch size),
 the loop learns real digits, and flags the example has no equivalent for exit 2 with one line.
@@ -21,14 +21,14 @@ import pytest
 from flax import jax_utils
 from jax.sharding import Mesh
 
-from benchmarks.tutorials import flax_imagenet as tut
 from common.config import preset
 from common.datasets import load_for
 from common.pipeline import TrainLoader
 from frameworks import jax_pmap
 from tests.conftest import run_module, run_recorded
+from tutorials import flax_imagenet as tut
 
-MODULE = "benchmarks.tutorials.flax_imagenet"
+MODULE = "tutorials.flax_imagenet"
 # The driver's forced settings (the example has no augmentation, warm-up or LR schedule).
 FORCED = ("--no-augment", "--lr-schedule", "constant", "--warmup-epochs", "0")
 DIGITS = ("--preset", "digits", "--width", "0.125", *FORCED)  # 1437 train, 360 test, batch 64

@@ -22,7 +22,7 @@ PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}  # 2 shared cores: spinning OpenMP thre
 
 def run(module: str, out, *args: str):
     proc = run_module(
-        f"benchmarks.tutorials.{module}",
+        f"tutorials.{module}",
         *DIGITS,
         *args,
         "--output",
@@ -96,7 +96,7 @@ def test_nvidia_course_learns_and_reports_the_test_images_it_saw(tmp_path, world
 def test_bad_flags_exit_2_with_one_line(capsys, module, args, names):
     import importlib
 
-    main = importlib.import_module(f"benchmarks.tutorials.{module}").main
+    main = importlib.import_module(f"tutorials.{module}").main
     try:
         code = main([*DIGITS, *args])
     except SystemExit as exc:  # refused by the flag parser itself (common.config.validate)
@@ -107,7 +107,7 @@ def test_bad_flags_exit_2_with_one_line(capsys, module, args, names):
 
 
 def test_batch_not_dividing_over_processes_exits_2(capsys):
-    from benchmarks.tutorials.nvidia_course import main
+    from tutorials.nvidia_course import main
 
     with pytest.raises(SystemExit) as exc:
         main([*DIGITS, "--gpus", "3"])  # 40 over 3 processes
@@ -118,7 +118,7 @@ def test_batch_not_dividing_over_processes_exits_2(capsys):
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
 def test_failure_inside_the_loop_still_writes_the_record(tmp_path, monkeypatch):
-    from benchmarks.tutorials import d2l_torch
+    from tutorials import d2l_torch
 
     def broken(*_args):
         raise RuntimeError("evaluation broke")

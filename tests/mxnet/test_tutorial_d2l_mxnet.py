@@ -1,4 +1,4 @@
-"""benchmarks.tutorials.d2l_mxnet: the rebuilt d2l loop runs at 1 and 2 CPU contexts with its
+"""tutorials.d2l_mxnet: the rebuilt d2l loop runs at 1 and 2 CPU contexts with its
 4-worker DataLoader, steps every training image (final partial batch kept, split unevenly at 2
 contexts), evaluates every test image once, learns real digits, refuses what the tutorial cannot
 do with one line, and writes a failed record when training raises."""
@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from benchmarks.tutorials import d2l_mxnet as T
 from tests.conftest import read_json, run_module
+from tutorials import d2l_mxnet as T
 
-MODULE = "benchmarks.tutorials.d2l_mxnet"
+MODULE = "tutorials.d2l_mxnet"
 # The digits preset made tutorial-compatible: d2l has a constant LR, no warm-up, no augmentation.
 DIGITS = (
     "--preset",

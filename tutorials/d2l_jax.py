@@ -1,7 +1,7 @@
 """d2l-jax: the training loop of Dive into Deep Learning 13.6, "Concise Implementation for
 Multiple GPUs" (JAX), on this project's data, model and config; compared with jax-pmap.
 
-    python -m benchmarks.tutorials.d2l_jax --preset throughput --no-augment --gpus 2
+    python -m tutorials.d2l_jax --preset throughput --no-augment --gpus 2
 
 The tutorial's loop, and what each part costs:
 - Input: `d2l.FashionMNIST(batch_size).get_dataloader(train)`: tf.data batches the arrays,
@@ -23,7 +23,7 @@ The tutorial's loop, and what each part costs:
 - Evaluation: every test batch (the training batch size, the last one partial) is reshaped the
   same way (rows beyond a multiple of the device count dropped) and goes through a pmapped
   `eval_step`; `int(c.sum())` per batch [one host sync per test batch].
-Timed as every tutorial loop (benchmarks/tutorials/record.py): the first epoch is warm-up.
+Timed as every tutorial loop (tutorials/record.py): the first epoch is warm-up.
 """
 
 from __future__ import annotations
@@ -39,13 +39,6 @@ import numpy as np
 import optax
 from flax.training import train_state
 
-from benchmarks.tutorials.record import (
-    Tutorial,
-    TutorialRecorder,
-    failure_recorder,
-    refuse_options,
-    tutorial_steps,
-)
 from common.config import Config
 from common.datasets import Dataset, load_for
 from common.pipeline import Normalizer, epoch_permutation
@@ -59,6 +52,13 @@ from frameworks.jax_support import (
     select_devices,
     setup_xla,  # simulated devices and XLA:CPU's kernels, as jax-pmap's setup_process
     use_device_plan,
+)
+from tutorials.record import (
+    Tutorial,
+    TutorialRecorder,
+    failure_recorder,
+    refuse_options,
+    tutorial_steps,
 )
 
 SOURCE = (
@@ -91,7 +91,7 @@ AXIS = "batch"  # d2l's pmap axis name
 PACKAGES = ("jax", "jaxlib", "flax", "optax")
 TUTORIAL = Tutorial("d2l-jax", SOURCE, DEVIATIONS, PACKAGES)
 COMPARED = "jax-pmap"
-PROG = "python -m benchmarks.tutorials.d2l_jax"
+PROG = "python -m tutorials.d2l_jax"
 
 
 class TrainState(train_state.TrainState):
@@ -224,7 +224,7 @@ def train(cfg: Config) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.tutorials.d2l_jax --help` (the trainers' flags).
+    """Command line: `python -m tutorials.d2l_jax --help` (the trainers' flags).
     Exit 0 ok, 1 failed, 2 bad input."""
     fail = failure_recorder(TUTORIAL)
     setup = setup_xla  # before JAX starts, as jax-pmap

@@ -2,7 +2,7 @@
 Parallelism: How to Train Deep Learning Models on Multiple GPUs", on this project's data, model
 and config; compared with torch-ddp.
 
-    python -m benchmarks.tutorials.nvidia_course --preset throughput --no-augment --gpus 2
+    python -m tutorials.nvidia_course --preset throughput --no-augment --gpus 2
 
 The course's loop, and what each part costs:
 - Processes: `torch.multiprocessing.spawn(worker, nprocs=num_gpus)`; each worker joins the
@@ -25,7 +25,7 @@ The course's loop, and what each part costs:
   tensors (a host sync per epoch). Each rank evaluates floor(ceil(M / world) / b) * b of the M
   test images (padding repeats, drop_last), so the record's `test_examples` is that sum over
   ranks, not M.
-Timed as every tutorial loop (benchmarks/tutorials/record.py): the first epoch is warm-up.
+Timed as every tutorial loop (tutorials/record.py): the first epoch is warm-up.
 """
 
 from __future__ import annotations
@@ -47,13 +47,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from benchmarks.tutorials.d2l_torch import image_datasets  # torchvision-dataset stand-ins
-from benchmarks.tutorials.record import (
-    Tutorial,
-    TutorialRecorder,
-    failure_recorder,
-    refuse_options,
-)
 from common.config import Config, ConfigError, per_device
 from common.datasets import load_for
 from common.results import write_json_atomic
@@ -62,6 +55,13 @@ from common.schedule import scaled_lr
 from common.trainer import describe, keep_measured_epochs, run_main
 from frameworks.torch_ddp import FRAMEWORK as COMPARED, build_model
 from frameworks.torch_support import device_plan, initialize, make_optimizer, sync, use_device_plan
+from tutorials.d2l_torch import image_datasets  # torchvision-dataset stand-ins
+from tutorials.record import (
+    Tutorial,
+    TutorialRecorder,
+    failure_recorder,
+    refuse_options,
+)
 
 SOURCE = (
     "NVIDIA DLI, Data Parallelism: How to Train Deep Learning Models on Multiple GPUs, "
@@ -95,7 +95,7 @@ DEVIATIONS: tuple[str, ...] = (
 
 PACKAGES = ("torch", "torchvision")
 TUTORIAL = Tutorial("nvidia-course", SOURCE, DEVIATIONS, PACKAGES)
-PROG = "python -m benchmarks.tutorials.nvidia_course"
+PROG = "python -m tutorials.nvidia_course"
 
 
 def train_epoch(

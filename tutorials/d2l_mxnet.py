@@ -32,14 +32,14 @@ What the tutorial's loop does, in order, and what each part costs:
   BatchNorm statistics, never averaged over the replicas) and `float(accuracy(...))` reads one
   number per shard per batch: a host sync each. Every test image counts exactly once.
 
-The run record is `benchmarks.tutorials.record.TutorialRecorder`'s; images_per_sec excludes the
+The run record is `tutorials.record.TutorialRecorder`'s; images_per_sec excludes the
 first epoch (worker start-up, first-call allocations), like the trainers' records.
 
 Threads: exactly as the compared trainer (frameworks/mxnet_gluon.py main()): OMP_NUM_THREADS =
 cores / contexts and a passive OpenMP wait policy, both set before mxnet is imported. The
 DataLoader's forked workers inherit them.
 
-Run: `.venv-mxnet/bin/python -m benchmarks.tutorials.d2l_mxnet --preset throughput --gpus 2`.
+Run: `.venv-mxnet/bin/python -m tutorials.d2l_mxnet --preset throughput --gpus 2`.
 """
 
 from __future__ import annotations
@@ -51,17 +51,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.tutorials.record import (
-    Tutorial,
-    TutorialRecorder,
-    failure_recorder,
-    refuse_options,
-)
 from common.config import Config
 from common.datasets import Dataset, load_for
 from common.runtime import cpu_threads, set_omp_threads
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
+from tutorials.record import (
+    Tutorial,
+    TutorialRecorder,
+    failure_recorder,
+    refuse_options,
+)
 
 # mxnet (and frameworks.mxnet_gluon's helpers that import it) is imported inside the functions:
 # MXNet reads OMP_NUM_THREADS once, when it is loaded, and main() sets it first.
@@ -72,7 +72,7 @@ SOURCE = (
 )
 COMPARED = "mxnet-gluon"
 PACKAGES = ("mxnet",)
-PROG = "python -m benchmarks.tutorials.d2l_mxnet"
+PROG = "python -m tutorials.d2l_mxnet"
 NUM_WORKERS = 4  # d2l.get_dataloader_workers()
 DEVIATIONS: tuple[str, ...] = (
     "data come from common.datasets arrays (uint8 NHWC images as an NDArray, int32 labels, as "

@@ -1,6 +1,6 @@
 """flax-imagenet: the training loop of the Flax ImageNet example (pmap era), on our work.
 
-    python -m benchmarks.tutorials.flax_imagenet --preset throughput --gpus 2 --no-augment
+    python -m tutorials.flax_imagenet --preset throughput --gpus 2 --no-augment
 
 Source: google/flax, examples/imagenet/train.py as of commit 594b4529 (2022; the last layout
 with `jax.pmap`, `flax.jax_utils.replicate` and `prefetch_to_device`, Optax and a Flax
@@ -32,7 +32,7 @@ The example's loop, kept here in its order (the lines that cost time are marked)
   last n_test % batch_size test images are never evaluated, and `test_examples` in the record
   says how many were), then `get_metrics` [one device_get].
 
-Timing, as for every tutorial loop (benchmarks/tutorials/record.py): an epoch's clock starts
+Timing, as for every tutorial loop (tutorials/record.py): an epoch's clock starts
 before its first step and stops after `jax.block_until_ready(state)` that follows
 `sync_batch_stats` (our jax-pmap also averages the statistics inside its epoch clock); the
 evaluation is timed separately and ends at `get_metrics`' device_get.
@@ -56,13 +56,6 @@ from flax import jax_utils
 from flax.training import common_utils, train_state
 from jax import lax
 
-from benchmarks.tutorials.record import (
-    Tutorial,
-    TutorialRecorder,
-    failure_recorder,
-    refuse_options,
-    tutorial_steps,
-)
 from common.config import Config, ConfigError
 from common.datasets import Dataset, load_for
 from common.pipeline import Normalizer, Prefetcher, epoch_permutation
@@ -77,6 +70,13 @@ from frameworks.jax_support import (
     select_devices,
     setup_xla,  # simulated devices and XLA:CPU's kernels, as jax-pmap's setup_process
     use_device_plan,
+)
+from tutorials.record import (
+    Tutorial,
+    TutorialRecorder,
+    failure_recorder,
+    refuse_options,
+    tutorial_steps,
 )
 
 SOURCE = (
@@ -126,7 +126,7 @@ LOG_EVERY_STEPS = 100  # configs/default.py: config.log_every_steps
 PACKAGES = ("jax", "jaxlib", "flax", "optax")
 TUTORIAL = Tutorial("flax-imagenet", SOURCE, DEVIATIONS, PACKAGES)
 COMPARED = "jax-pmap"
-PROG = "python -m benchmarks.tutorials.flax_imagenet"
+PROG = "python -m tutorials.flax_imagenet"
 
 
 class TrainState(train_state.TrainState):
@@ -332,7 +332,7 @@ def train(cfg: Config) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.tutorials.flax_imagenet --help` (the trainers' flags).
+    """Command line: `python -m tutorials.flax_imagenet --help` (the trainers' flags).
     Exit 0 ok, 1 failed, 2 bad input."""
     fail = failure_recorder(TUTORIAL)
     setup = setup_xla  # before JAX starts, as jax-pmap

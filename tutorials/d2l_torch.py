@@ -1,7 +1,7 @@
 """d2l-torch: the training loop of Dive into Deep Learning 13.6, "Concise Implementation for
 Multiple GPUs" (PyTorch), on this project's data, model and config; compared with torch-dp.
 
-    python -m benchmarks.tutorials.d2l_torch --preset throughput --no-augment --gpus 1
+    python -m tutorials.d2l_torch --preset throughput --no-augment --gpus 1
 
 The tutorial's loop, and what each part costs:
 - Input: `d2l.load_data_fashion_mnist(batch_size)` wraps a torchvision dataset whose transform
@@ -17,7 +17,7 @@ The tutorial's loop, and what each part costs:
   so queued kernels would be missed; this rebuild synchronises before reading the clock.
 - Evaluation: `d2l.evaluate_accuracy_gpu`: eval mode, no_grad, per batch `float()` of the number
   correct (one host sync per test batch), every test image once (no drop, no padding).
-Timed as every tutorial loop (benchmarks/tutorials/record.py): the first epoch is warm-up.
+Timed as every tutorial loop (tutorials/record.py): the first epoch is warm-up.
 
 Without CUDA, DataParallel runs the module directly on the CPU (one replica), exactly like our
 torch-dp: the record says devices 1, device_kind "cpu".
@@ -34,12 +34,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision import transforms
 
-from benchmarks.tutorials.record import (
-    Tutorial,
-    TutorialRecorder,
-    failure_recorder,
-    refuse_options,
-)
 from common.config import Config
 from common.datasets import load_for
 from common.runtime import cpu_threads
@@ -47,6 +41,12 @@ from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
 from frameworks.torch_dp import FRAMEWORK as COMPARED, build_model, check_config
 from frameworks.torch_support import device_plan, initialize, make_optimizer, sync, use_device_plan
+from tutorials.record import (
+    Tutorial,
+    TutorialRecorder,
+    failure_recorder,
+    refuse_options,
+)
 
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (PyTorch), "
@@ -71,7 +71,7 @@ DEVIATIONS: tuple[str, ...] = (
 )
 PACKAGES = ("torch", "torchvision")
 TUTORIAL = Tutorial("d2l-torch", SOURCE, DEVIATIONS, PACKAGES)
-PROG = "python -m benchmarks.tutorials.d2l_torch"
+PROG = "python -m tutorials.d2l_torch"
 
 
 class ImageArrays(Dataset):
