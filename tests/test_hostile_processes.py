@@ -370,8 +370,6 @@ def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, reques
     entry, whose start-up handler (common.interrupts.quiet_start_up) is Python-level too: the
     child gets the default action back, which ends it whichever of its threads takes the signal
     (with the start-up handler, d2l-mxnet's DataLoader hung a fresh-clone CI run)."""
-    import multiprocessing
-
     import common.interrupts as interrupts
     from common.interrupts import interruptible
 
@@ -406,16 +404,34 @@ def test_a_worker_forked_inside_train_dies_of_its_pools_terminate(sigint, reques
         assert "_stop_at_start_up" in repr(signal.getsignal(signal.SIGTERM))
     with interruptible():
         assert child_handlers() == before
-        # A real pool: its terminate() ends a worker idle in the task queue, and returns.
-        pool = multiprocessing.get_context("fork").Pool(2)
-        assert pool.apply(os.getpid) != os.getpid()
-        done = threading.Event()
-        threading.Thread(target=lambda: (pool.terminate(), done.set()), daemon=True).start()
-        assert done.wait(20), "pool.terminate() did not return"
         # The check fails without the hook: given no signals to restore, it restores nothing,
         # and the child keeps the parent's handler.
         monkeypatch.setattr(interrupts, "STOP_SIGNALS", ())
         assert "_raise_interrupted" in child_handlers()[0]
+    # A real pool: its terminate() ends a worker idle in the task queue, and returns. In a
+    # process of its own, as a trainer's: a pool forked from this test worker copies its other
+    # threads' locks (execnet's, JAX's), and a worker that exits flushes the std streams (it hung
+    # once in CI under load, with the hook in place).
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([str(MAIN_PYTHON), "-c", POOL_TERMINATE, sigint], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "terminated", proc.stderr[-2000:]
+
+
+POOL_TERMINATE = """
+import multiprocessing, os, signal, sys, threading
+from common import interrupts
+if sys.argv[1] == "ignored":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+if sys.argv[1] == "quiet start-up":
+    interrupts.quiet_start_up("test")
+with interrupts.interruptible():
+    pool = multiprocessing.get_context("fork").Pool(2)
+    assert pool.apply(os.getpid) != os.getpid()
+    done = threading.Event()
+    threading.Thread(target=lambda: (pool.terminate(), done.set()), daemon=True).start()
+    print("terminated" if done.wait(30) else "pool.terminate() did not return", flush=True)
+"""
 
 
 # ---- one run per checkpoint directory -------------------------------------------------------
