@@ -7,7 +7,7 @@ check (JAX's msgpack, MXNet's NDArray files), loaded without a word and the run 
 wrong weights. Three forms, one digest (sha256):
 
 - `seal` / `unseal`: a byte payload (torch's .pt, JAX's .msgpack) followed by one trailer line,
-  `SEAL_MAGIC` + the payload's sha256 + " hmac " + its `mac` + a newline (152 bytes).
+  `SEAL_MAGIC` + the payload's sha256 + " hmac " + its `mac` + a newline (153 bytes).
 - `seal_json` / `unseal_json`: a JSON object (MXNet's checkpoint index) with a "sha256" field,
   the digest of the object's other fields in canonical JSON, and its "hmac"; the index also
   holds the sha256 of each file it names (`check_digest` before MXNet opens one).
