@@ -55,8 +55,8 @@ def check_interpreter(argv: list[str] | None = None) -> None:
     """`python -m <entry point>` in an interpreter without its framework: one line naming the
     interpreter to use and exit 2, instead of an ImportError's traceback from inside the module;
     a module of `LIBRARIES` run as a command, likewise one line. The packages' `__init__` calls
-    it, before the module imports its framework; for any other
-    command (tests, imports, the runners' own checked interpreters) it does nothing."""
+    it, before the module imports its framework; for any other command (tests, imports, the
+    runners' own checked interpreters) it does nothing."""
     argv = list(getattr(sys, "orig_argv", [])) if argv is None else argv
     if "-m" not in argv[:-1]:
         return

@@ -144,7 +144,7 @@ def stop_signal_dispositions(request: pytest.FixtureRequest):
     """Every test starts with the SIGINT / SIGTERM / SIGHUP handlers the one before it found: a
     test that leaves one changed (SIG_IGN, say, from a stop handled in this process) is named in
     a warning and its handlers are put back, so that a later test's check of "the handlers
-    restored" does not depend on the order xdist gave the files (fresh-clone CI, 087c61d9+3:
+    restored" does not depend on the order xdist gave the files (fresh-clone CI at 090341a:
     test_stop_signals saw SIGINT ignored in its worker; alone, and after every file it ran
     beside here, it passed)."""
     import signal
