@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import resource
 import shutil
 import subprocess
 import threading
@@ -186,9 +187,24 @@ def _cgroup_room() -> int | None:
     return None
 
 
+def address_space_room() -> int | None:
+    """Bytes this process may still map under its address-space limit (`ulimit -v`,
+    RLIMIT_AS) beyond what it maps now; None without a limit. Past it an allocation fails
+    inside a framework's C++ (std::bad_alloc: an abort, no Python error to catch)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        found = re.search(r"^VmSize:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    except OSError:
+        found = None
+    return max(0, soft - (int(found.group(1)) * 1024 if found else 0))
+
+
 def host_available() -> int:
     """Bytes of host memory a run can still take: MemAvailable, or less where the cgroup's
-    limit leaves less; 0 where the system does not say (nothing is then checked)."""
+    limit or the address-space limit leaves less; 0 where the system does not say (nothing is
+    then checked)."""
     try:
         text = Path("/proc/meminfo").read_text()
     except OSError:
@@ -196,9 +212,8 @@ def host_available() -> int:
     found = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE)
     if not found:
         return 0
-    available = int(found.group(1)) * 1024
-    room = _cgroup_room()
-    return available if room is None else min(available, room)
+    limits = (_cgroup_room(), address_space_room())
+    return min([int(found.group(1)) * 1024, *(x for x in limits if x is not None)])
 
 
 def gpu_memory(gpus: int) -> int:
@@ -341,6 +356,9 @@ def check_memory(
     else:
         have = host
         where = f"of host memory, this machine has {have / GIB:.1f} GiB available"
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if host_bytes is None and limit != resource.RLIM_INFINITY:
+            where += f" under its ulimit -v of {limit / GIB:.1f} GiB"
     if not have or need.total <= have:
         return
     side = image_side(cfg)

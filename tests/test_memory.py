@@ -14,7 +14,7 @@ import pytest
 from common import memory, run as run_module
 from common.config import PRESETS, preset
 from common.errors import ConfigError
-from tests.conftest import FRAMEWORKS, MAIN_PYTHON, SMOKE, run_python
+from tests.conftest import FRAMEWORKS, MAIN_PYTHON, SMOKE, one_line_error, run_python
 
 GIB = 2**30
 HUGE = ("--width", "1", "--image-size", "512", "--batch-size", "96")  # ~100 GiB
@@ -55,6 +55,22 @@ def test_a_size_that_cannot_fit_is_refused_in_one_line_before_the_data(
     batch = suggested(errors[0])
     memory.check_memory(cfg.replace(batch_size=batch), False, host_bytes=16 * GIB)
     refusal(cfg.replace(batch_size=batch + 1), host_bytes=16 * GIB)
+
+
+def test_an_address_space_limit_is_memory_the_run_cannot_take(tmp_path: Path) -> None:
+    """`ulimit -v` (RLIMIT_AS): past it an allocation in a framework's C++ aborts the process
+    (std::bad_alloc) or ends in a traceback, so the size check holds a run against what the
+    limit leaves too. 6 GiB of address space, of which torch maps about 3 at start-up; the
+    run's estimate is 5.1 GiB (its physical memory would hold it)."""
+    out = tmp_path / "run.json"
+    proc = run_python(
+        "bash",
+        *("-c", f'ulimit -v {6 * 2**20} && exec "$0" "$@"', str(MAIN_PYTHON)),
+        *("-m", "frameworks.torch_dp", *SMOKE, "--image-size", "384", "--batch-size", "64"),
+        *("--epochs", "1", "--output", str(out)),
+    )
+    line = one_line_error(proc, "--batch-size 64 at 384x384", "under its ulimit -v of 6.0 GiB")
+    assert "would fit" in line and not out.exists()
 
 
 def test_on_gpus_each_gpu_holds_its_share_and_the_fix_divides_over_them() -> None:
