@@ -249,6 +249,10 @@ def _num(mean: float | None, std: float | None, fmt: str) -> str:
     return text if std is None else f"{text} ± {format(std, fmt)}"
 
 
+def _mean_std(key: str, fmt: str) -> Callable[[dict[str, Any]], str]:
+    return lambda r: _num(r.get(key), r.get(key + "_std"), fmt)
+
+
 def _median(row: dict[str, Any], key: str, fmt: str) -> str:
     """A cell's median over its runs and their (min-max); the value alone for one run."""
     if row.get(key) is None:
@@ -276,16 +280,10 @@ def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
         ("devices", lambda r: str(r["devices"])),
         ("status", lambda r: r["status"]),
         ("global batch", lambda r: r.get("global_batch_size") or "-"),
-        ("test acc", lambda r: _num(r.get("test_accuracy"), r.get("test_accuracy_std"), ".4f")),
-        (
-            "epoch-1 loss",
-            lambda r: _num(r.get("epoch1_train_loss"), r.get("epoch1_train_loss_std"), ".4f"),
-        ),
+        ("test acc", _mean_std("test_accuracy", ".4f")),
+        ("epoch-1 loss", _mean_std("epoch1_train_loss", ".4f")),
         ("s/epoch", lambda r: _median(r, "sec_per_epoch", ".3g") + _untimed(r)),
-        (
-            "1st epoch s",
-            lambda r: _num(r.get("first_epoch_sec"), r.get("first_epoch_sec_std"), ".3g"),
-        ),
+        ("1st epoch s", _mean_std("first_epoch_sec", ".3g")),
         ("images/s", _images_per_sec),
         ("speed-up", lambda r: _num(r.get("speedup"), None, ".2f") + ("x" * ("speedup" in r))),
         ("efficiency", lambda r: f"{r['efficiency']:.0%}" if "efficiency" in r else "-"),
@@ -392,78 +390,23 @@ def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None)
 # -- files ---------------------------------------------------------------------------------------
 
 
-CSV_COLUMNS = [
-    "framework",
-    "mode",
-    "mode_asked",
-    "devices",
-    "status",
-    "runs_ok",
-    "runs",
-    "global_batch_size",
-    "peak_lr",
-    "test_accuracy",
-    "test_accuracy_std",
-    "epoch1_train_loss",
-    "epoch1_train_loss_std",
-    "sec_per_epoch",
-    "sec_per_epoch_std",
-    "sec_per_epoch_min",
-    "sec_per_epoch_max",
-    "first_epoch_sec",
-    "first_epoch_sec_std",
-    "images_per_sec",
-    "images_per_sec_std",
-    "images_per_sec_min",
-    "images_per_sec_max",
-    "within_noise_of",
-    "speedup",
-    "efficiency",
-    "bn_mode",
-    "device_kind",
-    "time_to_target_sec",
-    "time_to_target_sec_std",
-    "epochs_to_target",
-    "reached_target",
-    "test_examples",
-    "test_set_size",
-    "load_avg_max",
-    "cores",
-    "note",
-]
-RUN_COLUMNS = [
-    "run_id",
-    "framework",
-    "mode",
-    "execution",
-    "devices",
-    "seed",
-    "status",
-    "global_batch_size",
-    "peak_lr",
-    "test_accuracy",
-    "epoch1_train_loss",
-    "init_sha256",
-    "sec_per_epoch",
-    "first_epoch_sec",
-    "images_per_sec",
-    "time_to_target_sec",
-    "epochs_to_target",
-    "wall_sec",
-    "runner_wall_sec",
-    "load_avg_before",
-    "load_avg_after",
-    "load_avg_start",
-    "load_avg_end",
-    "cores",
-    "bn_mode",
-    "device_kind",
-    "test_examples",
-    "test_set_size",
-    "returncode",
-    "log",
-    "error",
-]
+# results.csv's columns (one row per cell), in order
+CSV_COLUMNS = """
+    framework mode mode_asked devices status runs_ok runs global_batch_size peak_lr
+    test_accuracy test_accuracy_std epoch1_train_loss epoch1_train_loss_std sec_per_epoch
+    sec_per_epoch_std sec_per_epoch_min sec_per_epoch_max first_epoch_sec first_epoch_sec_std
+    images_per_sec images_per_sec_std images_per_sec_min images_per_sec_max within_noise_of
+    speedup efficiency bn_mode device_kind time_to_target_sec time_to_target_sec_std
+    epochs_to_target reached_target test_examples test_set_size load_avg_max cores note
+""".split()
+# runs.csv's columns (one row per run), in order
+RUN_COLUMNS = """
+    run_id framework mode execution devices seed status global_batch_size peak_lr test_accuracy
+    epoch1_train_loss init_sha256 sec_per_epoch first_epoch_sec images_per_sec
+    time_to_target_sec epochs_to_target wall_sec runner_wall_sec load_avg_before load_avg_after
+    load_avg_start load_avg_end cores bn_mode device_kind test_examples test_set_size returncode
+    log error
+""".split()
 
 
 def _csv(header: list[str], items: list[dict[str, Any]]) -> str:
@@ -605,6 +548,17 @@ def write_tables(
 # -- plots ---------------------------------------------------------------------------------------
 
 
+def device_axes(plt: Any, counts: list[int], ylabel: str, title: str) -> tuple[Any, Any]:
+    """A sweep's figure against the device count (also predict.sweep_plot's)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel("devices")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(counts)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
 def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple[list[Path], str]:
     """PNG plots; returns the files written and a note when plots could not be made."""
     try:
@@ -632,19 +586,8 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         write_atomic(out / name, png.getvalue())
         written.append(out / name)
 
-    def axes(ylabel: str, subtitle: str) -> tuple[Any, Any]:
-        fig, ax = plt.subplots(figsize=(7.5, 4.8))
-        ax.set_title(f"{subtitle}\n{title}", fontsize=8)
-        ax.set_xlabel("devices")
-        ax.set_ylabel(ylabel)
-        ax.set_xticks(sweep.counts)
-        ax.grid(alpha=0.3)
-        return fig, ax
-
-    fig, ax = axes(
-        "images/s (timed epochs)",
-        "Throughput vs devices (median, bars: min-max over repeats; dashed: ideal scaling)",
-    )
+    subtitle = "Throughput vs devices (median, bars: min-max over repeats; dashed: ideal scaling)"
+    fig, ax = device_axes(plt, sweep.counts, "images/s (timed epochs)", f"{subtitle}\n{title}")
     for fw in sweep.frameworks:
         pts = [r for r in table if r["framework"] == fw]
         if not pts:
@@ -666,7 +609,8 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         ax.legend(fontsize=8)
     save(fig, "throughput.png")
 
-    fig, ax = axes("scaling efficiency (speed-up / devices)", "Scaling efficiency vs devices")
+    fig, ax = device_axes(plt, sweep.counts, "scaling efficiency (speed-up / devices)",
+                          f"Scaling efficiency vs devices\n{title}")  # fmt: skip
     ax.axhline(1.0, color="k", linestyle="--", alpha=0.5, label="ideal")
     for fw in sweep.frameworks:
         pts = [r for r in table if r["framework"] == fw and "efficiency" in r]
@@ -724,55 +668,30 @@ TOOL = "report"
 # The fields of a comparison's config.json that report reads (benchmarks.compare writes them),
 # with the types it needs (common/json_input.py); the runs' records: RECORD_SCHEMA.
 CONFIG_SCHEMA = {
-    "base_config": Required(
-        {
-            "model": Required(str),
-            "width": Required(float),
-            "dataset": Required(str),
-            "preset": Required(str),
-            "target_accuracy": (float, None),
-        }
-    ),
+    "base_config": Required({"model": Required(str), "width": Required(float),
+                             "dataset": Required(str), "preset": Required(str),
+                             "target_accuracy": (float, None)}),
     "scaling": Required(str),
     "command": Required(str),
     "frameworks": Required([str]),
     "device_counts": Required([Whole(1)]),
-    "runs": Required(
-        [
-            {
-                "output": Required(str),
-                "framework": Required(str),
-                "run_id": Required(str),
-                "devices": Required(Whole(1)),
-                "seed": (int, None),
-                "peak_lr": (float, None),
-                "global_batch_size": (Whole(1), None),
-                "config": (dict, None),
-                "command": ([str], None),
-                "log": (str, None),
-            }
-        ]
-    ),
+    "runs": Required([{
+        "output": Required(str), "framework": Required(str), "run_id": Required(str),
+        "devices": Required(Whole(1)), "seed": (int, None), "peak_lr": (float, None),
+        "global_batch_size": (Whole(1), None), "config": (dict, None), "command": ([str], None),
+        "log": (str, None),
+    }]),
     "skipped": (dict, None),
-    "not_applicable": (
-        [{"framework": Required(str), "devices": Required(Whole(1)), "reason": Required(str)}],
-        None,
-    ),
+    "not_applicable": ([{"framework": Required(str), "devices": Required(Whole(1)),
+                         "reason": Required(str)}], None),
     "device_kind": (str, None),
-    "host": (
-        {
-            "cpu_count": (Whole(1), None),
-            "gpus": ([str], None),
-            "cpu": (str, None),
-            "platform": (str, None),
-        },
-        None,
-    ),
+    "host": ({"cpu_count": (Whole(1), None), "gpus": ([str], None), "cpu": (str, None),
+              "platform": (str, None)}, None),
     "started": (str, None),
     "finished": (str, None),
     "status": (str, None),
     "runner": ({"host": (str, None), "pid": (Whole(1), None), "start": (str, None)}, None),
-}
+}  # fmt: skip
 
 
 @dataclass
@@ -830,19 +749,11 @@ def records_of(out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
             record = damaged_record(run)
         if record is None:
             continue
-        record.setdefault(
-            "runner",
-            {
-                "run_id": run["run_id"],
-                "framework": run["framework"],
-                "seed": run.get("seed"),
-                "peak_lr": run.get("peak_lr"),
-                "command": run.get("command"),
-                "log": run.get("log"),
-                "returncode": None,
-                "ended": "unknown (the runner did not finish this run)",
-            },
-        )
+        record.setdefault("runner", {
+            "run_id": run["run_id"], "framework": run["framework"], "seed": run.get("seed"),
+            "peak_lr": run.get("peak_lr"), "command": run.get("command"), "log": run.get("log"),
+            "returncode": None, "ended": "unknown (the runner did not finish this run)",
+        })  # fmt: skip
         records.append(record)
     return records
 

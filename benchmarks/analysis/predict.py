@@ -368,15 +368,10 @@ def predict(
     exposed = exposed_ms(comm, hidden_room) if n > 1 else 0.0
     step = bd.host_ms + (bd.compute + bd.input_wait_ms) * scale + exposed
     return {
-        "devices": n,
-        "per_device_batch": per_device_batch,
-        "step_ms": step,
-        "images_per_sec": n * per_device_batch / step * 1e3,
-        "comm_ms": comm.total_ms,
-        "exposed_comm_ms": exposed,
-        "collectives": comm.count,
-        "comm_bytes": comm.nbytes,
-    }
+        "devices": n, "per_device_batch": per_device_batch, "step_ms": step,
+        "images_per_sec": n * per_device_batch / step * 1e3, "comm_ms": comm.total_ms,
+        "exposed_comm_ms": exposed, "collectives": comm.count, "comm_bytes": comm.nbytes,
+    }  # fmt: skip
 
 
 def curve(bd: Breakdown, s: Setup, ns: Sequence[int], scaling: str, global_batch: float):
@@ -457,8 +452,7 @@ def validate(rows: Sequence[Published] = PUBLISHED) -> list[dict[str, Any]]:
     out = []
     for p in rows:
         one = p.images_per_sec[1]
-        per_gpu_1 = p.batch
-        bd = Breakdown(step_ms=per_gpu_1 / one * 1e3, batch=per_gpu_1, source=p.source)
+        bd = Breakdown(step_ms=p.batch / one * 1e3, batch=p.batch, source=p.source)
         base = Setup(p.framework, p.model, p.grad_dtype, p.link, PRESETS[p.link],
                      INTER_NODE["ib-hdr"])  # fmt: skip
         for n, published in sorted(p.images_per_sec.items()):
@@ -469,12 +463,8 @@ def validate(rows: Sequence[Published] = PUBLISHED) -> list[dict[str, Any]]:
             for tag, setup in (("default", base), ("no_overlap", replace(base, overlap=0.0))):
                 row = curve(bd, setup, [n], p.scaling, p.batch)[0]
                 loss = 1 - pub_eff
-                got[tag] = {
-                    "images_per_sec": row["images_per_sec"],
-                    "efficiency": row["efficiency"],
-                    "exposed_comm_ms": row["exposed_comm_ms"],
-                    "explained": (1 - row["efficiency"]) / loss if loss > 0 else None,
-                }
+                got[tag] = {k: row[k] for k in ("images_per_sec", "efficiency", "exposed_comm_ms")}
+                got[tag]["explained"] = (1 - row["efficiency"]) / loss if loss > 0 else None
             out.append({
                 "name": p.name, "devices": n, "published_images_per_sec": published,
                 "published_efficiency": pub_eff, "one_gpu_images_per_sec": one,
@@ -694,23 +684,15 @@ def measured_vs_predicted(
             ips = statistics.median([float(r["images_per_sec"]) for r in cell])
             scaling = {bd.batch: "strong", bd.batch * n: "weak"}.get(global_batch, "")
             row: dict[str, Any] = {
-                "framework": key,
-                "mode": harness.mode_label(first.get("execution")),
-                "devices": n,
-                "scaling": scaling or f"neither (global batch {global_batch} at {n})",
-                "device_kind": kind,
-                "global_batch": global_batch,
-                "per_device_batch": global_batch / n,
-                "runs_one_device": len(ones),
-                "runs": len(cell),
-                "measured_one_device_images_per_sec": ips1,
-                "measured_images_per_sec": ips,
-                "measured_step_ms": global_batch / ips * 1e3,
+                "framework": key, "mode": harness.mode_label(first.get("execution")),
+                "devices": n, "scaling": scaling or f"neither (global batch {global_batch} at {n})",
+                "device_kind": kind, "global_batch": global_batch,
+                "per_device_batch": global_batch / n, "runs_one_device": len(ones),
+                "runs": len(cell), "measured_one_device_images_per_sec": ips1,
+                "measured_images_per_sec": ips, "measured_step_ms": global_batch / ips * 1e3,
                 "measured_efficiency": ips / (n * ips1),
-                "predicted_step_ms": None,
-                "predicted_efficiency": None,
-                "difference_pp": None,
-            }
+                "predicted_step_ms": None, "predicted_efficiency": None, "difference_pp": None,
+            }  # fmt: skip
             kinds = sorted({str(r.get("device_kind")) for r in cell})
             why = [*blocked]
             if kinds != [kind]:
@@ -870,20 +852,15 @@ def sweep_plot(
     colour per framework (`order`: the sweep's); None when there is nothing to compare."""
     from matplotlib.ticker import PercentFormatter
 
+    from benchmarks.report import device_axes
+
     table = [r for r in measured_vs_predicted(records)
              if r["predicted_efficiency"] is not None]  # fmt: skip
     if not table:
         return None
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    ax.set_title(
-        "Scaling efficiency: measured (points) and PREDICTED from the 1-device run (dashed, "
-        f"benchmarks/analysis/predict.py)\n{title}",
-        fontsize=8,
-    )
-    ax.set_xlabel("devices")
-    ax.set_ylabel("scaling efficiency (speed-up / devices)")
-    ax.set_xticks(counts)
-    ax.grid(alpha=0.3)
+    fig, ax = device_axes(plt, counts, "scaling efficiency (speed-up / devices)",
+                          "Scaling efficiency: measured (points) and PREDICTED from the 1-device "
+                          f"run (dashed, benchmarks/analysis/predict.py)\n{title}")  # fmt: skip
     frameworks = list(dict.fromkeys(r["framework"] for r in table))
     colours = {fw: f"C{order.index(fw) if fw in order else i}"
                for i, fw in enumerate(frameworks)}  # fmt: skip
@@ -1048,8 +1025,8 @@ def plot(results: list[dict], title: str, path: Path) -> str | None:
     labels = list(dict.fromkeys(r["label"] for r in results))
     for i, label in enumerate(labels):
         for j, link in enumerate(links):
-            pts = [r for r in results if (r["label"], r["interconnect"]) == (label, link)]
-            pts = [r for r in pts if "efficiency" in r]
+            pts = [r for r in results if (r["label"], r["interconnect"]) == (label, link)
+                   and "efficiency" in r]  # fmt: skip
             ns = [r["devices"] for r in pts]
             style = dict(linestyle=styles[j % len(styles)], marker="o", color=f"C{i}")
             eff_ax.plot(ns, [r["efficiency"] for r in pts], label=f"{label}, {link}", **style)
@@ -1311,9 +1288,8 @@ def run(plan: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.analysis.predict --help`. Exit 0 ok, 2 bad input."""
-    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        plan = make_plan(args)
+        plan = make_plan(list(sys.argv[1:] if argv is None else argv))
     except UsageError as exc:
         print(f"predict: error: {exc}", file=sys.stderr)
         return 2
