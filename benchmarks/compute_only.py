@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks import harness
 from common import devices
-from common.config import FRAMEWORKS, Config, ConfigError, image_side, preset
+from common.config import FRAMEWORKS, Config, ConfigError, image_side
 from common.launch_env import check_launch_env
 from common.runtime import (
     cpu_threads,
@@ -65,10 +65,9 @@ def check_installed(family: str) -> None:
     fw = next(f for f in harness.REGISTRY.values() if f.family == family)
     missing = [p for p in fw.packages if importlib.util.find_spec(p) is None]
     if missing:
-        env = fw.venv
         raise ConfigError(
             f"{', '.join(missing)} not installed in {sys.executable}; run it with {family}'s "
-            f"interpreter: {env}/bin/python -m benchmarks.compute_only --framework {family} ..."
+            f"interpreter: {fw.venv}/bin/python -m benchmarks.compute_only --framework {family} ..."
         )
 
 
@@ -466,17 +465,10 @@ def measure(
                           f"not the family {framework!r}")  # fmt: skip
     result = timed(RUNNERS[family](cfg, batch, framework), steps, warmup, rounds)
     return {
-        "family": family,
-        "model": cfg.model,
-        "width": cfg.width,
-        "image_size": cfg.image_size,
-        "batch_size": batch,
-        "precision": cfg.precision,
-        "steps": steps,
-        "warmup": warmup,
-        "images_per_sec": batch / (result["step_ms"] / 1000),
-        **result,
-    }
+        "family": family, "model": cfg.model, "width": cfg.width, "image_size": cfg.image_size,
+        "batch_size": batch, "precision": cfg.precision, "steps": steps, "warmup": warmup,
+        "images_per_sec": batch / (result["step_ms"] / 1000), **result,
+    }  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -518,21 +510,10 @@ def main(argv: list[str] | None = None) -> int:
         harness.check_options(ns)
         if ns.steps < 1 or ns.warmup < 1 or ns.batch_size < 1 or ns.interleave < 0:
             raise ConfigError("--steps, --warmup and --batch-size must be >= 1, --interleave >= 0")
-        cfg = preset(
-            "throughput",
-            model=ns.model,
-            width=ns.width,
-            image_size=ns.image_size,
-            batch_size=ns.batch_size,
-            precision=ns.precision,
-            channels_last=ns.channels_last,
-            xla_cpu_ynn=ns.xla_cpu_ynn,
-            compile=ns.compile,
-            compile_mode=ns.compile_mode,
-            seed=ns.seed,
-            lr=ns.lr,
+        cfg = harness.workload_config(
+            ns, channels_last=ns.channels_last, xla_cpu_ynn=ns.xla_cpu_ynn, seed=ns.seed,
             devices=ns.devices or devices.default() or "auto",
-        )
+        )  # fmt: skip
     except (ConfigError, harness.UsageError, ValueError) as exc:
         print(f"compute_only: error: {exc}", file=sys.stderr)
         return 2

@@ -12,16 +12,13 @@ Everything those steps share lives here, once:
 - `--gpus` (`parse_gpus`) and the GPUs this machine has (`detect_gpus`, `check_counts`);
 - the standard flags of the tools (`add_flags`), `--python` (`use_interpreter`), the
   timestamped output directory (`output_dir`), a shared flag back on a command line (`flag`);
-- running a child (`run_child`): its interpreter, its environment (`child_env`), its own process
+- running a child (`run_child`): its interpreter, environment (`child_env`) and own process
   group (common.processes: killed as a whole on a timeout, an interrupt, and when this tool
-  dies, even by kill -9, with any worker it started), a wait for a quiet machine, the log,
-  the last lines, the peak RSS of its process tree (os.wait4);
-- reading records (`read_record`, `Child.json_line`), atomic files (`write_atomic`; JSON through
-  common.results.write_json_atomic) and tables (`markdown_table`, `print_table`).
+  dies, even by kill -9), a wait for a quiet machine, the log, the last lines, the peak RSS;
+- reading records (`read_record`, `Child.json_line`), atomic files (`write_atomic`) and tables.
 
-This is the only module of benchmarks/ that starts processes (every one through common.processes,
-the probes included). The runners import no framework
-(they start fast and run in either environment).
+The only module of benchmarks/ that starts processes (all through common.processes). The
+runners import no framework (they start fast and run in either environment).
 """
 
 from __future__ import annotations
@@ -59,6 +56,7 @@ from common.config import (
     PRECISIONS,
     Config,
     ConfigError,
+    preset,
 )
 from common.devices import CHOICES as DEVICE_CHOICES
 from common.interrupts import kept_ignored
@@ -441,6 +439,24 @@ class Devices:
         return f"devices: {'; '.join(used)} ({self.why})"
 
 
+@dataclass
+class SweepPlan:
+    """What every framework x device-count tool (throughput, parity, comm_probe) plans."""
+
+    ns: argparse.Namespace
+    frameworks: list[str]
+    counts: list[int]
+    gpus: list[str]  # GPU names from nvidia-smi; empty: simulated CPU devices
+    skipped: dict[str, str]  # framework -> why it cannot run here
+    out: Path
+    command: list[str]
+    devices: Devices
+
+    @property
+    def device_kind(self) -> str:
+        return device_kind(self.gpus)
+
+
 MXNET_NO_HOPPER = (
     "MXNet 1.9.1's CUDA wheels stop at CUDA 11.x and have no code for compute capability 9.0 "
     "and newer ({gpu}): MXNet runs on the CPU only here; compare it with --devices cpu"
@@ -569,7 +585,6 @@ def add_flags(
     if python:
         p.add_argument(
             "--python",
-            default=None,
             metavar="PATH",
             help="one interpreter for every framework, e.g. a GPU machine's python3 holding "
             "torch and JAX (default: each framework's own environment, .venv or .venv-mxnet)",
@@ -595,7 +610,6 @@ def add_flags(
     if out is not None:
         p.add_argument(
             "--out",
-            default=None,
             metavar="DIR",
             help=f"output directory (default {out}<UTC timestamp>/ under the project root)",
         )
@@ -604,7 +618,6 @@ def add_flags(
 def add_devices_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--devices",
-        default=None,
         choices=DEVICE_CHOICES,
         help="where every framework runs: auto (default, or $DPBENCH_DEVICES) = the GPUs when "
         "nvidia-smi lists some, and then every framework must see them (one that sees none "
@@ -638,6 +651,13 @@ def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: 
                                      "CUDA graphs)")),
     ):  # fmt: skip
         p.add_argument(name, **kwargs)  # type: ignore[arg-type]
+
+
+def workload_config(ns: argparse.Namespace, **more: Any) -> Config:
+    """The "throughput" preset with `add_workload_flags`' step (and --lr) as given in `ns`."""
+    keys = ("model", "width", "image_size", "batch_size", "precision", "lr", "compile")
+    return preset("throughput", **{k: getattr(ns, k) for k in keys},
+                  compile_mode=ns.compile_mode, **more)  # fmt: skip
 
 
 def check_positive(**values: float) -> None:
@@ -907,11 +927,13 @@ def run_child(
     tag: str,
     on_line: Callable[[str], None] | None = None,
     wait_load: float = 0.0,
+    reraise: bool = False,
 ) -> Child:
     """Run `command` from the project root in a process group of its own, output (stdout and
     stderr) to `log` behind a `$ command` line, each line also handed to `on_line`. The whole group
     (torch-ddp's workers included) is killed at `timeout` seconds and on Ctrl-C / SIGTERM, which
-    end the child as "interrupted" rather than raising: the caller saves what it has and stops."""
+    end the child as "interrupted" rather than raising: the caller saves what it has and stops
+    (`reraise`: raises KeyboardInterrupt then, once the child is reaped and its log closed)."""
     child = Child(list(command), log, timeout, tail=[])
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -955,6 +977,8 @@ def run_child(
     child.peak_rss_bytes = usage.ru_maxrss * 1024  # Linux reports KiB
     child.wall_sec = time.monotonic() - t0
     child.load_avg = (round(load_before, 2), round(os.getloadavg()[0], 2))
+    if reraise and child.ended == "interrupted":
+        raise KeyboardInterrupt
     return child
 
 

@@ -78,7 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tolerance",
         type=float,
-        default=None,
         help=f"largest update_rel_diff that is ok (default {TOLERANCE:g} at K=1, "
         f"{TOLERANCE_MULTI_STEP:g} for K > 1)",
     )
@@ -113,18 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass
-class Plan:
-    ns: argparse.Namespace
-    frameworks: list[str]
+class Plan(harness.SweepPlan):
     models: list[str]
     bns: list[str]
-    counts: list[int]
-    gpus: list[str]
-    skipped: dict[str, str]  # framework -> why it cannot run here
     tolerance: float
-    out: Path
-    command: list[str]
-    devices: harness.Devices
 
 
 def parse_list(flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
@@ -176,36 +167,19 @@ def make_plan(argv: list[str]) -> Plan:
     if ns.jobs > 1:  # JAX runs sharing a GPU: none takes 75% of its memory up front
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     out = harness.output_dir(ns.out, "parity-", "parity.json")
-    return Plan(ns, frameworks, models, bns, counts, gpus, skipped, tolerance, out,
-                [*PROG.split(), *argv], chosen)  # fmt: skip
+    return Plan(ns, frameworks, counts, gpus, skipped, out, [*PROG.split(), *argv], chosen,
+                models, bns, tolerance)  # fmt: skip
 
 
 def workload(ns: argparse.Namespace, model: str, bn: str, devices: int) -> dict[str, Any]:
     """The Config values of every run (the flags below, as `preset` keywords)."""
     return dict(
-        model=model,
-        width=ns.width,
-        dataset="synthetic",
-        image_size=ns.image_size,
-        augment=True,
-        batch_size=ns.batch_size,
-        epochs=1,
-        max_steps_per_epoch=ns.steps,
-        lr=0.1,
-        lr_base_batch=ns.batch_size,
-        lr_schedule="cosine",
-        warmup_epochs=0.5,
-        momentum=0.9,
-        nesterov=True,
-        weight_decay=5e-4,
-        label_smoothing=0.1,
-        dropout=0.0,
-        bn=bn,
-        gpus=devices,
-        devices=ns.devices or "auto",
-        seed=ns.seed,
-        prefetch=1,
-    )
+        model=model, width=ns.width, dataset="synthetic", image_size=ns.image_size, augment=True,
+        batch_size=ns.batch_size, epochs=1, max_steps_per_epoch=ns.steps,
+        lr=0.1, lr_base_batch=ns.batch_size, lr_schedule="cosine", warmup_epochs=0.5,
+        momentum=0.9, nesterov=True, weight_decay=5e-4, label_smoothing=0.1, dropout=0.0,
+        bn=bn, gpus=devices, devices=ns.devices or "auto", seed=ns.seed, prefetch=1,
+    )  # fmt: skip
 
 
 # -- the grid -----------------------------------------------------------------------------------
@@ -261,12 +235,8 @@ def command_for(plan: Plan, fw: str, model: str, bn: str, n: int) -> list[str]:
     command = [str(framework.python), "-m", framework.module, "--preset", BASE]
     for name, value in workload(plan.ns, model, bn, n).items():
         command += harness.flag(name, value)
-    return command + [
-        "--save-state",
-        str(plan.out / "runs" / f"{tag}.npz"),
-        "--output",
-        str(plan.out / "runs" / f"{tag}.json"),
-    ]
+    state, record = plan.out / "runs" / f"{tag}.npz", plan.out / "runs" / f"{tag}.json"
+    return [*command, "--save-state", str(state), "--output", str(record)]
 
 
 def run_all(plan: Plan, rows: list[dict[str, Any]], say: Any) -> dict[str, dict[str, Any]]:
@@ -283,11 +253,8 @@ def run_all(plan: Plan, rows: list[dict[str, Any]], say: Any) -> dict[str, dict[
     def one(tag: str) -> tuple[str, dict[str, Any]]:
         fw, model, bn, n = todo[tag]
         command = command_for(plan, fw, model, bn, n)
-        child = harness.run_child(
-            command, plan.out / "logs" / f"{tag}.log", plan.ns.timeout, tag="parity"
-        )
-        if child.ended == "interrupted":
-            raise KeyboardInterrupt
+        log = plan.out / "logs" / f"{tag}.log"
+        child = harness.run_child(command, log, plan.ns.timeout, tag="parity", reraise=True)
         record = harness.read_record(plan.out / "runs" / f"{tag}.json") or {}
         outcome = {"command": command, "wall_sec": round(child.wall_sec, 1), "record": record}
         if not child.ok or record.get("status") != "ok":
@@ -440,7 +407,7 @@ def markdown(plan: Plan, rows: list[dict[str, Any]], host: dict[str, Any]) -> st
     lines = [
         "# Cross-framework parity",
         "",
-        f"`{' '.join(plan.command)}` on {host.get('cpu', '?')} ({harness.device_kind(plan.gpus)}),"
+        f"`{' '.join(plan.command)}` on {host.get('cpu', '?')} ({plan.device_kind}),"
         f" {harness.utc_now()}",
         "",
         harness.markdown_table(HEADERS, table(rows)),

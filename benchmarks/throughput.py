@@ -19,8 +19,6 @@ import os
 import shlex
 import statistics
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
@@ -106,21 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 # -- the plan -----------------------------------------------------------------------------------
 
 
-@dataclass
-class Plan:
-    ns: argparse.Namespace
-    frameworks: list[str]
-    counts: list[int]
-    gpus: list[str]  # GPU names from nvidia-smi; empty: simulated CPU devices
-    skipped: dict[str, str]
-    out: Path
-    command: list[str]
-    devices: harness.Devices
-
-    @property
-    def device_kind(self) -> str:
-        return harness.device_kind(self.gpus)
-
+class Plan(harness.SweepPlan):
     def global_batch(self, n: int) -> int:
         return self.ns.batch_size * n if self.ns.scaling == "weak" else self.ns.batch_size
 
@@ -131,13 +115,10 @@ def make_plan(argv: list[str]) -> Plan:
     frameworks = harness.parse_frameworks(ns.frameworks, variants=True)
     counts = harness.parse_gpus(ns.gpus)
     for name, value, least in (
-        ("--steps", ns.steps, 1),
-        ("--epochs", ns.epochs, 2),
-        ("--warmup", ns.warmup, 1),
-        ("--repeat", ns.repeat, 1),
-        ("--batch-size", ns.batch_size, 1),
+        ("--steps", ns.steps, 1), ("--epochs", ns.epochs, 2), ("--warmup", ns.warmup, 1),
+        ("--repeat", ns.repeat, 1), ("--batch-size", ns.batch_size, 1),
         ("--profile", ns.profile, 0),
-    ):
+    ):  # fmt: skip
         if value < least:
             why = " (the first epoch is not timed)" if name == "--epochs" else ""
             raise UsageError(f"{name} must be >= {least}{why} (got {value})")
@@ -149,18 +130,7 @@ def make_plan(argv: list[str]) -> Plan:
     for n in counts:
         try:
             per_device(ns.batch_size * (n if ns.scaling == "weak" else 1), n)
-            preset(
-                "throughput",
-                model=ns.model,
-                width=ns.width,
-                image_size=ns.image_size,
-                precision=ns.precision,
-                batch_size=ns.batch_size,
-                lr=ns.lr,
-                compile=ns.compile,
-                compile_mode=ns.compile_mode,
-                gpus=1,
-            )
+            harness.workload_config(ns, gpus=1)
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         if ns.batch_size * (n if ns.scaling == "weak" else 1) > TRAIN_IMAGES:
@@ -193,10 +163,8 @@ def measure(plan: Plan, command: list[str], tag: str) -> tuple[harness.Child, di
     """One measurement process; the facts every measurement keeps."""
     log = plan.out / "logs" / f"{tag}.log"
     child = harness.run_child(
-        command, log, plan.ns.timeout, tag="throughput", wait_load=plan.ns.wait_load
+        command, log, plan.ns.timeout, tag="throughput", wait_load=plan.ns.wait_load, reraise=True
     )
-    if child.ended == "interrupted":
-        raise KeyboardInterrupt
     facts = {"command": command, "log": str(log.relative_to(plan.out)),
              "load_before": child.load_avg[0]}  # fmt: skip
     return child, facts
@@ -231,9 +199,7 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
     tag = f"{fw}-{n}dev" + (f"-r{rep}" if ns.repeat > 1 else "") + ("-phases" if phases else "")
     output = plan.out / "runs" / f"{tag}.json"
     command = [
-        str(framework.python),
-        "-m",
-        framework.module,
+        *(str(framework.python), "-m", framework.module),
         *("--preset", "throughput", "--dataset", "synthetic"),
         *workload(ns, plan.global_batch(n)),
         *("--gpus", str(n), "--epochs", str(ns.epochs), "--max-steps-per-epoch", str(ns.steps)),
@@ -250,16 +216,13 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
         why = child.error() if child.ended != "exited" else record.get("error") or child.error()
         return {**out, "status": "failed", "error": why}
     out.update(
-        status="ok",
-        images_per_sec=record["images_per_sec"],
-        first_epoch_sec=record["first_epoch_sec"],
-        device_kind=record["device_kind"],
-        execution=record.get("execution"),
-        pipeline=record.get("pipeline"),
+        status="ok", images_per_sec=record["images_per_sec"],
+        first_epoch_sec=record["first_epoch_sec"], device_kind=record["device_kind"],
+        execution=record.get("execution"), pipeline=record.get("pipeline"),
         timed_epochs=record["timed_epochs"],
         steps_per_epoch=record["epochs"][0]["images"] // record["global_batch_size"],
         record=str(output.relative_to(plan.out)),
-    )
+    )  # fmt: skip
     if "peak_memory_bytes" in record:  # a trainer that reports its device's allocator peak
         out["peak_memory_bytes"] = record["peak_memory_bytes"]
     if "breakdown" in record:  # --profile: where the step's time went (common/breakdown.py)
@@ -277,9 +240,7 @@ def compute_only(plan: Plan, fw: str, batch: int, rep: int) -> dict[str, Any]:
     ns = settings(plan, fw)
     tag = f"compute-{compute_key(fw)}-b{batch}" + (f"-r{rep}" if ns.repeat > 1 else "")
     command = [
-        str(harness.framework(fw).python),
-        "-m",
-        "benchmarks.compute_only",
+        *(str(harness.framework(fw).python), "-m", "benchmarks.compute_only"),
         *("--framework", harness.framework(fw).family),
         *workload(ns, batch),
         *("--steps", str(ns.compute_steps or ns.steps * (ns.epochs - 1))),

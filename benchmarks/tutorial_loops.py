@@ -64,16 +64,8 @@ DEFAULT_WORK = dict(preset="throughput", width=0.25, train_limit=4096, epochs=3)
 # augmentation and a constant LR, and run NCHW on CUDA: channels-last is a layout choice, not a
 # loop one, so it stays off; cuDNN autotuning stays on in ours, part of its loop). No
 # --tensorboard: every timed run would write into the one directory.
-RUNNER_OWNED = (
-    "gpus",
-    "devices",
-    "output",
-    "checkpoint_dir",
-    "resume",
-    "log_every",
-    "phase_timing",
-    "tensorboard",
-)
+RUNNER_OWNED = ("gpus", "devices", "output", "checkpoint_dir", "resume", "log_every",
+                "phase_timing", "tensorboard")  # fmt: skip
 FORCED: dict[str, Any] = dict(
     augment=False, lr_schedule="constant", warmup_epochs=0.0, channels_last=False
 )
@@ -94,7 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--preset",
-        default=None,
         help="named preset for both sides (default: the work below)",
     )
     p.add_argument(
@@ -182,6 +173,9 @@ def plan_from(argv: list[str]) -> Plan:
 
 # -- running ------------------------------------------------------------------------------------
 
+RECORD_KEYS = ("first_epoch_sec", "wall_sec", "test_examples", "test_accuracy", "device_kind",
+               "deviations", "execution")  # a run's row copies these from its record  # fmt: skip
+
 
 def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str, Any]:
     """One run of our trainer (side "ours") or of the tutorial loop (side "tutorial")."""
@@ -192,21 +186,13 @@ def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str
     command = [str(fw.python), "-m", module, *plan.flags, "--gpus", str(n), "--output", str(output)]
     log = plan.out / "logs" / f"{tag}.log"
     child = harness.run_child(
-        command, log, plan.timeout, tag="tutorial_loops", wait_load=plan.wait_load
+        command, log, plan.timeout, tag="tutorial_loops", wait_load=plan.wait_load, reraise=True
     )
-    if child.ended == "interrupted":
-        raise KeyboardInterrupt
     row: dict[str, Any] = {
-        "tutorial": tut.name,
-        "framework": tut.framework,
-        "side": side,
-        "devices": n,
-        "repeat": rep,
-        "command": command,
-        "log": str(log.relative_to(plan.out)),
-        "load_before": child.load_avg[0],
-        "exit_code": child.returncode,
-    }
+        "tutorial": tut.name, "framework": tut.framework, "side": side, "devices": n,
+        "repeat": rep, "command": command, "log": str(log.relative_to(plan.out)),
+        "load_before": child.load_avg[0], "exit_code": child.returncode,
+    }  # fmt: skip
     record = harness.read_record(output) or {}
     status = record.get("status", "failed")
     if child.ended == "timeout":
@@ -225,22 +211,13 @@ def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str
         record=str(output.relative_to(plan.out)) if output.exists() else None,
         images_per_sec=record.get("images_per_sec") if status == "ok" else None,
         epoch_sec=statistics.median(epoch_secs) if status == "ok" and epoch_secs else None,
-        first_epoch_sec=record.get("first_epoch_sec"),
-        wall_sec=record.get("wall_sec"),
-        test_examples=record.get("test_examples"),
-        test_accuracy=record.get("test_accuracy"),
-        device_kind=record.get("device_kind"),
-        deviations=record.get("deviations"),
-        execution=record.get("execution"),
+        **{k: record.get(k) for k in RECORD_KEYS},
         # what ran: its record's word, else (a tutorial loop that does not say) the loop's own
         mode=harness.mode_label(record.get("execution"))
         or (tut.mode if side == "tutorial" else ""),
     )
-    print(
-        f"{tut.name:<14} {n} dev  {side:<8} r{rep}  {status:<7} "
-        + (f"images/s={row['images_per_sec']:.1f}" if row["images_per_sec"] else why),
-        flush=True,
-    )
+    got = f"images/s={row['images_per_sec']:.1f}" if row["images_per_sec"] else why
+    print(f"{tut.name:<14} {n} dev  {side:<8} r{rep}  {status:<7} {got}", flush=True)
     return row
 
 
@@ -273,23 +250,17 @@ def summarise(plan: Plan, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             def mode(s: str, side: dict[str, list[dict[str, Any]]] = side) -> str:
                 return ", ".join(dict.fromkeys(r["mode"] for r in side[s] if r.get("mode")))
 
-            rows.append(
-                {
-                    "tutorial": tut.name,
-                    "framework": tut.framework,
-                    "devices": n,
-                    "ours_mode": mode("ours"),
-                    "tutorial_mode": mode("tutorial"),
-                    "ours_images_per_sec": med("images_per_sec", "ours"),
-                    "tutorial_images_per_sec": med("images_per_sec", "tutorial"),
-                    "ratio": statistics.median(ratios) if ratios else None,
-                    "ratios": ratios,
-                    "epoch_speedup": statistics.median(epoch_ratios) if epoch_ratios else None,
-                    "ours_test_examples": med("test_examples", "ours"),
-                    "tutorial_test_examples": med("test_examples", "tutorial"),
-                    "status": "ok" if all(r["status"] == "ok" for r in cell) else "failed",
-                }
-            )
+            rows.append({
+                "tutorial": tut.name, "framework": tut.framework, "devices": n,
+                "ours_mode": mode("ours"), "tutorial_mode": mode("tutorial"),
+                "ours_images_per_sec": med("images_per_sec", "ours"),
+                "tutorial_images_per_sec": med("images_per_sec", "tutorial"),
+                "ratio": statistics.median(ratios) if ratios else None, "ratios": ratios,
+                "epoch_speedup": statistics.median(epoch_ratios) if epoch_ratios else None,
+                "ours_test_examples": med("test_examples", "ours"),
+                "tutorial_test_examples": med("test_examples", "tutorial"),
+                "status": "ok" if all(r["status"] == "ok" for r in cell) else "failed",
+            })  # fmt: skip
     return rows
 
 

@@ -67,8 +67,10 @@ def test_a_stop_during_a_run_ends_ab_there_with_130(tmp_path, monkeypatch) -> No
 
     started: list[list[str]] = []
 
-    def run_child(command, log, timeout, **kw):
+    def run_child(command, log, timeout, reraise=False, **kw):
         started.append(list(command))
+        if reraise:  # as harness.run_child does for an interrupted child
+            raise KeyboardInterrupt
         return harness.Child(list(command), log, timeout, ended="interrupted")
 
     monkeypatch.setattr(harness, "run_child", run_child)

@@ -102,18 +102,10 @@ def make_plan(argv: list[str]) -> Plan:
         if ns.framework in chosen[asked].skipped:
             raise UsageError(f"{ns.framework}: {chosen[asked].skipped[ns.framework]}")
         where[side[-1].upper()] = chosen[asked]
-    return Plan(
-        ns.framework,
-        a,
-        b,
-        shared,
-        ns.repeat,
-        ns.timeout,
-        ns.wait_load,
-        harness.output_dir(ns.out, "ab-", "ab.json"),
-        shlex.join([*PROG.split(), *argv]),
-        where,
-    )
+    out = harness.output_dir(ns.out, "ab-", "ab.json")
+    command = shlex.join([*PROG.split(), *argv])
+    return Plan(ns.framework, a, b, shared, ns.repeat, ns.timeout, ns.wait_load, out, command,
+                where)  # fmt: skip
 
 
 def run_side(plan: Plan, side: str, pair: int) -> dict[str, Any]:
@@ -124,11 +116,10 @@ def run_side(plan: Plan, side: str, pair: int) -> dict[str, Any]:
     flags = plan.a if side == "A" else plan.b
     command = [str(fw.python), "-m", fw.module, *plan.shared, *flags,
                *plan.where[side].flags, "--output", str(output)]  # fmt: skip
-    child = harness.run_child(
-        command, plan.out / "logs" / f"{tag}.log", plan.timeout, tag=tag, wait_load=plan.wait_load
+    log = plan.out / "logs" / f"{tag}.log"
+    child = harness.run_child(  # reraise: Ctrl-C / SIGTERM stops here, not at the next run
+        command, log, plan.timeout, tag=tag, wait_load=plan.wait_load, reraise=True
     )
-    if child.ended == "interrupted":  # Ctrl-C / SIGTERM: stop here, not go on to the next run
-        raise KeyboardInterrupt
     record = harness.read_record(output) or {}
     row: dict[str, Any] = {"side": side, "pair": pair, "load_avg": list(child.load_avg)}
     if not child.ok or record.get("status") != "ok":
@@ -153,36 +144,18 @@ def execute(plan: Plan) -> int:
             rows += [got["A"], got["B"]]
             if got["A"]["status"] == got["B"]["status"] == "ok":
                 ratios.append(got["B"]["images_per_sec"] / got["A"]["images_per_sec"])
-            print(
-                f"[{TOOL}] pair {pair + 1}/{plan.repeat}: "
-                + ", ".join(
-                    f"{s} {r.get('images_per_sec') or 0:.1f} images/s ({r['status']}"
-                    + (
-                        f", first epoch {r['first_over_later']:.2f}x"
-                        if "first_over_later" in r
-                        else ""
-                    )
-                    + ")"
-                    for s, r in got.items()
-                )
-                + (f", B/A {ratios[-1]:.3f}" if len(ratios) == pair + 1 else ""),
-                flush=True,
-            )
+            sides = ", ".join(side_text(s, r) for s, r in got.items())
+            ratio = f", B/A {ratios[-1]:.3f}" if len(ratios) == pair + 1 else ""
+            print(f"[{TOOL}] pair {pair + 1}/{plan.repeat}: {sides}{ratio}", flush=True)
     except KeyboardInterrupt:
         interrupted = True
         print(f"[{TOOL}] interrupted: the pairs measured so far are saved", flush=True)
     result = {
-        "command": plan.command,
-        "framework": plan.framework,
-        "a": plan.a,
-        "b": plan.b,
-        "shared": plan.shared,
-        "ratios_b_over_a": ratios,
+        "command": plan.command, "framework": plan.framework, "a": plan.a, "b": plan.b,
+        "shared": plan.shared, "ratios_b_over_a": ratios,
         "median_ratio": statistics.median(ratios) if ratios else None,
-        "first_epoch_over_later_median": first_over_later(rows),
-        "runs": rows,
-        "host": host_info(),
-    }
+        "first_epoch_over_later_median": first_over_later(rows), "runs": rows, "host": host_info(),
+    }  # fmt: skip
     write_json_atomic(plan.out / "ab.json", result)
     median = f"{result['median_ratio']:.3f}" if ratios else "n/a (no pair ran)"
     print(
@@ -202,6 +175,13 @@ def execute(plan: Plan) -> int:
         return harness.interrupted()
     failed = any(r["status"] != "ok" for r in rows)
     return 1 if failed or not ratios else 0
+
+
+def side_text(side: str, row: dict[str, Any]) -> str:
+    """One side of a pair's progress line: its images/s, status and first epoch's cost."""
+    first = row.get("first_over_later")
+    cost = f", first epoch {first:.2f}x" if first is not None else ""
+    return f"{side} {row.get('images_per_sec') or 0:.1f} images/s ({row['status']}{cost})"
 
 
 def first_over_later(rows: list[dict[str, Any]]) -> dict[str, float]:

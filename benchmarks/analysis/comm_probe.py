@@ -22,7 +22,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
@@ -45,13 +44,8 @@ COLLECTIVES = {  # what each trainer averages its gradients with
 def summary(times: list[float], nbytes: int, n: int) -> dict[str, Any]:
     med = statistics.median(times)
     algbw = nbytes / med if med > 0 else 0.0
-    return {
-        "times_sec": times,
-        "median_sec": med,
-        "min_sec": min(times),
-        "algbw_gbps": algbw / 1e9,
-        "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9,
-    }
+    return {"times_sec": times, "median_sec": med, "min_sec": min(times),
+            "algbw_gbps": algbw / 1e9, "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9}  # fmt: skip
 
 
 def repeat(op: Callable[[], None], sync: Callable[[], None], reps: int, warmup: int) -> list[float]:
@@ -155,18 +149,10 @@ def worker_torch_dp(n: int, numels: list[int], reps: int, warmup: int) -> dict[s
     rows = []
     for numel in numels:
         bufs = [torch.ones(numel, device=f"cuda:{i}") for i in range(n)]
-        times = repeat(
-            lambda b=bufs: comm.reduce_add(b, destination=0),  # type: ignore[misc]
-            torch.cuda.synchronize,
-            reps,
-            warmup,
-        )
-        rows.append(summary(times, numel * 4, n))
-    return {
-        "device_kind": f"cuda:{torch.cuda.get_device_name()}",
-        "backend": "cuda copies",
-        "rows": rows,
-    }
+        reduce = lambda b=bufs: comm.reduce_add(b, destination=0)  # type: ignore[misc]
+        rows.append(summary(repeat(reduce, torch.cuda.synchronize, reps, warmup), numel * 4, n))
+    kind = f"cuda:{torch.cuda.get_device_name()}"
+    return {"device_kind": kind, "backend": "cuda copies", "rows": rows}
 
 
 def worker_jax(n: int, numels: list[int], reps: int, warmup: int, shard: bool) -> dict[str, Any]:
@@ -180,27 +166,19 @@ def worker_jax(n: int, numels: list[int], reps: int, warmup: int, shard: bool) -
     devices = jax.local_devices()[:n]
     if len(devices) < n:
         raise NotApplicable(f"only {len(devices)} JAX devices visible")
+    mesh, spec = Mesh(np.array(devices), ("batch",)), P("batch")
+    psum = lambda v: lax.psum(v, "batch")
+    # The input is donated, so XLA reduces in place (as dist.all_reduce does, and as the
+    # trainers donate their state) instead of allocating a new buffer every call.
+    if shard:
+        mapped = jax.shard_map(psum, mesh=mesh, in_specs=spec, out_specs=spec)
+        op = jax.jit(mapped, donate_argnums=0)
+    else:
+        op = jax.pmap(psum, axis_name="batch", devices=devices, donate_argnums=0)
     rows = []
     for numel in numels:
         # (N, numel) with row i on device i: each device holds one gradient-sized buffer.
-        mesh = Mesh(np.array(devices), ("batch",))
-        x = jax.device_put(jnp.ones((n, numel), jnp.float32), NamedSharding(mesh, P("batch")))
-        # The input is donated, so XLA reduces in place (as dist.all_reduce does, and as the
-        # trainers donate their state) instead of allocating a new buffer every call.
-        if shard:
-            op = jax.jit(
-                jax.shard_map(
-                    lambda v: lax.psum(v, "batch"),
-                    mesh=mesh,
-                    in_specs=P("batch"),
-                    out_specs=P("batch"),
-                ),
-                donate_argnums=0,
-            )
-        else:
-            op = jax.pmap(
-                lambda v: lax.psum(v, "batch"), axis_name="batch", devices=devices, donate_argnums=0
-            )
+        x = jax.device_put(jnp.ones((n, numel), jnp.float32), NamedSharding(mesh, spec))
         rows.append(summary(_repeat_donated(op, x, reps, warmup), numel * 4, n))
     d = devices[0]
     kind = "cpu-simulated" if d.platform == "cpu" else f"cuda:{d.device_kind}"
@@ -284,16 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass
-class Plan:
-    ns: argparse.Namespace
-    frameworks: list[str]
-    counts: list[int]
+class Plan(harness.SweepPlan):
     models: list[str]
-    gpus: list[str]
-    skipped: dict[str, str]
-    out: Path
-    command: list[str]
-    devices: harness.Devices
 
 
 def make_plan(argv: list[str]) -> Plan:
@@ -317,8 +287,7 @@ def make_plan(argv: list[str]) -> Plan:
     chosen = harness.choose_devices(ns.devices, [f for f in frameworks if f not in skipped])
     skipped.update(chosen.skipped)
     out = harness.output_dir(ns.out, "comm-", "comm.json")
-    return Plan(ns, frameworks, counts, models, gpus, skipped, out, [*PROG.split(), *argv],
-                chosen)  # fmt: skip
+    return Plan(ns, frameworks, counts, gpus, skipped, out, [*PROG.split(), *argv], chosen, models)
 
 
 def probe(plan: Plan, fw: str, n: int) -> list[dict[str, Any]]:
@@ -337,9 +306,7 @@ def probe(plan: Plan, fw: str, n: int) -> list[dict[str, Any]]:
                "--width", f"{ns.width:g}", "--reps", str(ns.reps), "--warmup", str(ns.warmup),
                ]  # fmt: skip
     log = plan.out / "logs" / f"{fw}-{n}dev.log"
-    child = harness.run_child(command, log, ns.timeout, tag="comm_probe")
-    if child.ended == "interrupted":
-        raise KeyboardInterrupt
+    child = harness.run_child(command, log, ns.timeout, tag="comm_probe", reraise=True)
     result = child.json_line() if child.ok else None
     rows = []
     for i, m in enumerate(plan.models):
@@ -407,8 +374,7 @@ def execute(plan: Plan) -> int:
                 rows += probe(plan, fw, n)
     except KeyboardInterrupt:  # the rows measured so far are written below
         interrupted = True
-    kind = next((r["device_kind"] for r in rows if r.get("device_kind")),
-                harness.device_kind(plan.gpus))  # fmt: skip
+    kind = next((r["device_kind"] for r in rows if r.get("device_kind")), plan.device_kind)
     title = (
         f"Gradient all-reduce: one float32 buffer of each model's gradients (width "
         f"{plan.ns.width:g}), {kind}"
