@@ -105,7 +105,6 @@ def runner_parser() -> harness.Parser:
     harness.add_flags(p, frameworks=",".join(FRAMEWORKS), devices=True, variants=True)
     p.add_argument(
         "--gpus",
-        default=None,
         metavar="N|LIST",
         help="device counts: N runs 1, 2, 4, ... (powers of two below N) and N; a list such as "
         "1,2,3 runs exactly those (default: 2, i.e. 1 and 2; 1 on a 1-GPU machine). Without GPUs "
@@ -114,7 +113,6 @@ def runner_parser() -> harness.Parser:
     p.add_argument(
         "--scaling",
         choices=("strong", "weak"),
-        default=None,
         help="strong: the global batch stays fixed at every device count; weak: the per-device "
         "batch stays fixed (global batch = 1-device batch x devices; the LR follows "
         "--lr-scaling relative to --lr-base-batch). Default: weak for presets that fix the "
@@ -311,9 +309,12 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
     output = plan.out / "runs" / f"{run_id}.json"
     args = ["--preset", plan.base.preset]
     variant = harness.variant_settings(fw)  # NAME+VARIANT: its mode over the sweep's flags
-    for key, value in plan.passthrough.items():
-        if key in ("checkpoint_dir", "profile_dir"):  # one directory per run
-            value = str(Path(value) / run_id)
+    own_dirs = {  # one directory per run
+        k: str(Path(plan.passthrough[k]) / run_id)
+        for k in ("checkpoint_dir", "profile_dir")
+        if k in plan.passthrough
+    }
+    for key, value in {**plan.passthrough, **own_dirs}.items():
         if key not in PER_RUN and key not in variant:
             args += harness.flag(key, value)
     for key, value in variant.items():
@@ -333,10 +334,8 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
         batch_per_device=0,
         seed=seed,
         tensorboard=tensorboard,
+        **own_dirs,
     )
-    for key in ("checkpoint_dir", "profile_dir"):
-        if key in plan.passthrough:
-            cfg = cfg.replace(**{key: str(Path(plan.passthrough[key]) / run_id)})
     try:
         cfg = resolve(cfg.replace(output=str(output)))
         check_machine(cfg)
@@ -385,20 +384,14 @@ def finish_record(
     returncode, ended = child.returncode, child.ended
     record = harness.read_record(spec.output)
     if record is None:
+        cfg = spec.cfg
         record = {
-            "framework": spec.cfg.framework,
-            "model": spec.cfg.model,
-            "dataset": spec.cfg.dataset,
-            "devices": spec.devices,
-            "device_kind": plan.expected_kind,
-            "bn_mode": spec.cfg.bn,
-            "global_batch_size": spec.cfg.batch_size,
-            "epochs": epochs,
-            "test_set_size": None,
-            "config": spec.cfg.to_dict(),
-            "status": "failed",
+            "framework": cfg.framework, "model": cfg.model, "dataset": cfg.dataset,
+            "devices": spec.devices, "device_kind": plan.expected_kind, "bn_mode": cfg.bn,
+            "global_batch_size": cfg.batch_size, "epochs": epochs, "test_set_size": None,
+            "config": cfg.to_dict(), "status": "failed",
             "error": f"exit code {returncode}, no result file; last line: {child.last_line()}",
-        }
+        }  # fmt: skip
     if ended == "timeout":
         record["status"] = "timeout"
         record["error"] = f"still running after {plan.timeout:g} s (--timeout); killed"

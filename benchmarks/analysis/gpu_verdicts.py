@@ -104,25 +104,14 @@ def top(folder: Path) -> Path:
 # read, with the types they need (common/json_input.py).
 _TEXT = (str, None)
 TABLE_SCHEMA = {
-    "rows": Required(
-        [
-            {
-                "framework": _TEXT,
-                "mode": _TEXT,
-                "status": _TEXT,
-                "note": _TEXT,
-                "real_images_per_sec": (float, None),
-                "compute_images_per_sec": (float, None),
-                "real": (
-                    [{"status": _TEXT, "record": _TEXT, "trace": _TEXT, "device_kind": _TEXT}],
-                    None,
-                ),
-                "compute": ([{"device_kind": _TEXT}], None),
-            }
-        ]
-    ),
+    "rows": Required([{
+        "framework": _TEXT, "mode": _TEXT, "status": _TEXT, "note": _TEXT,
+        "real_images_per_sec": (float, None), "compute_images_per_sec": (float, None),
+        "real": ([{"status": _TEXT, "record": _TEXT, "trace": _TEXT, "device_kind": _TEXT}], None),
+        "compute": ([{"device_kind": _TEXT}], None),
+    }]),
     "settings": ({"out": _TEXT}, None),
-}
+}  # fmt: skip
 RECORD_SCHEMA = {
     "config": ({"precision": _TEXT}, None),
     "ran": ({"activation_dtype": _TEXT}, None),

@@ -124,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         ns.out.mkdir(parents=True, exist_ok=True)
         settings = {"gflop_per_image": ns.gflop_per_image, "peak_tflops": ns.peak_tflops}
         write_json_atomic(ns.out / "mfu.json", {"settings": settings, "rows": rows})
-        tmp = ns.out / "mfu.md.tmp"
-        tmp.write_text(text)
-        tmp.replace(ns.out / "mfu.md")
+        harness.write_atomic(ns.out / "mfu.md", text)
     return 0
 
 
