@@ -7,9 +7,11 @@ interpreter: MXNet's is .venv-mxnet/bin/python):
 - killed after epoch 1 (DPBENCH_FAIL=<framework>@1) and resumed, a `--pipeline device` run
   (crops gathered on the devices) ends with exactly the uninterrupted `--pipeline host` run's
   weights, optimiser state and per-epoch train losses (the same step program on the same
-  batches: bitwise), and crops one pixel off would break it;
+  batches: bitwise; so two runs of one seed take one trajectory), and crops one pixel off
+  would break it;
 - an N-device step equals the 1-device step on the same global batch (two different programs:
-  one step, compared on the update, see UPDATE_RTOL);
+  one step, compared on the update, see UPDATE_RTOL); torch-ddp's phase-timed step (its own
+  all-reduce) equals its DDP step;
 - a crash inside the training loop keeps the epochs measured so far.
 
 The framework-specific checks stay in tests/test_<framework>.py and tests/mxnet/.
@@ -376,6 +378,28 @@ def test_n_device_step_equals_1_device_step(framework: str, one_step_runs: Any) 
     # Parameters and BN running statistics (the helper asserts that the step moved them).
     diff = relative_update_difference(before, two, one)
     assert diff <= UPDATE_RTOL, diff
+
+
+def test_torch_ddp_phase_timed_step_equals_its_ddp_step(tmp_path: Path, one_step_runs: Any) -> None:
+    """With --phase-timing torch-ddp averages the gradients by its own explicit all-reduce
+    instead of DDP's (to time the phases apart), which must not change the step: compared with
+    the 2-process DDP step above (two programs, bucketed vs one flat all-reduce: the same sums
+    in another order, float rounding only)."""
+    _, ddp_rec, ddp_dir = one_step_runs("torch-ddp", 2)
+    phased_dir, out = tmp_path / "phased", tmp_path / "phased.json"
+    args = (*ONE_STEP_ARGS, "--gpus", "2", "--bn", "sync", "--phase-timing")
+    ok(run_trainer("torch-ddp", *args, "--checkpoint-dir", str(phased_dir), "--output", str(out)))
+    ddp, _ = checkpoint("torch-ddp", ddp_dir)
+    phased, _ = checkpoint("torch-ddp", phased_dir)
+    diff = relative_update_difference(initial_arrays("torch-ddp"), phased, ddp)
+    assert diff <= 1e-4, diff
+    rec = read_json(out)
+    assert rec["epochs"][0]["train_loss"] == pytest.approx(
+        ddp_rec["epochs"][0]["train_loss"], rel=1e-6
+    )
+    phases = rec["phases_ms_per_step"]
+    assert set(phases) == {"data_wait", "h2d", "forward_backward", "allreduce", "optimizer"}
+    assert phases["forward_backward"] > 0 and phases["allreduce"] > 0
 
 
 @pytest.mark.parametrize("framework", framework_params())
