@@ -386,12 +386,19 @@ def finish_record(
     if record is None:
         cfg = spec.cfg
         record = {
-            "framework": cfg.framework, "model": cfg.model, "dataset": cfg.dataset,
-            "devices": spec.devices, "device_kind": plan.expected_kind, "bn_mode": cfg.bn,
-            "global_batch_size": cfg.batch_size, "epochs": epochs, "test_set_size": None,
-            "config": cfg.to_dict(), "status": "failed",
+            "framework": cfg.framework,
+            "model": cfg.model,
+            "dataset": cfg.dataset,
+            "devices": spec.devices,
+            "device_kind": plan.expected_kind,
+            "bn_mode": cfg.bn,
+            "global_batch_size": cfg.batch_size,
+            "epochs": epochs,
+            "test_set_size": None,
+            "config": cfg.to_dict(),
+            "status": "failed",
             "error": f"exit code {returncode}, no result file; last line: {child.last_line()}",
-        }  # fmt: skip
+        }
     if ended == "timeout":
         record["status"] = "timeout"
         record["error"] = f"still running after {plan.timeout:g} s (--timeout); killed"

@@ -465,10 +465,17 @@ def measure(
                           f"not the family {framework!r}")  # fmt: skip
     result = timed(RUNNERS[family](cfg, batch, framework), steps, warmup, rounds)
     return {
-        "family": family, "model": cfg.model, "width": cfg.width, "image_size": cfg.image_size,
-        "batch_size": batch, "precision": cfg.precision, "steps": steps, "warmup": warmup,
-        "images_per_sec": batch / (result["step_ms"] / 1000), **result,
-    }  # fmt: skip
+        "family": family,
+        "model": cfg.model,
+        "width": cfg.width,
+        "image_size": cfg.image_size,
+        "batch_size": batch,
+        "precision": cfg.precision,
+        "steps": steps,
+        "warmup": warmup,
+        "images_per_sec": batch / (result["step_ms"] / 1000),
+        **result,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -511,9 +518,12 @@ def main(argv: list[str] | None = None) -> int:
         if ns.steps < 1 or ns.warmup < 1 or ns.batch_size < 1 or ns.interleave < 0:
             raise ConfigError("--steps, --warmup and --batch-size must be >= 1, --interleave >= 0")
         cfg = harness.workload_config(
-            ns, channels_last=ns.channels_last, xla_cpu_ynn=ns.xla_cpu_ynn, seed=ns.seed,
+            ns,
+            channels_last=ns.channels_last,
+            xla_cpu_ynn=ns.xla_cpu_ynn,
+            seed=ns.seed,
             devices=ns.devices or devices.default() or "auto",
-        )  # fmt: skip
+        )
     except (ConfigError, harness.UsageError, ValueError) as exc:
         print(f"compute_only: error: {exc}", file=sys.stderr)
         return 2

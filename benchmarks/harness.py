@@ -656,8 +656,9 @@ def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: 
 def workload_config(ns: argparse.Namespace, **more: Any) -> Config:
     """The "throughput" preset with `add_workload_flags`' step (and --lr) as given in `ns`."""
     keys = ("model", "width", "image_size", "batch_size", "precision", "lr", "compile")
-    return preset("throughput", **{k: getattr(ns, k) for k in keys},
-                  compile_mode=ns.compile_mode, **more)  # fmt: skip
+    return preset(
+        "throughput", **{k: getattr(ns, k) for k in keys}, compile_mode=ns.compile_mode, **more
+    )
 
 
 def check_positive(**values: float) -> None:

@@ -167,19 +167,47 @@ def make_plan(argv: list[str]) -> Plan:
     if ns.jobs > 1:  # JAX runs sharing a GPU: none takes 75% of its memory up front
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     out = harness.output_dir(ns.out, "parity-", "parity.json")
-    return Plan(ns, frameworks, counts, gpus, skipped, out, [*PROG.split(), *argv], chosen,
-                models, bns, tolerance)  # fmt: skip
+    return Plan(
+        ns,
+        frameworks,
+        counts,
+        gpus,
+        skipped,
+        out,
+        [*PROG.split(), *argv],
+        chosen,
+        models,
+        bns,
+        tolerance,
+    )
 
 
 def workload(ns: argparse.Namespace, model: str, bn: str, devices: int) -> dict[str, Any]:
     """The Config values of every run (the flags below, as `preset` keywords)."""
     return dict(
-        model=model, width=ns.width, dataset="synthetic", image_size=ns.image_size, augment=True,
-        batch_size=ns.batch_size, epochs=1, max_steps_per_epoch=ns.steps,
-        lr=0.1, lr_base_batch=ns.batch_size, lr_schedule="cosine", warmup_epochs=0.5,
-        momentum=0.9, nesterov=True, weight_decay=5e-4, label_smoothing=0.1, dropout=0.0,
-        bn=bn, gpus=devices, devices=ns.devices or "auto", seed=ns.seed, prefetch=1,
-    )  # fmt: skip
+        model=model,
+        width=ns.width,
+        dataset="synthetic",
+        image_size=ns.image_size,
+        augment=True,
+        batch_size=ns.batch_size,
+        epochs=1,
+        max_steps_per_epoch=ns.steps,
+        lr=0.1,
+        lr_base_batch=ns.batch_size,
+        lr_schedule="cosine",
+        warmup_epochs=0.5,
+        momentum=0.9,
+        nesterov=True,
+        weight_decay=5e-4,
+        label_smoothing=0.1,
+        dropout=0.0,
+        bn=bn,
+        gpus=devices,
+        devices=ns.devices or "auto",
+        seed=ns.seed,
+        prefetch=1,
+    )
 
 
 # -- the grid -----------------------------------------------------------------------------------

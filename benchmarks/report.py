@@ -609,8 +609,12 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         ax.legend(fontsize=8)
     save(fig, "throughput.png")
 
-    fig, ax = device_axes(plt, sweep.counts, "scaling efficiency (speed-up / devices)",
-                          f"Scaling efficiency vs devices\n{title}")  # fmt: skip
+    fig, ax = device_axes(
+        plt,
+        sweep.counts,
+        "scaling efficiency (speed-up / devices)",
+        f"Scaling efficiency vs devices\n{title}",
+    )
     ax.axhline(1.0, color="k", linestyle="--", alpha=0.5, label="ideal")
     for fw in sweep.frameworks:
         pts = [r for r in table if r["framework"] == fw and "efficiency" in r]
@@ -749,11 +753,19 @@ def records_of(out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
             record = damaged_record(run)
         if record is None:
             continue
-        record.setdefault("runner", {
-            "run_id": run["run_id"], "framework": run["framework"], "seed": run.get("seed"),
-            "peak_lr": run.get("peak_lr"), "command": run.get("command"), "log": run.get("log"),
-            "returncode": None, "ended": "unknown (the runner did not finish this run)",
-        })  # fmt: skip
+        record.setdefault(
+            "runner",
+            {
+                "run_id": run["run_id"],
+                "framework": run["framework"],
+                "seed": run.get("seed"),
+                "peak_lr": run.get("peak_lr"),
+                "command": run.get("command"),
+                "log": run.get("log"),
+                "returncode": None,
+                "ended": "unknown (the runner did not finish this run)",
+            },
+        )
         records.append(record)
     return records
 

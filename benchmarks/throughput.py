@@ -115,10 +115,13 @@ def make_plan(argv: list[str]) -> Plan:
     frameworks = harness.parse_frameworks(ns.frameworks, variants=True)
     counts = harness.parse_gpus(ns.gpus)
     for name, value, least in (
-        ("--steps", ns.steps, 1), ("--epochs", ns.epochs, 2), ("--warmup", ns.warmup, 1),
-        ("--repeat", ns.repeat, 1), ("--batch-size", ns.batch_size, 1),
+        ("--steps", ns.steps, 1),
+        ("--epochs", ns.epochs, 2),
+        ("--warmup", ns.warmup, 1),
+        ("--repeat", ns.repeat, 1),
+        ("--batch-size", ns.batch_size, 1),
         ("--profile", ns.profile, 0),
-    ):  # fmt: skip
+    ):
         if value < least:
             why = " (the first epoch is not timed)" if name == "--epochs" else ""
             raise UsageError(f"{name} must be >= {least}{why} (got {value})")
@@ -216,13 +219,16 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
         why = child.error() if child.ended != "exited" else record.get("error") or child.error()
         return {**out, "status": "failed", "error": why}
     out.update(
-        status="ok", images_per_sec=record["images_per_sec"],
-        first_epoch_sec=record["first_epoch_sec"], device_kind=record["device_kind"],
-        execution=record.get("execution"), pipeline=record.get("pipeline"),
+        status="ok",
+        images_per_sec=record["images_per_sec"],
+        first_epoch_sec=record["first_epoch_sec"],
+        device_kind=record["device_kind"],
+        execution=record.get("execution"),
+        pipeline=record.get("pipeline"),
         timed_epochs=record["timed_epochs"],
         steps_per_epoch=record["epochs"][0]["images"] // record["global_batch_size"],
         record=str(output.relative_to(plan.out)),
-    )  # fmt: skip
+    )
     if "peak_memory_bytes" in record:  # a trainer that reports its device's allocator peak
         out["peak_memory_bytes"] = record["peak_memory_bytes"]
     if "breakdown" in record:  # --profile: where the step's time went (common/breakdown.py)

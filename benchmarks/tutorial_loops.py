@@ -64,8 +64,16 @@ DEFAULT_WORK = dict(preset="throughput", width=0.25, train_limit=4096, epochs=3)
 # augmentation and a constant LR, and run NCHW on CUDA: channels-last is a layout choice, not a
 # loop one, so it stays off; cuDNN autotuning stays on in ours, part of its loop). No
 # --tensorboard: every timed run would write into the one directory.
-RUNNER_OWNED = ("gpus", "devices", "output", "checkpoint_dir", "resume", "log_every",
-                "phase_timing", "tensorboard")  # fmt: skip
+RUNNER_OWNED = (
+    "gpus",
+    "devices",
+    "output",
+    "checkpoint_dir",
+    "resume",
+    "log_every",
+    "phase_timing",
+    "tensorboard",
+)
 FORCED: dict[str, Any] = dict(
     augment=False, lr_schedule="constant", warmup_epochs=0.0, channels_last=False
 )
@@ -173,8 +181,16 @@ def plan_from(argv: list[str]) -> Plan:
 
 # -- running ------------------------------------------------------------------------------------
 
-RECORD_KEYS = ("first_epoch_sec", "wall_sec", "test_examples", "test_accuracy", "device_kind",
-               "deviations", "execution")  # a run's row copies these from its record  # fmt: skip
+# a run's row copies these from its record
+RECORD_KEYS = (
+    "first_epoch_sec",
+    "wall_sec",
+    "test_examples",
+    "test_accuracy",
+    "device_kind",
+    "deviations",
+    "execution",
+)
 
 
 def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str, Any]:
@@ -189,10 +205,16 @@ def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str
         command, log, plan.timeout, tag="tutorial_loops", wait_load=plan.wait_load, reraise=True
     )
     row: dict[str, Any] = {
-        "tutorial": tut.name, "framework": tut.framework, "side": side, "devices": n,
-        "repeat": rep, "command": command, "log": str(log.relative_to(plan.out)),
-        "load_before": child.load_avg[0], "exit_code": child.returncode,
-    }  # fmt: skip
+        "tutorial": tut.name,
+        "framework": tut.framework,
+        "side": side,
+        "devices": n,
+        "repeat": rep,
+        "command": command,
+        "log": str(log.relative_to(plan.out)),
+        "load_before": child.load_avg[0],
+        "exit_code": child.returncode,
+    }
     record = harness.read_record(output) or {}
     status = record.get("status", "failed")
     if child.ended == "timeout":
@@ -250,17 +272,23 @@ def summarise(plan: Plan, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             def mode(s: str, side: dict[str, list[dict[str, Any]]] = side) -> str:
                 return ", ".join(dict.fromkeys(r["mode"] for r in side[s] if r.get("mode")))
 
-            rows.append({
-                "tutorial": tut.name, "framework": tut.framework, "devices": n,
-                "ours_mode": mode("ours"), "tutorial_mode": mode("tutorial"),
-                "ours_images_per_sec": med("images_per_sec", "ours"),
-                "tutorial_images_per_sec": med("images_per_sec", "tutorial"),
-                "ratio": statistics.median(ratios) if ratios else None, "ratios": ratios,
-                "epoch_speedup": statistics.median(epoch_ratios) if epoch_ratios else None,
-                "ours_test_examples": med("test_examples", "ours"),
-                "tutorial_test_examples": med("test_examples", "tutorial"),
-                "status": "ok" if all(r["status"] == "ok" for r in cell) else "failed",
-            })  # fmt: skip
+            rows.append(
+                {
+                    "tutorial": tut.name,
+                    "framework": tut.framework,
+                    "devices": n,
+                    "ours_mode": mode("ours"),
+                    "tutorial_mode": mode("tutorial"),
+                    "ours_images_per_sec": med("images_per_sec", "ours"),
+                    "tutorial_images_per_sec": med("images_per_sec", "tutorial"),
+                    "ratio": statistics.median(ratios) if ratios else None,
+                    "ratios": ratios,
+                    "epoch_speedup": statistics.median(epoch_ratios) if epoch_ratios else None,
+                    "ours_test_examples": med("test_examples", "ours"),
+                    "tutorial_test_examples": med("test_examples", "tutorial"),
+                    "status": "ok" if all(r["status"] == "ok" for r in cell) else "failed",
+                }
+            )
     return rows
 
 

@@ -104,8 +104,9 @@ def make_plan(argv: list[str]) -> Plan:
         where[side[-1].upper()] = chosen[asked]
     out = harness.output_dir(ns.out, "ab-", "ab.json")
     command = shlex.join([*PROG.split(), *argv])
-    return Plan(ns.framework, a, b, shared, ns.repeat, ns.timeout, ns.wait_load, out, command,
-                where)  # fmt: skip
+    return Plan(
+        ns.framework, a, b, shared, ns.repeat, ns.timeout, ns.wait_load, out, command, where
+    )
 
 
 def run_side(plan: Plan, side: str, pair: int) -> dict[str, Any]:
@@ -151,11 +152,17 @@ def execute(plan: Plan) -> int:
         interrupted = True
         print(f"[{TOOL}] interrupted: the pairs measured so far are saved", flush=True)
     result = {
-        "command": plan.command, "framework": plan.framework, "a": plan.a, "b": plan.b,
-        "shared": plan.shared, "ratios_b_over_a": ratios,
+        "command": plan.command,
+        "framework": plan.framework,
+        "a": plan.a,
+        "b": plan.b,
+        "shared": plan.shared,
+        "ratios_b_over_a": ratios,
         "median_ratio": statistics.median(ratios) if ratios else None,
-        "first_epoch_over_later_median": first_over_later(rows), "runs": rows, "host": host_info(),
-    }  # fmt: skip
+        "first_epoch_over_later_median": first_over_later(rows),
+        "runs": rows,
+        "host": host_info(),
+    }
     write_json_atomic(plan.out / "ab.json", result)
     median = f"{result['median_ratio']:.3f}" if ratios else "n/a (no pair ran)"
     print(

@@ -44,8 +44,13 @@ COLLECTIVES = {  # what each trainer averages its gradients with
 def summary(times: list[float], nbytes: int, n: int) -> dict[str, Any]:
     med = statistics.median(times)
     algbw = nbytes / med if med > 0 else 0.0
-    return {"times_sec": times, "median_sec": med, "min_sec": min(times),
-            "algbw_gbps": algbw / 1e9, "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9}  # fmt: skip
+    return {
+        "times_sec": times,
+        "median_sec": med,
+        "min_sec": min(times),
+        "algbw_gbps": algbw / 1e9,
+        "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9,
+    }
 
 
 def repeat(op: Callable[[], None], sync: Callable[[], None], reps: int, warmup: int) -> list[float]:

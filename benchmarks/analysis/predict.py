@@ -368,10 +368,15 @@ def predict(
     exposed = exposed_ms(comm, hidden_room) if n > 1 else 0.0
     step = bd.host_ms + (bd.compute + bd.input_wait_ms) * scale + exposed
     return {
-        "devices": n, "per_device_batch": per_device_batch, "step_ms": step,
-        "images_per_sec": n * per_device_batch / step * 1e3, "comm_ms": comm.total_ms,
-        "exposed_comm_ms": exposed, "collectives": comm.count, "comm_bytes": comm.nbytes,
-    }  # fmt: skip
+        "devices": n,
+        "per_device_batch": per_device_batch,
+        "step_ms": step,
+        "images_per_sec": n * per_device_batch / step * 1e3,
+        "comm_ms": comm.total_ms,
+        "exposed_comm_ms": exposed,
+        "collectives": comm.count,
+        "comm_bytes": comm.nbytes,
+    }
 
 
 def curve(bd: Breakdown, s: Setup, ns: Sequence[int], scaling: str, global_batch: float):
@@ -684,15 +689,23 @@ def measured_vs_predicted(
             ips = statistics.median([float(r["images_per_sec"]) for r in cell])
             scaling = {bd.batch: "strong", bd.batch * n: "weak"}.get(global_batch, "")
             row: dict[str, Any] = {
-                "framework": key, "mode": harness.mode_label(first.get("execution")),
-                "devices": n, "scaling": scaling or f"neither (global batch {global_batch} at {n})",
-                "device_kind": kind, "global_batch": global_batch,
-                "per_device_batch": global_batch / n, "runs_one_device": len(ones),
-                "runs": len(cell), "measured_one_device_images_per_sec": ips1,
-                "measured_images_per_sec": ips, "measured_step_ms": global_batch / ips * 1e3,
+                "framework": key,
+                "mode": harness.mode_label(first.get("execution")),
+                "devices": n,
+                "scaling": scaling or f"neither (global batch {global_batch} at {n})",
+                "device_kind": kind,
+                "global_batch": global_batch,
+                "per_device_batch": global_batch / n,
+                "runs_one_device": len(ones),
+                "runs": len(cell),
+                "measured_one_device_images_per_sec": ips1,
+                "measured_images_per_sec": ips,
+                "measured_step_ms": global_batch / ips * 1e3,
                 "measured_efficiency": ips / (n * ips1),
-                "predicted_step_ms": None, "predicted_efficiency": None, "difference_pp": None,
-            }  # fmt: skip
+                "predicted_step_ms": None,
+                "predicted_efficiency": None,
+                "difference_pp": None,
+            }
             kinds = sorted({str(r.get("device_kind")) for r in cell})
             why = [*blocked]
             if kinds != [kind]:
@@ -858,9 +871,13 @@ def sweep_plot(
              if r["predicted_efficiency"] is not None]  # fmt: skip
     if not table:
         return None
-    fig, ax = device_axes(plt, counts, "scaling efficiency (speed-up / devices)",
-                          "Scaling efficiency: measured (points) and PREDICTED from the 1-device "
-                          f"run (dashed, benchmarks/analysis/predict.py)\n{title}")  # fmt: skip
+    fig, ax = device_axes(
+        plt,
+        counts,
+        "scaling efficiency (speed-up / devices)",
+        "Scaling efficiency: measured (points) and PREDICTED from the 1-device "
+        f"run (dashed, benchmarks/analysis/predict.py)\n{title}",
+    )
     frameworks = list(dict.fromkeys(r["framework"] for r in table))
     colours = {fw: f"C{order.index(fw) if fw in order else i}"
                for i, fw in enumerate(frameworks)}  # fmt: skip
@@ -1025,8 +1042,11 @@ def plot(results: list[dict], title: str, path: Path) -> str | None:
     labels = list(dict.fromkeys(r["label"] for r in results))
     for i, label in enumerate(labels):
         for j, link in enumerate(links):
-            pts = [r for r in results if (r["label"], r["interconnect"]) == (label, link)
-                   and "efficiency" in r]  # fmt: skip
+            pts = [
+                r
+                for r in results
+                if (r["label"], r["interconnect"]) == (label, link) and "efficiency" in r
+            ]
             ns = [r["devices"] for r in pts]
             style = dict(linestyle=styles[j % len(styles)], marker="o", color=f"C{i}")
             eff_ax.plot(ns, [r["efficiency"] for r in pts], label=f"{label}, {link}", **style)
