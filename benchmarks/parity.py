@@ -167,19 +167,8 @@ def make_plan(argv: list[str]) -> Plan:
     if ns.jobs > 1:  # JAX runs sharing a GPU: none takes 75% of its memory up front
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     out = harness.output_dir(ns.out, "parity-", "parity.json")
-    return Plan(
-        ns,
-        frameworks,
-        counts,
-        gpus,
-        skipped,
-        out,
-        [*PROG.split(), *argv],
-        chosen,
-        models,
-        bns,
-        tolerance,
-    )
+    command = [*PROG.split(), *argv]
+    return Plan(ns, frameworks, counts, gpus, skipped, out, command, chosen, models, bns, tolerance)
 
 
 def workload(ns: argparse.Namespace, model: str, bn: str, devices: int) -> dict[str, Any]:
@@ -480,8 +469,7 @@ def execute(plan: Plan) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.parity --help`. Exit 0 every row ok (or skipped),
-    1 a row differs or failed, 2 bad input, 128 + the signal interrupted (130: Ctrl-C)."""
+    """Command line: `python -m benchmarks.parity --help`; exit codes: the module docstring."""
     return harness.run_tool("parity", argv, make_plan, execute)
 
 

@@ -77,15 +77,12 @@ class Tracker:
         return time.monotonic() - self.t0
 
     def run_remaining(self) -> float | None:
-        if self.run_done == 0:
-            return None
-        return self.run_elapsed() / self.run_done * (self.run_epochs - self.run_done)
+        done = self.run_done
+        return self.run_elapsed() / done * (self.run_epochs - done) if done else None
 
     def remaining(self) -> float | None:
         done = self.done_epochs + self.run_done
-        if done == 0:
-            return None
-        return self.elapsed() / done * (self.total_epochs - done)
+        return self.elapsed() / done * (self.total_epochs - done) if done else None
 
 
 class PlainProgress:

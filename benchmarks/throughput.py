@@ -9,7 +9,7 @@ framework variant in --frameworks (torch-ddp+reduce-overhead: harness.VARIANTS) 
 own, both loops in its mode; a framework whose interpreter lacks its packages is skipped.
 Outputs in --out DIR: throughput.json (config, host, every measurement, commands),
 throughput.md, runs/*.json (trainer records), logs/*.log. Exit 0 when every measurement
-succeeded, 1 when any failed, 2 on bad input (nothing ran).
+succeeded, 1 when any failed, 2 on bad input (nothing ran), 128 + the signal when interrupted.
 """
 
 from __future__ import annotations
@@ -114,18 +114,12 @@ def make_plan(argv: list[str]) -> Plan:
     harness.check_options(ns)
     frameworks = harness.parse_frameworks(ns.frameworks, variants=True)
     counts = harness.parse_gpus(ns.gpus)
-    for name, value, least in (
-        ("--steps", ns.steps, 1),
-        ("--epochs", ns.epochs, 2),
-        ("--warmup", ns.warmup, 1),
-        ("--repeat", ns.repeat, 1),
-        ("--batch-size", ns.batch_size, 1),
-        ("--profile", ns.profile, 0),
-    ):
-        if value < least:
-            why = " (the first epoch is not timed)" if name == "--epochs" else ""
-            raise UsageError(f"{name} must be >= {least}{why} (got {value})")
-    harness.check_positive(timeout=ns.timeout)
+    harness.check_positive(steps=ns.steps)  # --profile < 0: refused by check_options
+    if ns.epochs < 2:
+        raise UsageError(f"--epochs must be >= 2 (the first epoch is not timed) (got {ns.epochs})")
+    harness.check_positive(
+        warmup=ns.warmup, repeat=ns.repeat, batch_size=ns.batch_size, timeout=ns.timeout
+    )
     if ns.python is not None:
         harness.use_interpreter(ns.python)
     gpus = harness.machine_gpus(ns.devices)
@@ -183,13 +177,9 @@ def workload(ns: Any, batch: int) -> list[str]:
     return [
         *("--model", ns.model, "--width", f"{ns.width:g}", "--image-size", str(ns.image_size)),
         *("--batch-size", str(batch), "--lr", f"{ns.lr:g}", "--precision", ns.precision),
-        *(
-            (f"--{'' if ns.channels_last else 'no-'}channels-last",)
-            if ns.channels_last is not None
-            else ()
-        ),  # None: the trainer's own default
-        "--xla-cpu-ynn" if ns.xla_cpu_ynn else "--no-xla-cpu-ynn",
-        "--compile" if ns.compile else "--no-compile",
+        *harness.flag("channels_last", ns.channels_last),  # None: the trainer's own default
+        *harness.flag("xla_cpu_ynn", ns.xla_cpu_ynn),
+        *harness.flag("compile", ns.compile),
         *(("--compile-mode", ns.compile_mode) if ns.compile else ()),
         *(("--devices", ns.devices) if ns.devices else ()),
     ]
@@ -220,11 +210,8 @@ def real_loop(plan: Plan, fw: str, n: int, rep: int, phases: bool = False) -> di
         return {**out, "status": "failed", "error": why}
     out.update(
         status="ok",
-        images_per_sec=record["images_per_sec"],
-        first_epoch_sec=record["first_epoch_sec"],
-        device_kind=record["device_kind"],
-        execution=record.get("execution"),
-        pipeline=record.get("pipeline"),
+        **{k: record[k] for k in ("images_per_sec", "first_epoch_sec", "device_kind")},
+        **{k: record.get(k) for k in ("execution", "pipeline")},
         timed_epochs=record["timed_epochs"],
         steps_per_epoch=record["epochs"][0]["images"] // record["global_batch_size"],
         record=str(output.relative_to(plan.out)),
@@ -515,8 +502,7 @@ def execute(plan: Plan) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.throughput --help`. Exit 0 all ok, 1 a measurement
-    failed, 2 bad input, 128 + the signal interrupted (130: Ctrl-C)."""
+    """Command line: `python -m benchmarks.throughput --help`; exit codes: the module docstring."""
     return harness.run_tool("throughput", argv, make_plan, execute)
 
 

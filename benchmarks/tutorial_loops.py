@@ -181,17 +181,6 @@ def plan_from(argv: list[str]) -> Plan:
 
 # -- running ------------------------------------------------------------------------------------
 
-# a run's row copies these from its record
-RECORD_KEYS = (
-    "first_epoch_sec",
-    "wall_sec",
-    "test_examples",
-    "test_accuracy",
-    "device_kind",
-    "deviations",
-    "execution",
-)
-
 
 def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str, Any]:
     """One run of our trainer (side "ours") or of the tutorial loop (side "tutorial")."""
@@ -233,7 +222,13 @@ def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str
         record=str(output.relative_to(plan.out)) if output.exists() else None,
         images_per_sec=record.get("images_per_sec") if status == "ok" else None,
         epoch_sec=statistics.median(epoch_secs) if status == "ok" and epoch_secs else None,
-        **{k: record.get(k) for k in RECORD_KEYS},
+        first_epoch_sec=record.get("first_epoch_sec"),
+        wall_sec=record.get("wall_sec"),
+        test_examples=record.get("test_examples"),
+        test_accuracy=record.get("test_accuracy"),
+        device_kind=record.get("device_kind"),
+        deviations=record.get("deviations"),
+        execution=record.get("execution"),
         # what ran: its record's word, else (a tutorial loop that does not say) the loop's own
         mode=harness.mode_label(record.get("execution"))
         or (tut.mode if side == "tutorial" else ""),
@@ -256,14 +251,11 @@ def summarise(plan: Plan, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ratios, epoch_ratios = [], []
             for rep in range(plan.repeat):
                 pair = {r["side"]: r for r in cell if r["repeat"] == rep}
-                if len(pair) == 2 and all(p["images_per_sec"] for p in pair.values()):
-                    ratios.append(
-                        pair["ours"]["images_per_sec"] / pair["tutorial"]["images_per_sec"]
-                    )
-                    if pair["ours"]["epoch_sec"] and pair["tutorial"]["epoch_sec"]:
-                        epoch_ratios.append(
-                            pair["tutorial"]["epoch_sec"] / pair["ours"]["epoch_sec"]
-                        )
+                ours, theirs = pair.get("ours"), pair.get("tutorial")
+                if ours and theirs and ours["images_per_sec"] and theirs["images_per_sec"]:
+                    ratios.append(ours["images_per_sec"] / theirs["images_per_sec"])
+                    if ours["epoch_sec"] and theirs["epoch_sec"]:
+                        epoch_ratios.append(theirs["epoch_sec"] / ours["epoch_sec"])
 
             def med(key: str, s: str, side: dict[str, list[dict[str, Any]]] = side) -> float | None:
                 vals = [r[key] for r in side[s] if r.get(key) is not None and r["status"] == "ok"]

@@ -82,8 +82,7 @@ def make_plan(argv: list[str]) -> Plan:
     a, b = split_flags("--a", ns.a), split_flags("--b", ns.b)
     if a == b:
         raise UsageError("--a and --b are the same settings; give B the flags to compare")
-    if ns.repeat < 1:
-        raise UsageError(f"--repeat must be >= 1 (got {ns.repeat})")
+    harness.check_positive(repeat=ns.repeat)
     for flag in ("--output", "--resume", "--checkpoint-dir"):
         if any(arg.startswith(flag) for arg in [*a, *b, *shared]):
             raise UsageError(f"{flag} is set by ab itself; leave it out")

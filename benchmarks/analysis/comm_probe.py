@@ -161,7 +161,6 @@ def worker_torch_dp(n: int, numels: list[int], reps: int, warmup: int) -> dict[s
 
 
 def worker_jax(n: int, numels: list[int], reps: int, warmup: int, shard: bool) -> dict[str, Any]:
-    simulate_host_devices(n)  # before JAX's CPU backend starts
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -203,7 +202,6 @@ def _repeat_donated(op: Callable[[Any], Any], x: Any, reps: int, warmup: int) ->
 
 
 def worker_mxnet(n: int, numels: list[int], reps: int, warmup: int) -> dict[str, Any]:
-    set_omp_threads(cpu_threads())  # before mxnet loads
     import mxnet as mx
 
     from frameworks.mxnet_gluon import select_devices
@@ -215,8 +213,7 @@ def worker_mxnet(n: int, numels: list[int], reps: int, warmup: int) -> dict[str,
         kv.init(key, mx.nd.zeros(numel, ctx=ctx[0]))
         bufs = [mx.nd.ones(numel, ctx=c) for c in ctx]
         push = lambda k=key, b=bufs: kv.pushpull(k, b, out=b)  # type: ignore[misc]  # noqa: E731
-        times = repeat(push, mx.nd.waitall, reps, warmup)
-        rows.append(summary(times, numel * 4, n))
+        rows.append(summary(repeat(push, mx.nd.waitall, reps, warmup), numel * 4, n))
     return {"device_kind": kind, "backend": "kvstore device", "rows": rows}
 
 
