@@ -555,11 +555,9 @@ def write_final_config(plan: Plan, sweep: report.Sweep, status: str) -> None:
     data = config_json(plan, sweep, status)
     try:
         write_json_atomic(path, data)
-        return
     except OSError:
-        pass
-    text = json.dumps({"status": status, **data}, indent=2, default=str) + "\n"
-    plan.save("config.json", lambda: path.write_text(text))
+        text = json.dumps({"status": status, **data}, indent=2, default=str) + "\n"
+        plan.save("config.json", lambda: path.write_text(text))
 
 
 def run_summary(record: dict[str, Any]) -> str:
@@ -574,8 +572,7 @@ def run_summary(record: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.compare --help`. Exit 0 all ok, 1 a run failed, 2 bad
-    input."""
+    """Command line: `python -m benchmarks.compare --help`; exit codes: the module docstring."""
     return harness.run_tool("compare", argv, make_plan, execute)
 
 

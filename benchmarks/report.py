@@ -365,6 +365,16 @@ def spread_notes(table: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def table_notes(sweep: Sweep, table: list[dict[str, Any]], records: list[dict]) -> list[str]:
+    """The lines under the summary table, on stdout and in results.md."""
+    return [
+        *harness.mode_notes(table),
+        *notes(sweep, table),
+        *spread_notes(table),
+        start_note(records),
+    ]
+
+
 def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None) -> None:
     """The summary table on stdout, coloured by status where rich is installed."""
     table = rows(sweep, records)
@@ -374,13 +384,7 @@ def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None)
         heading(sweep, records, sep="\n"),
         headers,
         body,
-        [
-            *harness.mode_notes(table),
-            *notes(sweep, table),
-            *spread_notes(table),
-            start_note(records),
-            load_note(sweep, table),
-        ],
+        [*table_notes(sweep, table, records), load_note(sweep, table)],
         left=LEFT,
         styles=[colour.get(r["status"], "red") for r in table],
         stream=stream,
@@ -422,21 +426,17 @@ def run_row(record: dict[str, Any]) -> dict[str, Any]:
     runner = record.get("runner", {})
     return {
         **record,
+        **{k: runner.get(k) for k in ("run_id", "seed", "peak_lr", "returncode", "log")},
         "framework": harness.row_key(record),
         "mode": harness.mode_label(record.get("execution")),
-        "run_id": runner.get("run_id"),
         "epoch1_train_loss": epoch1_loss(record),
         "init_sha256": (record.get("init") or {}).get("sha256"),
-        "seed": runner.get("seed"),
-        "peak_lr": runner.get("peak_lr"),
         "runner_wall_sec": runner.get("wall_sec"),
         "load_avg_before": (runner.get("load_avg") or [None, None])[0],
         "load_avg_after": (runner.get("load_avg") or [None, None])[1],
         "load_avg_start": (record.get("load_avg") or {}).get("start"),
         "load_avg_end": (record.get("load_avg") or {}).get("end"),
         "cores": (record.get("load_avg") or {}).get("cores"),
-        "returncode": runner.get("returncode"),
-        "log": runner.get("log"),
         "error": one_line(record) if record["status"] != "ok" else "",
     }
 
@@ -489,16 +489,7 @@ def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plo
         markdown_table(headers, body),
         "",
     ]
-    parts += [
-        f"- {line}"
-        for line in [
-            *harness.mode_notes(table),
-            *notes(sweep, table),
-            *spread_notes(table),
-            start_note(records),
-        ]
-        if line
-    ]
+    parts += [f"- {line}" for line in table_notes(sweep, table, records) if line]
     from benchmarks.analysis import predict  # numpy: only where a report is made
 
     parts += predict.section(records, _busy)  # measured against PREDICTED scaling
@@ -548,7 +539,9 @@ def write_tables(
 # -- plots ---------------------------------------------------------------------------------------
 
 
-def device_axes(plt: Any, counts: list[int], ylabel: str, title: str) -> tuple[Any, Any]:
+def device_axes(
+    plt: Any, counts: list[int], title: str, ylabel: str = "scaling efficiency (speed-up / devices)"
+) -> tuple[Any, Any]:
     """A sweep's figure against the device count (also predict.sweep_plot's)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     ax.set_title(title, fontsize=8)
@@ -587,7 +580,7 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         written.append(out / name)
 
     subtitle = "Throughput vs devices (median, bars: min-max over repeats; dashed: ideal scaling)"
-    fig, ax = device_axes(plt, sweep.counts, "images/s (timed epochs)", f"{subtitle}\n{title}")
+    fig, ax = device_axes(plt, sweep.counts, f"{subtitle}\n{title}", "images/s (timed epochs)")
     for fw in sweep.frameworks:
         pts = [r for r in table if r["framework"] == fw]
         if not pts:
@@ -609,12 +602,7 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         ax.legend(fontsize=8)
     save(fig, "throughput.png")
 
-    fig, ax = device_axes(
-        plt,
-        sweep.counts,
-        "scaling efficiency (speed-up / devices)",
-        f"Scaling efficiency vs devices\n{title}",
-    )
+    fig, ax = device_axes(plt, sweep.counts, f"Scaling efficiency vs devices\n{title}")
     ax.axhline(1.0, color="k", linestyle="--", alpha=0.5, label="ideal")
     for fw in sweep.frameworks:
         pts = [r for r in table if r["framework"] == fw and "efficiency" in r]
@@ -758,10 +746,7 @@ def records_of(out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "run_id": run["run_id"],
                 "framework": run["framework"],
-                "seed": run.get("seed"),
-                "peak_lr": run.get("peak_lr"),
-                "command": run.get("command"),
-                "log": run.get("log"),
+                **{k: run.get(k) for k in ("seed", "peak_lr", "command", "log")},
                 "returncode": None,
                 "ended": "unknown (the runner did not finish this run)",
             },

@@ -138,10 +138,7 @@ KERNEL_DTYPES = (
 def kernel_dtype(name: str) -> str:
     """The dtype a GPU kernel's name says it computes in ("bfloat16", "float16", "float32"), ""
     where the name says none."""
-    for dtype, pattern in KERNEL_DTYPES:
-        if pattern.search(name):
-            return dtype
-    return ""
+    return next((dtype for dtype, pattern in KERNEL_DTYPES if pattern.search(name)), "")
 
 
 def gpu_kernels(events: list[dict[str, Any]], flavour: str) -> list[dict[str, Any]]:

@@ -702,9 +702,7 @@ def measured_vs_predicted(
                 "measured_images_per_sec": ips,
                 "measured_step_ms": global_batch / ips * 1e3,
                 "measured_efficiency": ips / (n * ips1),
-                "predicted_step_ms": None,
-                "predicted_efficiency": None,
-                "difference_pp": None,
+                **dict.fromkeys(("predicted_step_ms", "predicted_efficiency", "difference_pp")),
             }
             kinds = sorted({str(r.get("device_kind")) for r in cell})
             why = [*blocked]
@@ -874,7 +872,6 @@ def sweep_plot(
     fig, ax = device_axes(
         plt,
         counts,
-        "scaling efficiency (speed-up / devices)",
         "Scaling efficiency: measured (points) and PREDICTED from the 1-device "
         f"run (dashed, benchmarks/analysis/predict.py)\n{title}",
     )
@@ -905,8 +902,6 @@ def read_breakdown(path: str) -> Breakdown:
         )
     except (OSError, ValueError) as exc:
         raise UsageError(f"--breakdown {path}: cannot read it as JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"--breakdown {path}: expected a JSON object")
     unknown = sorted(set(data) - BREAKDOWN_KEYS)
     if unknown:
         raise UsageError(
@@ -956,7 +951,7 @@ def read_throughput_table(path: str) -> list[tuple[str, str, Breakdown]]:
 
 def inputs_table(scenarios, setups, args) -> list[str]:
     lines = ["| input | value |", "|---|---|"]
-    for label, bd in scenarios:
+    for label, _, bd in scenarios:
         lines.append(
             f"| 1-device step: {label} | {bd.step_ms:.3f} ms at batch {bd.batch} = "
             f"{bd.batch / bd.step_ms * 1e3:,.0f} img/s; compute {bd.compute:.3f} ms, backward "
@@ -964,7 +959,7 @@ def inputs_table(scenarios, setups, args) -> list[str]:
             f"{bd.host_ms:.3f} ms ({bd.source or 'given on the command line'}) |"
         )
     fws = dict.fromkeys(s.framework for s in setups)
-    bd0 = scenarios[0][1]
+    bd0 = scenarios[0][2]
     for fw in fws:
         value, why = overlap_for(fw, bd0, args.overlap)
         lines.append(f"| overlap bound, {fw} | {value:g}: {why} |")
@@ -1040,13 +1035,10 @@ def plot(results: list[dict], title: str, path: Path) -> str | None:
     styles = ["-", "--", ":", "-."]
     links = list(dict.fromkeys(r["interconnect"] for r in results))
     labels = list(dict.fromkeys(r["label"] for r in results))
+    done = [r for r in results if "efficiency" in r]  # rows with a prediction (not n/a)
     for i, label in enumerate(labels):
         for j, link in enumerate(links):
-            pts = [
-                r
-                for r in results
-                if (r["label"], r["interconnect"]) == (label, link) and "efficiency" in r
-            ]
+            pts = [r for r in done if (r["label"], r["interconnect"]) == (label, link)]
             ns = [r["devices"] for r in pts]
             style = dict(linestyle=styles[j % len(styles)], marker="o", color=f"C{i}")
             eff_ax.plot(ns, [r["efficiency"] for r in pts], label=f"{label}, {link}", **style)
@@ -1279,9 +1271,7 @@ def run(plan: dict[str, Any]) -> int:
     )
     links = ", ".join(n for n, _ in plan["links"])
     title = f"Predicted {args.scaling} scaling: {args.model}, {batch}, {links}"
-    lines = inputs_table(
-        [(lb, bd) for lb, _, bd in plan["scenarios"]], [s for s, _ in setups], args
-    )
+    lines = inputs_table(plan["scenarios"], [s for s, _ in setups], args)
     text = results_markdown(title, lines, results)
     print(text, end="")
     if out:
