@@ -399,15 +399,13 @@ def finish_record(
             "status": "failed",
             "error": f"exit code {returncode}, no result file; last line: {child.last_line()}",
         }
-    if ended == "timeout":
-        record["status"] = "timeout"
-        record["error"] = f"still running after {plan.timeout:g} s (--timeout); killed"
+    if ended == "timeout":  # "still running after <--timeout> s (--timeout); killed"
+        record.update(status="timeout", error=child.error())
     elif ended == "interrupted":
         record["status"] = "interrupted"
         record["error"] = "the comparison was interrupted (Ctrl-C or SIGTERM); killed"
     elif returncode != 0 and record.get("status") == "ok":
-        record["status"] = "failed"
-        record["error"] = f"exit code {returncode} after writing an ok record"
+        record.update(status="failed", error=f"exit code {returncode} after writing an ok record")
     record["runner"] = {
         "run_id": spec.run_id,
         "framework": spec.framework,  # the row (report.row_key): NAME or NAME+VARIANT

@@ -11,8 +11,6 @@ import sys
 from benchmarks import harness
 from benchmarks.harness import REGISTRY, UsageError
 
-PROG = "python -m benchmarks.devices"
-
 
 def main(argv: list[str] | None = None) -> int:
     p = harness.Parser("devices", description=__doc__.split("\n\n")[0])

@@ -510,16 +510,13 @@ def machine_gpus(asked: str | None) -> list[str]:
     choice = _asked(asked)
     gpus = [] if choice == "cpu" else detect_gpus()
     if choice == "cuda" and not gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        note = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
         raise UsageError(
-            f"--devices cuda but nvidia-smi -L lists no GPU on this machine{_visible_note()}; "
+            f"--devices cuda but nvidia-smi -L lists no GPU on this machine{note}; "
             "use --devices cpu for simulated CPU devices"
         )
     return gpus
-
-
-def _visible_note() -> str:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
 
 
 # -- command lines ------------------------------------------------------------------------------
@@ -1169,9 +1166,8 @@ def check_record_file(path: Path) -> dict[str, Any] | None:
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
-    """A run's JSON record, or None when it is missing or is not a record (a crashed run; a
-    FIFO, a device or an oversized file in its place: read_json_file; JSON whose fields the
-    tools cannot use: RECORD_SCHEMA, check_record_file says which)."""
+    """`check_record_file`'s record, or None for every file it refuses or finds missing (a
+    crashed run; a FIFO, a device or an oversized file; fields the tools cannot use)."""
     try:
         return check_record_file(path)
     except (OSError, UsageError):

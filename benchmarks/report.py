@@ -60,14 +60,10 @@ def sweep_title(model: str, width: float, dataset: str, preset: str, scaling: st
     return f"{model} (width {width:g}) on {dataset}, preset {preset}, {scaling} scaling"
 
 
-def device_kinds(sweep: Sweep, records: Iterable[dict[str, Any]]) -> list[str]:
-    kinds = sorted({r["device_kind"] for r in records if r.get("device_kind")})
-    return kinds or [sweep.expected_kind]
-
-
 def heading(sweep: Sweep, records: list[dict[str, Any]], sep: str = " ") -> str:
     """The title of every table, file and plot: what ran, and on which kind of device."""
-    kinds = device_kinds(sweep, records)
+    kinds = sorted({r["device_kind"] for r in records if r.get("device_kind")})
+    kinds = kinds or [sweep.expected_kind]
     text = f"{sweep.title}, {', '.join(kinds)}"
     if any(k.startswith("cpu-simulated") for k in kinds):
         text += f"{sep}({CPU_NOTE})"
@@ -322,9 +318,7 @@ def notes(sweep: Sweep, table: list[dict[str, Any]]) -> list[str]:
     lines = []
     for r in table:
         if r["note"]:
-            who = (
-                r["framework"] if r["status"] == "skipped" else f"{r['framework']} x{r['devices']}"
-            )
+            who = r["framework"] + ("" if r["status"] == "skipped" else f" x{r['devices']}")
             lines.append(f"{who}: {r['status']}: {r['note']}")
     return lines
 
@@ -445,11 +439,7 @@ def load_note(sweep: Sweep, table: list[dict[str, Any]]) -> str:
     """A warning naming the cells whose host 1-minute load average (at a run's start or end)
     exceeded the core count: more work than cores competed with those runs, so their timings are
     noisy. The runs' own processes count too: a 2-process run on 2 cores adds about 2."""
-    busy = [
-        r
-        for r in table
-        if r.get("load_avg_max") and r.get("cores") and r["load_avg_max"] > r["cores"]
-    ]
+    busy = [r for r in table if (r.get("load_avg_max") or 0) > (r.get("cores") or math.inf)]
     if not busy:
         return ""
     cells = ", ".join(

@@ -179,8 +179,7 @@ def execute(plan: Plan) -> int:
     print(json.dumps({"ab": str(plan.out / "ab.json")}), flush=True)
     if interrupted:
         return harness.interrupted()
-    failed = any(r["status"] != "ok" for r in rows)
-    return 1 if failed or not ratios else 0
+    return 1 if not ratios or any(r["status"] != "ok" for r in rows) else 0
 
 
 def side_text(side: str, row: dict[str, Any]) -> str:

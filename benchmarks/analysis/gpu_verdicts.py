@@ -261,10 +261,8 @@ def saw_gpu(where: Path, table: dict[str, Any], row: dict[str, Any], label: str)
     kinds = []
     for real in row.get("real") or []:
         record = local(where, table, str(real.get("record") or ""))
-        kinds.append(
-            read_json(record, RECORD_SCHEMA).get("device_kind") if record.is_file() else None
-        )
-        kinds.append(real.get("device_kind"))
+        said = read_json(record, RECORD_SCHEMA).get("device_kind") if record.is_file() else None
+        kinds += [said, real.get("device_kind")]
     kinds += [c.get("device_kind") for c in row.get("compute") or []]
     seen = [str(k) for k in kinds if k]
     ok = bool(seen) and all(k.startswith("cuda:") for k in seen)

@@ -608,9 +608,8 @@ def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, 
     if not bd_step or compute is None:
         return all_compute, "breakdown without step_ms"
     share = step / bd_step  # the breakdown's parts, in proportion, on the timed step
-    bd = Breakdown(
-        step_ms=step,
-        batch=batch,
+    bd = replace(
+        all_compute,
         compute_ms=compute * share,
         input_wait_ms=(wait or 0.0) * share,
         source=f"{timed}; compute and input wait in the proportions of the measured breakdown "
@@ -667,8 +666,7 @@ def measured_vs_predicted(
     source; default `default_link` of the device kind, ASSUMED), the overlap (default the
     framework's), the gradient dtype (our trainers keep fp32 parameters and gradients). From an
     N-device record it takes only how the sweep ran (devices, global batch: the scaling), never
-    its time. cpu-simulated devices share the host's cores (THREADS RULE, common/runtime.py), so
-    there each device's compute is predicted N times slower; GPUs have their own."""
+    its time. Each device's compute: SHARED_CORES (cpu-simulated) or OWN_DEVICE (GPUs)."""
     out = []
     for key, by_n in _cells(records).items():
         if 1 not in by_n:
@@ -719,11 +717,8 @@ def measured_vs_predicted(
             setup = Setup(framework, first.get("model") or "", grad_dtype, name, lk,
                           INTER_NODE["ib-ndr"], gpus_per_node=n, overlap=overlap)  # fmt: skip
             one = predict(bd, setup, 1, bd.batch, model)
+            # gpus_per_node=n: one node, so even torch-dp gets a step (predict's "n/a" is beyond it)
             got = predict(shared_cores(bd, k), setup, n, global_batch / n, model)
-            if "step_ms" not in got:
-                row["note"] = got.get("note", "")
-                out.append(row)
-                continue
             over, over_source = overlap_for(framework, bd, overlap)
             grads = [t * GRAD_BYTES[grad_dtype] for t in model.tensors]
             msgs = [] if framework == "torch-dp" else messages(framework, grads)
