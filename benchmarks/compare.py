@@ -292,10 +292,9 @@ def make_plan(argv: list[str]) -> Plan:
             if why:
                 plan.not_applicable[(fw, n)] = why
                 continue
+            global_batch = batch * n if scaling == "weak" else batch
             for seed in range(base.seed, base.seed + ns.repeat):
-                plan.runs.append(
-                    make_run(plan, fw, n, seed, batch * n if scaling == "weak" else batch)
-                )
+                plan.runs.append(make_run(plan, fw, n, seed, global_batch))
     if not plan.runs:
         why = "; ".join(f"{k}: {v}" for k, v in plan.skipped.items()) or "; ".join(
             f"{fw} x{n}: {v}" for (fw, n), v in plan.not_applicable.items()
@@ -386,9 +385,7 @@ def finish_record(
     if record is None:
         cfg = spec.cfg
         record = {
-            "framework": cfg.framework,
-            "model": cfg.model,
-            "dataset": cfg.dataset,
+            **{k: getattr(cfg, k) for k in ("framework", "model", "dataset")},
             "devices": spec.devices,
             "device_kind": plan.expected_kind,
             "bn_mode": cfg.bn,
@@ -465,10 +462,7 @@ def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
         "base_config": plan.base.to_dict(),
         "runs": [
             {
-                "run_id": s.run_id,
-                "framework": s.framework,
-                "devices": s.devices,
-                "seed": s.seed,
+                **{k: getattr(s, k) for k in ("run_id", "framework", "devices", "seed")},
                 "global_batch_size": s.cfg.batch_size,
                 "peak_lr": s.peak_lr,
                 "command": list(s.command),

@@ -466,9 +466,7 @@ def measure(
     result = timed(RUNNERS[family](cfg, batch, framework), steps, warmup, rounds)
     return {
         "family": family,
-        "model": cfg.model,
-        "width": cfg.width,
-        "image_size": cfg.image_size,
+        **{k: getattr(cfg, k) for k in ("model", "width", "image_size")},
         "batch_size": batch,
         "precision": cfg.precision,
         "steps": steps,

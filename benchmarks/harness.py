@@ -124,16 +124,11 @@ class Framework:
         return ROOT.joinpath(*self.module.split(".")).with_suffix(".py")
 
 
+DP_NEEDS_CUDA = "nn.DataParallel needs CUDA; on CPU it runs one replica"
 REGISTRY: dict[str, Framework] = {
     f.name: f
     for f in (
-        Framework(
-            "torch-dp",
-            "frameworks.torch_dp",
-            ".venv",
-            "main",
-            multi_device_needs_cuda="nn.DataParallel needs CUDA; on CPU it runs one replica",
-        ),
+        Framework("torch-dp", "frameworks.torch_dp", ".venv", "main", DP_NEEDS_CUDA),
         Framework("torch-ddp", "frameworks.torch_ddp", ".venv", "main"),
         Framework("jax-pmap", "frameworks.jax_pmap", ".venv", "main"),
         Framework("jax-shard", "frameworks.jax_shard", ".venv", "main"),

@@ -92,10 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         + ". Both sides always run with --no-augment --lr-schedule constant --warmup-epochs 0 "
         "--no-channels-last.",
     )
-    p.add_argument(
-        "--preset",
-        help="named preset for both sides (default: the work below)",
-    )
+    p.add_argument("--preset", help="named preset for both sides (default: the work below)")
     p.add_argument(
         "--tutorials",
         default=",".join(TUTORIALS),
@@ -376,8 +373,7 @@ def execute(plan: Plan) -> int:
                         return harness.interrupted()
                     save()
     rows = save()
-    print()
-    print(markdown(plan, rows, host))
+    print("\n" + markdown(plan, rows, host))
     print(f"results in {plan.out}")
     return 0 if runs and all(r["status"] == "ok" for r in runs) else 1
 

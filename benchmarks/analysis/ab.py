@@ -151,11 +151,7 @@ def execute(plan: Plan) -> int:
         interrupted = True
         print(f"[{TOOL}] interrupted: the pairs measured so far are saved", flush=True)
     result = {
-        "command": plan.command,
-        "framework": plan.framework,
-        "a": plan.a,
-        "b": plan.b,
-        "shared": plan.shared,
+        **{k: getattr(plan, k) for k in ("command", "framework", "a", "b", "shared")},
         "ratios_b_over_a": ratios,
         "median_ratio": statistics.median(ratios) if ratios else None,
         "first_epoch_over_later_median": first_over_later(rows),
