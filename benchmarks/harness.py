@@ -1183,6 +1183,19 @@ def cell(value: Any, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def device_axes(
+    plt: Any, counts: list[int], title: str, ylabel: str = "scaling efficiency (speed-up / devices)"
+) -> tuple[Any, Any]:
+    """A sweep's figure against the device count (report's plots and predict.sweep_plot's)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel("devices")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(counts)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
 def markdown_table(headers: Sequence[str], body: Sequence[Sequence[str]], align: str = "") -> str:
     """A Markdown table; `align`: one letter a column, "r" for a right-aligned one."""
 

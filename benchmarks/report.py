@@ -529,19 +529,6 @@ def write_tables(
 # -- plots ---------------------------------------------------------------------------------------
 
 
-def device_axes(
-    plt: Any, counts: list[int], title: str, ylabel: str = "scaling efficiency (speed-up / devices)"
-) -> tuple[Any, Any]:
-    """A sweep's figure against the device count (also predict.sweep_plot's)."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    ax.set_title(title, fontsize=8)
-    ax.set_xlabel("devices")
-    ax.set_ylabel(ylabel)
-    ax.set_xticks(counts)
-    ax.grid(alpha=0.3)
-    return fig, ax
-
-
 def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple[list[Path], str]:
     """PNG plots; returns the files written and a note when plots could not be made."""
     try:
@@ -570,7 +557,9 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         written.append(out / name)
 
     subtitle = "Throughput vs devices (median, bars: min-max over repeats; dashed: ideal scaling)"
-    fig, ax = device_axes(plt, sweep.counts, f"{subtitle}\n{title}", "images/s (timed epochs)")
+    fig, ax = harness.device_axes(
+        plt, sweep.counts, f"{subtitle}\n{title}", "images/s (timed epochs)"
+    )
     for fw in sweep.frameworks:
         pts = [r for r in table if r["framework"] == fw]
         if not pts:
@@ -592,7 +581,7 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         ax.legend(fontsize=8)
     save(fig, "throughput.png")
 
-    fig, ax = device_axes(plt, sweep.counts, f"Scaling efficiency vs devices\n{title}")
+    fig, ax = harness.device_axes(plt, sweep.counts, f"Scaling efficiency vs devices\n{title}")
     ax.axhline(1.0, color="k", linestyle="--", alpha=0.5, label="ideal")
     for fw in sweep.frameworks:
         pts = [r for r in table if r["framework"] == fw and "efficiency" in r]

@@ -858,13 +858,11 @@ def sweep_plot(
     colour per framework (`order`: the sweep's); None when there is nothing to compare."""
     from matplotlib.ticker import PercentFormatter
 
-    from benchmarks.report import device_axes
-
     table = [r for r in measured_vs_predicted(records)
              if r["predicted_efficiency"] is not None]  # fmt: skip
     if not table:
         return None
-    fig, ax = device_axes(
+    fig, ax = harness.device_axes(
         plt,
         counts,
         "Scaling efficiency: measured (points) and PREDICTED from the 1-device "
