@@ -289,19 +289,49 @@ def run_torch(cfg: Config, batch: int, framework: str) -> Bare:
 # -- JAX ----------------------------------------------------------------------------------------
 
 
+def jax_state(cfg: Config, plan: Any, device: Any) -> tuple[Any, Any, tuple[int, int, int]]:
+    """(model, state, image shape) of the JAX reference on `device`: jax-pmap's builder on a
+    1-device mesh (the trainers' initialisation, optimiser and dropout key), then the replica
+    axis it stacks for pmap dropped: a plain state on one device. scripts/gpu_path.py builds
+    the CUDA program from it."""
+    import jax
+    from jax.sharding import Mesh
+
+    from frameworks.jax_pmap import build_model, create_train_state
+
+    model = build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, plan.compute_dtype)
+    shape = (cfg.image_size, cfg.image_size, cfg.synthetic_channels)
+    replicated = create_train_state(cfg, model, shape, Mesh(np.array([device]), ("batch",)), 1)
+    return model, jax.tree.map(lambda a: a[0], replicated), shape
+
+
+def jax_train_step(state: Any, x: Any, y: Any) -> Any:
+    """The trainers' step without the pmean (one device) and without the metrics."""
+    import jax
+
+    from frameworks.jax_support import cross_entropy
+
+    key = jax.random.fold_in(state.key, state.step)
+
+    def loss_fn(params: Any) -> tuple[Any, Any]:
+        logits, updates = state.apply_fn(
+            {"params": params, "batch_stats": state.batch_stats}, x, train=True,
+            rngs={"dropout": key}, mutable=["batch_stats"])  # fmt: skip
+        return cross_entropy(logits, y, state.label_smoothing).mean(), updates
+
+    grads, updates = jax.grad(loss_fn, has_aux=True)(state.params)
+    return state.apply_gradients(grads=grads, batch_stats=updates["batch_stats"])
+
+
 def run_jax(cfg: Config, batch: int, framework: str) -> Bare:
     simulate_host_devices(1)  # before JAX's CPU backend starts: one device
     # the trainers' XLA:CPU path at one device (jax_support.setup_xla)
     use_xla_cpu_ynn(xla_cpu_ynn_wanted(cfg.xla_cpu_ynn, image_side(cfg), 1))
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh
 
     from frameworks.jax_models import count_params
-    from frameworks.jax_pmap import build_model, create_train_state
     from frameworks.jax_support import (
-        TrainState,
-        cross_entropy,
         device_plan,
         platform_of,
         use_device_plan,
@@ -311,27 +341,8 @@ def run_jax(cfg: Config, batch: int, framework: str) -> Bare:
     device = jax.local_devices()[0]
     plan = device_plan(cfg, platform_of(device))  # the trainers' own plan: dtype, TF32, donation
     fp32 = use_device_plan(plan)
-    model = build_model(cfg, cfg.synthetic_channels, cfg.synthetic_classes, plan.compute_dtype)
-    # jax-pmap's builder on a 1-device mesh (the trainers' initialisation, optimiser and dropout
-    # key), then the replica axis it stacks for pmap is dropped: a plain state on one device.
-    shape = (cfg.image_size, cfg.image_size, cfg.synthetic_channels)
-    replicated = create_train_state(cfg, model, shape, Mesh(np.array([device]), ("batch",)), 1)
-    state = jax.tree.map(lambda a: a[0], replicated)
-
-    def train_step(state: TrainState, x: jax.Array, y: jax.Array) -> TrainState:
-        # The trainers' step without the pmean (one device) and without the metrics.
-        key = jax.random.fold_in(state.key, state.step)
-
-        def loss_fn(params: Any) -> tuple[jax.Array, Any]:
-            logits, updates = state.apply_fn(
-                {"params": params, "batch_stats": state.batch_stats}, x, train=True,
-                rngs={"dropout": key}, mutable=["batch_stats"])  # fmt: skip
-            return cross_entropy(logits, y, state.label_smoothing).mean(), updates
-
-        grads, updates = jax.grad(loss_fn, has_aux=True)(state.params)
-        return state.apply_gradients(grads=grads, batch_stats=updates["batch_stats"])
-
-    step_fn = jax.jit(train_step, donate_argnums=plan.donate)  # as the trainers
+    model, state, shape = jax_state(cfg, plan, device)
+    step_fn = jax.jit(jax_train_step, donate_argnums=plan.donate)  # as the trainers
     x, y = synthetic_batch(cfg, batch, "NHWC")
     xd, yd = jax.device_put(jnp.asarray(x), device), jax.device_put(jnp.asarray(y), device)
     live: list[Any] = [jax.device_put(state, device), None]  # the bare state, the loop's

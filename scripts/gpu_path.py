@@ -1,6 +1,7 @@
 """What the GPU path runs, printed on a CPU-only machine: every trainer's device plan for the GPU
 platform and, for the JAX trainers, a digest of the train step exported for CUDA from the
-trainer's own code (with its convolutions' dtype), at fp32 and bf16 on 2 devices.
+trainer's own code (with its convolutions' dtype), at fp32 and bf16 on 2 devices, and of
+benchmarks.compute_only's one-device reference step (the loop ratio's denominator).
 
     .venv/bin/python scripts/gpu_path.py > after.json
     git stash; .venv/bin/python scripts/gpu_path.py > before.json; git stash pop
@@ -51,17 +52,42 @@ def jax_programs() -> dict[str, dict]:
             train, _ = mod.parallelize(plan, mesh)
             x = np.zeros((cfg.batch_size, *ds.image_shape), np.float32)
             batch = mod.to_device((x, np.zeros(cfg.batch_size, np.int32)), mesh)
-            text = jax.export.export(jax.jit(train), platforms=("cuda",))(state, batch)
-            text = re.sub(r"loc\(.*?\)|#loc.*", "", text.mlir_module())
-            convs = re.findall(r"stablehlo\.convolution.*?-> tensor<[^>]*x(\w+)>", text)
-            plan_fields = {k: str(v) for k, v in dataclasses.asdict(plan).items()}
-            out[f"{mod.__name__.split('.')[-1]} {precision}"] = {
-                "plan": plan_fields,
-                "program_sha256": hashlib.sha256(text.encode()).hexdigest(),
-                "conv_dtypes": sorted(set(convs)),
-                "all_reduce": "all_reduce" in text,
-            }
+            exported = jax.export.export(jax.jit(train), platforms=("cuda",))(state, batch)
+            key = f"{mod.__name__.split('.')[-1]} {precision}"
+            out[key] = program_facts(plan, exported.mlir_module())
     return out
+
+
+def compute_only_programs() -> dict[str, dict]:
+    """benchmarks.compute_only's JAX reference (the loop ratio's denominator) as the GPU would
+    run it: its plan for the GPU platform and its one-device step exported for CUDA."""
+    import jax
+
+    from benchmarks.compute_only import jax_state, jax_train_step
+    from frameworks.jax_support import device_plan
+
+    out = {}
+    for precision in ("fp32", "bf16"):
+        cfg = preset("smoke", precision=precision, gpus=1)
+        plan = device_plan(cfg, "gpu")
+        _, state, shape = jax_state(cfg, plan, jax.devices()[0])
+        x = np.zeros((cfg.batch_size, *shape), np.float32)
+        y = np.zeros(cfg.batch_size, np.int32)
+        exported = jax.export.export(jax.jit(jax_train_step), platforms=("cuda",))(state, x, y)
+        out[f"compute_only jax {precision}"] = program_facts(plan, exported.mlir_module())
+    return out
+
+
+def program_facts(plan: object, module: str) -> dict:
+    """A plan's fields, and the digest and convolution dtypes of an exported program."""
+    text = re.sub(r"loc\(.*?\)|#loc.*", "", module)
+    convs = re.findall(r"stablehlo\.convolution.*?-> tensor<[^>]*x(\w+)>", text)
+    return {
+        "plan": {k: str(v) for k, v in dataclasses.asdict(plan).items()},  # type: ignore[call-overload]
+        "program_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "conv_dtypes": sorted(set(convs)),
+        "all_reduce": "all_reduce" in text,
+    }
 
 
 def torch_plans() -> dict[str, dict]:
@@ -79,4 +105,5 @@ def torch_plans() -> dict[str, dict]:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"jax": jax_programs(), "torch": torch_plans()}, indent=1, sort_keys=True))
+    jax = {**jax_programs(), **compute_only_programs()}
+    print(json.dumps({"jax": jax, "torch": torch_plans()}, indent=1, sort_keys=True))
