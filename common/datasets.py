@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import io
 import json
 import math
@@ -655,17 +656,33 @@ DIGITS_TEST = 360  # sklearn's 1797 digits: the last 360 of a fixed permutation 
 def load_digits() -> Dataset:
     """scikit-learn's bundled 8x8 handwritten digits (1797 real images), split 80/20 by a fixed
     permutation (independent of the run seed, so every run tests on the same 360 images)."""
-    from sklearn.datasets import load_digits as _load  # ships its data: works offline
-
-    d = _load()
-    x = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[..., None]  # (1797, 8, 8, 1)
-    y = d.target.astype(np.int32)
+    images, target = digits_arrays()
+    x = np.round(images * (255.0 / 16.0)).astype(np.uint8)[..., None]  # (1797, 8, 8, 1)
+    y = target.astype(np.int32)
     order = np.random.default_rng(20_26).permutation(len(x))
     n_test = DIGITS_TEST
     test, train = order[:n_test], order[n_test:]
     mean = float(x[train].mean() / 255.0)
     std = float(x[train].std() / 255.0)
     return Dataset("digits", x[train], y[train], x[test], y[test], 10, (mean,), (std,), flip=False)
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(images (1797, 8, 8) float64 of 0..16, targets (1797,)): what sklearn's `load_digits()`
+    returns, read from the file it ships (sklearn/datasets/data/digits.csv.gz, 64 pixels and
+    the label per row) as it reads it, without importing sklearn.datasets, which costs 1.2 s of
+    every digits run's start (its other loaders, scipy, ...); sklearn's own loader where the
+    file is not there. tests/test_common_data.py holds the two equal."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package, runs none of it
+    bundled = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if bundled is None or not bundled.is_file():
+        from sklearn.datasets import load_digits as _load  # ships its data: works offline
+
+        d = _load()
+        return d.images, d.target
+    with gzip.open(bundled, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
 
 
 def make_synthetic(
@@ -803,7 +820,5 @@ def check_available(cfg) -> None:  # type: ignore[no-untyped-def]
                 file=sys.stderr,
             )
     elif cfg.dataset == "digits":
-        import importlib.util
-
         if importlib.util.find_spec("sklearn") is None:
             raise DatasetError("dataset 'digits' needs scikit-learn: pip install scikit-learn")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gzip
 import io
 import os
@@ -166,6 +167,40 @@ def test_digits_is_real_and_split_deterministically() -> None:
     np.testing.assert_array_equal(a.test_y, b.test_y)  # split independent of the run seed
     assert set(np.unique(a.train_y)) == set(range(10))
     assert a.train_x.max() > 200  # real ink, scaled to uint8
+
+
+def test_digits_read_from_sklearns_file_are_sklearns_digits(monkeypatch) -> None:
+    """digits_arrays reads sklearn's bundled file without importing sklearn.datasets: the same
+    images and labels as sklearn's load_digits(), in the same order; with the file missing it
+    takes them from sklearn's loader. (A row or column off, or the label read as a pixel,
+    would differ: checked on a copy with the first two rows swapped.)"""
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    want = sklearn_datasets.load_digits()
+    images, target = datasets.digits_arrays()
+    np.testing.assert_array_equal(images, want.images)
+    np.testing.assert_array_equal(target, want.target)
+    swapped = images[[1, 0, *range(2, len(images))]]
+    assert not np.array_equal(swapped, want.images)  # the comparison sees an order slip
+    real = datasets.importlib.util.find_spec
+
+    def elsewhere(name, *args):  # a sklearn whose file is not where this build keeps it
+        spec = copy.copy(real(name, *args))  # a copy: sklearn's own spec stays as it is
+        if name == "sklearn" and spec is not None:
+            spec.origin = "/nonexistent/sklearn/__init__.py"
+        return spec
+
+    calls = []
+
+    def sklearns_loader():
+        calls.append(1)
+        return want
+
+    monkeypatch.setattr(datasets.importlib.util, "find_spec", elsewhere)
+    monkeypatch.setattr(sklearn_datasets, "load_digits", sklearns_loader)
+    images, target = datasets.digits_arrays()
+    assert calls == [1]
+    np.testing.assert_array_equal(images, want.images)
+    np.testing.assert_array_equal(target, want.target)
 
 
 def test_synthetic_is_seeded_and_sized() -> None:
