@@ -674,7 +674,8 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     every digits run's start (its other loaders, scipy, ...); sklearn's own loader where the
     file is not there. tests/test_common_data.py holds the two equal."""
     spec = importlib.util.find_spec("sklearn")  # finds the package, runs none of it
-    bundled = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec else None
+    origin = spec.origin if spec else None
+    bundled = Path(origin).parent / "datasets" / "data" / "digits.csv.gz" if origin else None
     if bundled is None or not bundled.is_file():
         from sklearn.datasets import load_digits as _load  # ships its data: works offline
 
