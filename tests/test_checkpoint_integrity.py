@@ -248,7 +248,7 @@ def test_a_jax_checkpoint_with_flipped_bytes_is_one_line_and_nothing_trained(
     from flax import serialization, traverse_util
 
     ck, data = tmp_path / "ck", tmp_path / "data"
-    common = [*SMOKE, "--max-steps-per-epoch", "1", "--no-compile-cache", "--checkpoint-dir",
+    common = [*SMOKE, "--max-steps-per-epoch", "1", "--checkpoint-dir",
               str(ck), "--data-dir", str(data)]  # fmt: skip
     proc = run_trainer("jax-pmap", *common, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

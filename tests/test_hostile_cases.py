@@ -109,7 +109,7 @@ def a_link_to_dev_zero(d: Path, name: str) -> None:
     (d / name).symlink_to("/dev/zero")
 
 
-JAX_CKPT = [*SMOKE, "--max-steps-per-epoch", "1", "--no-compile-cache", "--checkpoint-dir",
+JAX_CKPT = [*SMOKE, "--max-steps-per-epoch", "1", "--checkpoint-dir",
             "{d}/ck", "--data-dir", "{d}/data"]  # fmt: skip
 
 

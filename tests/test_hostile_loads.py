@@ -224,7 +224,7 @@ def jax_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def jax_args(ck: Path) -> list[str]:
-    return [*SMOKE, "--max-steps-per-epoch", "1", "--no-compile-cache", "--checkpoint-dir",
+    return [*SMOKE, "--max-steps-per-epoch", "1", "--checkpoint-dir",
             str(ck), "--data-dir", str(ck.parent / "data")]  # fmt: skip
 
 
