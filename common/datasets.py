@@ -650,6 +650,8 @@ def load_fashion_mnist(data_dir: str, download: bool, verify: bool = True) -> Da
     )
 
 
+DIGITS_TOTAL = 1797  # images in sklearn's digits file
+DIGITS_TEXT_MAX = 4 << 20  # its text unpacked is 0.3 MB
 DIGITS_TEST = 360  # sklearn's 1797 digits: the last 360 of a fixed permutation are the test set
 
 
@@ -672,17 +674,36 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     returns, read from the file it ships (sklearn/datasets/data/digits.csv.gz, 64 pixels and
     the label per row) as it reads it, without importing sklearn.datasets, which costs 1.2 s of
     every digits run's start (its other loaders, scipy, ...); sklearn's own loader where the
-    file is not there. tests/test_common_data.py holds the two equal."""
+    file is not there. A file that is not 1797 rows of 64 pixels in 0..16 and a label in 0..9
+    (cut short, damaged, inflating) is a DatasetError naming it. tests/test_common_data.py holds
+    the two equal."""
     spec = importlib.util.find_spec("sklearn")  # finds the package, runs none of it
     origin = spec.origin if spec else None
     bundled = Path(origin).parent / "datasets" / "data" / "digits.csv.gz" if origin else None
-    if bundled is None or not bundled.is_file():
+    if bundled is None or not bundled.exists():  # (a FIFO or device there: refused below)
         from sklearn.datasets import load_digits as _load  # ships its data: works offline
 
         d = _load()
         return d.images, d.target
-    with gzip.open(bundled, "rt") as f:
-        data = np.loadtxt(f, delimiter=",")
+    fix = "reinstall scikit-learn (pip install --force-reinstall scikit-learn)"
+    packed = read_regular(bundled, 1 << 20, "scikit-learn's digits file", fix, DatasetError)
+    data, why = np.empty((0, 0)), ""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(packed)) as f:
+            text = f.read(DIGITS_TEXT_MAX + 1)  # ~0.3 MB: no inflating file is read whole
+        if len(text) > DIGITS_TEXT_MAX:
+            why = f"; over {DIGITS_TEXT_MAX} bytes unpacked"
+        else:
+            data = np.loadtxt(io.StringIO(text.decode()), delimiter=",", ndmin=2)
+    except (OSError, EOFError, ValueError) as e:
+        why = f"; {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    if not why and data.shape != (DIGITS_TOTAL, 65):  # 64 pixels and the label per image
+        why = f"; {data.shape[0]} x {data.shape[1]} values, not {DIGITS_TOTAL} x 65"
+    elif not why and not (np.isin(data[:, :-1], np.arange(17)).all()
+                          and np.isin(data[:, -1], np.arange(10)).all()):  # fmt: skip
+        why = "; a pixel outside 0..16 or a label outside 0..9"
+    if why:
+        raise DatasetError(f"cannot read scikit-learn's digits file {bundled}{why}: {fix}")
     return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
 
 

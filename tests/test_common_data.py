@@ -203,6 +203,41 @@ def test_digits_read_from_sklearns_file_are_sklearns_digits(monkeypatch) -> None
     np.testing.assert_array_equal(target, want.target)
 
 
+def test_a_damaged_digits_file_is_one_line_naming_it_and_the_fix(monkeypatch, tmp_path) -> None:
+    """sklearn's bundled digits file, cut short, missing rows, holding a value no digit has,
+    not gzip, or inflating past the cap: one DatasetError naming the file and the fix, never a
+    dataset of other images or numpy's traceback (sklearn's own loader reads it unchecked)."""
+    pytest.importorskip("sklearn")
+    real = (Path(datasets.importlib.util.find_spec("sklearn").origin).parent / "datasets" /
+            "data" / "digits.csv.gz").read_bytes()  # fmt: skip
+    rows = gzip.decompress(real).decode().splitlines()
+    fake = tmp_path / "sklearn" / "datasets" / "data" / "digits.csv.gz"
+    fake.parent.mkdir(parents=True)
+    spec = copy.copy(datasets.importlib.util.find_spec("sklearn"))
+    spec.origin = str(tmp_path / "sklearn" / "__init__.py")
+    monkeypatch.setattr(datasets.importlib.util, "find_spec", lambda name, *a: spec)
+    seventeen = rows[0].split(",")
+    seventeen[5] = "17"
+    cases = {
+        "end-of-stream marker": real[: len(real) // 2],  # cut short
+        "1796 x 65": gzip.compress("\n".join(rows[1:]).encode()),
+        "outside 0..16": gzip.compress("\n".join([",".join(seventeen), *rows[1:]]).encode()),
+        "Not a gzipped file": b"not gzip at all",
+        "unpacked": gzip.compress(b"0," * (3 << 20)),  # 6 MiB of text from a small file
+    }
+    for fragment, content in cases.items():
+        fake.write_bytes(content)
+        with pytest.raises(datasets.DatasetError) as e:
+            datasets.digits_arrays()
+        line = str(e.value)
+        assert "\n" not in line and fragment in line, line
+        assert line.startswith(f"cannot read scikit-learn's digits file {fake}"), line
+        assert line.endswith("pip install --force-reinstall scikit-learn)"), line
+    fake.write_bytes(real)  # the same file, unharmed, where this sklearn would keep it
+    images, target = datasets.digits_arrays()
+    assert images.shape == (1797, 8, 8) and target.shape == (1797,)
+
+
 def test_synthetic_is_seeded_and_sized() -> None:
     a = datasets.make_synthetic(10, 4, 12, 3, 7, seed=1)
     b = datasets.make_synthetic(10, 4, 12, 3, 7, seed=1)
