@@ -177,17 +177,32 @@ def xla_cpu_execution() -> str:
     return f"XLA:CPU, YNNPACK fusions ({fusions})" if fusions else "XLA:CPU (its own code)"
 
 
+def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a Slurm allocation, a
+    container's cpuset), which its children inherit; not the machine's count (os.cpu_count),
+    which torch's and OpenMP's own defaults do not use either. Threads beyond these cores wait
+    for each other: two torch processes of 2 threads each on 2 cores (OpenMP spinning, as by
+    default) took 84 s together where one alone takes 7 s."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity call (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def cpu_threads(workers: int = 1) -> int:
-    """Threads each of `workers` processes should use so that together they fill the cores."""
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
+    """Threads each of `workers` processes should use so that together they fill the cores
+    this process may run on (`available_cores`)."""
+    return max(1, available_cores() // max(1, workers))
 
 
 def threads_record(total: int, per_device: int | None, how: str) -> dict[str, object]:
-    """The run record's `threads` entry. THREADS RULE: a CPU run on C cores uses C threads in all,
-    however many devices it simulates, split evenly over the devices where the framework lets
-    us (torch-ddp: C/N per process; mxnet-gluon: C/N OpenMP threads per context; torch-dp: one
-    process, C threads; JAX: XLA:CPU's one intra-op pool of C threads, shared by the devices)."""
-    return {"total": total, "per_device": per_device, "cores": os.cpu_count(), "how": how}
+    """The run record's `threads` entry. THREADS RULE: a CPU run on C cores (those it may run
+    on: `available_cores`) uses C threads in all, however many devices it simulates, split
+    evenly over the devices where the framework lets us, and at least one per device
+    (torch-ddp: C/N per process; mxnet-gluon: C/N OpenMP threads per context; torch-dp: one
+    process, C threads; JAX: XLA:CPU's one intra-op pool, shared by the devices, of max(C, N)
+    threads: XLA's own size)."""
+    return {"total": total, "per_device": per_device, "cores": available_cores(), "how": how}
 
 
 def set_omp_threads(n: int) -> None:

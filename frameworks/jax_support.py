@@ -55,6 +55,7 @@ from common.run import Run
 from common.runtime import (
     INJECT_ENV,
     atomic_write_bytes,
+    available_cores,
     check_xla_flags,
     remove_stale_temp_files,
     simulate_host_devices,
@@ -385,12 +386,15 @@ def conv_dtypes(jaxpr: Any) -> set[str]:
 
 def jax_threads(devices: list[jax.Device]) -> dict[str, Any]:
     """The `threads` record of a JAX run: XLA:CPU runs every host device's programs on one
-    intra-op thread pool per process, sized to the machine's cores by XLA and shared by the
-    devices (jax 0.10 offers no setting for its size: C threads in all, as the rule asks)."""
+    intra-op thread pool per process, shared by the devices, which XLA sizes itself to the
+    cores the process may run on, or to its device count where that is larger (jax 0.10 offers
+    no setting for its size; counted on jax 0.10.2 from the pool's threads, tf_XLAEigen, at 1-4
+    devices with 1 and 2 cores)."""
     if devices[0].platform != "cpu":
         return threads_record(0, None, "GPU run: host threads are not the compute")
+    pool = max(available_cores(), len(jax.local_devices(backend="cpu")))
     return threads_record(
-        os.cpu_count() or 1, None, "XLA:CPU's intra-op pool, one per process, shared by the devices"
+        pool, None, "XLA:CPU's intra-op pool, one per process, shared by the devices"
     )
 
 

@@ -4,6 +4,8 @@ failures and a crash in the loop: tests/test_trainer_contract.py."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,22 @@ def test_cpu_run_records_one_device_and_notes_it_once(tmp_path):
     assert notes[0].startswith("note: no CUDA device") and "used 1 device" in notes[0]
     assert "--gpus 2" in notes[0]
     assert proc.stderr == "", proc.stderr  # stderr keeps the one line of an error
+
+
+def test_a_run_on_one_core_uses_one_thread(tmp_path):
+    """The cores a run may use are its affinity (taskset, a Slurm allocation, a pinned test
+    worker), not the machine's: on one core torch-dp sets one thread, and its record says so.
+    (Before, it set the machine's count: on 2 cores, 2 threads that waited for each other.)"""
+    cores = sorted(os.sched_getaffinity(0))
+    out = tmp_path / "one.json"
+    os.sched_setaffinity(0, cores[:1])  # this test's process: the trainer inherits it
+    try:
+        proc = run("torch-dp", "--epochs", "1", "--max-steps-per-epoch", "1", "--output", str(out))
+    finally:
+        os.sched_setaffinity(0, cores)
+    ok(proc)
+    threads = read_json(out)["threads"]
+    assert (threads["total"], threads["per_device"], threads["cores"]) == (1, None, 1)
 
 
 def reference_step(cfg) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

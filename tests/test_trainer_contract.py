@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,19 @@ def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> No
 
 def differs(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     return any(not np.array_equal(a[k], b[k]) for k in a)
+
+
+def assert_threads_rule(rec: dict[str, Any]) -> None:
+    """The threads rule on a CPU (common/runtime.py's threads_record): the run's C cores (those
+    it may run on) filled, at least one thread per device; JAX's pool is XLA's own."""
+    threads, devices = rec["threads"], rec["devices"]
+    cores = threads["cores"]
+    assert cores == len(os.sched_getaffinity(0))  # this test's cores, which the run inherits
+    if threads["per_device"] is not None:  # a process or an OpenMP team per device
+        assert threads["per_device"] == max(1, cores // devices)
+        assert threads["total"] == threads["per_device"] * devices
+    else:  # torch-dp's one process (1 device on a CPU), XLA:CPU's one pool
+        assert threads["total"] == max(cores, devices)
 
 
 def final_state(path: Path) -> dict[str, np.ndarray]:
@@ -442,7 +456,7 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
     epoch_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch ")]
     assert len(epoch_lines) == rec["config"]["epochs"] == len(rec["epochs"]) == 4
     assert rec["init"]["mode"] == "shared" and len(rec["init"]["sha256"]) == 64
-    assert rec["threads"]["total"] == rec["threads"]["cores"]  # the threads rule on CPU
+    assert_threads_rule(rec)
     assert rec["execution"] and rec["float32_precision"] == "fp32 (CPU)"
     assert rec["ran"]["activation_dtype"] == "float32"  # the default fp32, read from the run
     assert rec["pipeline"].startswith("host")  # --pipeline auto on a CPU

@@ -24,10 +24,12 @@ from common.runtime import (
 )
 from tests.conftest import (
     CONDITIONED_SEED,
+    MAIN_PYTHON,
     SMOKE,
     ok,
     read_json,
     relative_update_difference,
+    run_python,
     run_trainer,
 )
 
@@ -110,3 +112,36 @@ def test_ynn_step_equals_xlas_own_step(tmp_path: Path) -> None:
     assert diff <= UPDATE_RTOL
     slipped = {k: before[k] + 1.02 * (v - before[k]) if k in before else v for k, v in ynn.items()}
     assert relative_update_difference(before, slipped, own) > 10 * UPDATE_RTOL
+
+
+# A process of N simulated devices on its first core or on all its cores: the size of XLA:CPU's
+# intra-op pool (its threads are named tf_XLAEigen) and what the record says of it.
+POOL = """
+import os, sys
+n, cores = int(sys.argv[1]), sorted(os.sched_getaffinity(0))
+if sys.argv[2] == "one":
+    os.sched_setaffinity(0, cores[:1])
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+import jax
+import jax.numpy as jnp
+from frameworks.jax_support import jax_threads
+(jnp.ones((64, 64)) @ jnp.ones((64, 64))).block_until_ready()
+tasks = os.listdir("/proc/self/task")
+pool = sum(open(f"/proc/self/task/{t}/comm").read().strip() == "tf_XLAEigen" for t in tasks)
+print(pool, jax_threads(jax.devices())["total"], jax_threads(jax.devices())["cores"])
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc (Linux)")
+@pytest.mark.parametrize(("devices", "cores"), [(1, "one"), (3, "one"), (1, "all")])
+def test_the_record_says_how_many_threads_xlas_pool_has(devices: int, cores: str) -> None:
+    """The record's threads.total for a JAX run on a CPU is XLA:CPU's own pool, counted here:
+    as many threads as the cores the process may run on (its affinity: taskset, a Slurm
+    allocation), or as its devices where they are more. A record that said the machine's cores
+    (as it did) is wrong at 1 core, and at 3 devices on fewer cores."""
+    proc = run_python(MAIN_PYTHON, "-c", POOL, str(devices), cores)
+    ok(proc)
+    pool, total, recorded_cores = map(int, proc.stdout.split())
+    expected_cores = 1 if cores == "one" else len(os.sched_getaffinity(0))
+    assert recorded_cores == expected_cores
+    assert total == pool == max(expected_cores, devices)

@@ -116,7 +116,7 @@ def test_runs_evaluate_every_test_image(n, tmp_path):
     assert rec["test_examples"] == rec["test_set_size"] == 10
     assert len(rec["epochs"]) == 2 and rec["epochs"][0]["images"] == 96  # 4 steps x 24
     assert rec["params"] == count_params(create_model("resnet18", 3, 10, width=0.125))
-    per_context = max(1, (os.cpu_count() or 1) // n)  # the contexts share the cores
+    per_context = max(1, len(os.sched_getaffinity(0)) // n)  # the contexts share the cores
     assert rec["threads"]["per_device"] == per_context
     assert rec["threads"]["total"] == per_context * n
     assert rec["threads"]["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
