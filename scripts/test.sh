@@ -10,6 +10,8 @@ cd "$root"
 # tests wait on processes they start, so 2 workers on 2 cores take about 0.6 of one's time.
 # DPBENCH_TEST_WORKERS=1 runs it in one process (as before); the default is the core count, at
 # most 6 (each worker's tests start processes of their own: 2-device trainers, gloo worlds).
+# tests/conftest.py pins each worker, and the processes its tests start, to its own share of
+# the cores: the trainers size their threads to the cores they may use, one each here.
 workers="${DPBENCH_TEST_WORKERS:-$(( $(nproc) < 6 ? $(nproc) : 6 ))}"
 if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
   echo "[test] DPBENCH_TEST_WORKERS must be a whole number from 1, not '$workers' (1: one process)" >&2
