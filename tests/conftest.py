@@ -69,25 +69,22 @@ for _name, _sub in HOME_VARS.items():
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 
-def pin_xdist_worker() -> list[int] | None:
+def pin_xdist_worker() -> None:
     """Each of N pytest-xdist workers runs on its own share of the cores (every N-th of them),
     and so does every process its tests start (the affinity is inherited): a trainer sizes its
     threads to the cores it may run on (common.runtime.available_cores), so 2 workers on 2
-    cores run a thread each instead of 2 each that wait for each other. Returns the worker's
-    cores (None: not a worker, more workers than cores, or no affinity call)."""
+    cores run a thread each instead of 2 each that wait for each other. Nothing is pinned
+    outside a worker, with more workers than cores, or without an affinity call."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
-        return None
+        return
     cores = sorted(os.sched_getaffinity(0))
-    if count > len(cores):
-        return None
-    mine = cores[int(worker[2:]) % count :: count]
-    os.sched_setaffinity(0, mine)
-    return mine
+    if count <= len(cores):
+        os.sched_setaffinity(0, cores[int(worker[2:]) % count :: count])
 
 
-WORKER_CORES = pin_xdist_worker()
+pin_xdist_worker()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
