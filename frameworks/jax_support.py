@@ -445,8 +445,44 @@ def use_compile_cache(cfg: Config) -> str | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", 4 * 1024**3)  # eviction + file lock
+    drop_unfinished_cache_entries(path)
     note_damaged_cache_entries(path)
     return path
+
+
+def drop_unfinished_cache_entries(path: str, wait_sec: float = 10.0) -> int:
+    """Remove the compilation-cache entries that JAX began to write and never finished: a
+    `<key>-cache` file without the `<key>-atime` file JAX's LRU cache writes after it
+    (jax/_src/lru_cache.py), left by a full disk (the write failed part-way) or a writer killed
+    between the two. Before every write JAX reads each entry's -atime, so one such file made
+    every later write in the folder fail: a note in every run, nothing cached again (the suite's
+    full-disk tests did this to the session's cache). Under JAX's own lock (its `.lockfile`,
+    flock), so that a writer between its two writes is waited for; without the lock in
+    `wait_sec`, nothing is removed. Returns how many entries went."""
+    import fcntl
+
+    folder = Path(path)
+    try:
+        with open(folder / ".lockfile", "a") as lock:
+            deadline = time.monotonic() + wait_sec
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        return 0
+                    time.sleep(0.05)
+            unfinished = [
+                entry
+                for entry in folder.glob("*-cache")
+                if not entry.with_name(entry.name.removesuffix("-cache") + "-atime").exists()
+            ]
+            for entry in unfinished:
+                entry.unlink(missing_ok=True)
+            return len(unfinished)
+    except OSError:  # a read-only folder, say: JAX's own note tells what it cannot do
+        return 0
 
 
 CACHE_WARNINGS = ("Error reading persistent compilation cache entry",

@@ -2,6 +2,8 @@
 
 - A trainer whose compilation cache (the default --cache-dir, ~/.cache/dp-bench) holds entries
   cut short runs, compiles again and says so in one stderr line (JAX warns, two lines per entry).
+- An entry JAX began to write and never finished (a full disk, a killed writer) is dropped when
+  a trainer opens the cache: it made every later write in the folder fail.
 - The suite never reads or writes the user's folders: a test that runs a JAX trainer with the
   default cache folder passes under a HOME that holds exactly such a damaged cache, read-only,
   and leaves every byte of it as it was (conftest.py gives the session a folder of its own).
@@ -14,6 +16,8 @@ import os
 import stat
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT, SMOKE, ok, run_module, run_trainer
 
@@ -80,3 +84,27 @@ def test_a_damaged_user_cache_is_one_note_and_the_suite_never_touches_it(tmp_pat
     # and the session's own folder went with it
     assert not [p for p in temp.iterdir() if p.name.startswith("dp-bench-test-home-")]
     assert ROOT.is_dir() and os.environ["HOME"] != str(home)
+
+
+def test_an_unfinished_cache_entry_is_dropped_and_jax_writes_again(tmp_path: Path) -> None:
+    """A write cut short between JAX's two files of an entry (`<key>-cache`, then `<key>-atime`)
+    leaves the first without the second. JAX's LRU cache reads every entry's -atime before each
+    write, so one such file made every later write in the folder fail: the suite's full-disk
+    tests once did it to the session's cache, and every JAX run after them printed a note (two
+    one-line tests failed) and cached nothing. The trainers drop such entries when they open
+    the cache (jax_support.drop_unfinished_cache_entries); finished entries stay. Shown with
+    JAX's own cache code."""
+    from jax._src.lru_cache import LRUCache
+
+    from frameworks.jax_support import drop_unfinished_cache_entries
+
+    cache = LRUCache(str(tmp_path), max_size=1 << 20)
+    cache.put("done", b"d" * 100)
+    (tmp_path / "cut-cache").write_bytes(b"c" * 40)  # the write the full disk stopped
+    with pytest.raises(FileNotFoundError, match="cut-atime"):
+        cache.put("next", b"n" * 10)
+    assert drop_unfinished_cache_entries(str(tmp_path)) == 1
+    assert not (tmp_path / "cut-cache").exists()
+    cache.put("next", b"n" * 10)
+    assert cache.get("done") == b"d" * 100 and cache.get("next") == b"n" * 10
+    assert drop_unfinished_cache_entries(str(tmp_path)) == 0  # finished entries are kept

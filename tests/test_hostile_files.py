@@ -463,6 +463,11 @@ def limited(limit: int):
 
 
 def run_limited(python: Path, args: list[str], limit: int) -> subprocess.CompletedProcess[str]:
+    """`python args` under a file-size limit. A JAX trainer runs without its compilation cache:
+    an entry the limit cut short would land in the session's cache, which every test shares
+    (JAX then failed every later write there, test_hermetic.py)."""
+    if any(a.startswith("frameworks.jax") for a in args):
+        args = [*args, "--no-compile-cache"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("XLA_FLAGS", None)
     return subprocess.run([str(python), *args], cwd=ROOT, env=env, capture_output=True, text=True,
