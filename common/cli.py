@@ -19,6 +19,7 @@ from common.config import PRESETS, Config, preset
 from common.errors import ConfigError
 from common.launch_env import check_launch_env
 from common.memory import check_machine
+from common.runtime import ENTRY_POINTS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,3 +145,19 @@ def parse_args(argv: Sequence[str] | None, framework: str, prog: str | None = No
         return resolved(ns, framework)
     except ConfigError as exc:
         parser.error(str(exc))
+
+
+def check_command_line(argv: Sequence[str] | None = None) -> None:
+    """`python -m frameworks.<name> args`: the command line parsed and resolved as the trainer's
+    `main()` will (`parse_args`: the flags, the preset's Config, the launch variables), before
+    the module imports its framework. Bad input is one line and exit 2 in a fraction of a
+    second instead of after torch's or JAX's 2-3 s import; `--help` prints at once. The
+    package's `__init__` calls it; for any other command it does nothing. The checks that
+    need the framework, or the paths on disk, stay in `main()`."""
+    argv = list(getattr(sys, "orig_argv", [])) if argv is None else list(argv)
+    if "-m" not in argv[:-1]:
+        return
+    at = argv.index("-m") + 1
+    package, _, name = argv[at].partition(".")
+    if package == "frameworks" and argv[at] in ENTRY_POINTS:
+        parse_args(argv[at + 1 :], name.replace("_", "-"), prog=f"python -m {argv[at]}")

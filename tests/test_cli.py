@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import types
+from pathlib import Path
 
 import pytest
 
 from common import cli
 from common.config import Config, ConfigError, opt, preset
-from tests.conftest import one_line_error, run_module
+from tests.conftest import (
+    FRAMEWORKS,
+    ROOT,
+    one_line_error,
+    run_module,
+    run_trainer,
+    skip_without_interpreter,
+)
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 SHOWN = [f for f in FIELDS.values() if not f.metadata["hidden"]]
@@ -192,3 +201,29 @@ def test_a_library_module_run_as_a_command_says_so(module: str) -> None:
     assert module in LIBRARIES
     proc = run_module(module, "--bogus-flag")
     one_line_error(proc, f"python -m {module}: a library of the tools, not a command")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_bad_flags_are_refused_before_the_framework_loads(framework: str, tmp_path: Path) -> None:
+    """`python -m frameworks.<name>` checks its command line (common.cli.check_command_line,
+    from the package's __init__) before the module imports torch, JAX or MXNet: a refusal
+    takes a fraction of a second, not the framework's 2-3 s import. Shown with a framework
+    package that ends the process with its own message when imported, first on the path: the
+    refusal is the trainer's one line; --help prints; a valid command line reaches the import
+    (so the stand-in does load where nothing refuses)."""
+    skip_without_interpreter(framework)
+    package = {"torch": "torch", "jax": "jax", "mxnet": "mxnet"}[framework.split("-")[0]]
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text(
+        f"raise SystemExit('{package} imported (test stand-in)')\n"
+    )
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    one_line_error(
+        run_trainer(framework, "--preset", "smoke", "--gpus", "2", "--batch-size", "25", env=env),
+        "global batch 25 does not divide over 2 devices",
+    )
+    one_line_error(run_trainer(framework, "--bogus-flag", env=env), "--bogus-flag")
+    shown = run_trainer(framework, "--help", env=env)
+    assert shown.returncode == 0 and "usage: python -m frameworks." in shown.stdout, shown.stderr
+    started = run_trainer(framework, "--preset", "smoke", env=env)
+    assert started.returncode == 1 and f"{package} imported (test stand-in)" in started.stderr
