@@ -19,7 +19,7 @@ from common.config import PRESETS, Config, preset
 from common.errors import ConfigError
 from common.launch_env import check_launch_env
 from common.memory import check_machine
-from common.runtime import ENTRY_POINTS
+from common.runtime import ENTRY_POINTS, module_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -154,10 +154,10 @@ def check_command_line(argv: Sequence[str] | None = None) -> None:
     second instead of after torch's or JAX's 2-3 s import; `--help` prints at once. The
     package's `__init__` calls it; for any other command it does nothing. The checks that
     need the framework, or the paths on disk, stay in `main()`."""
-    argv = list(getattr(sys, "orig_argv", [])) if argv is None else list(argv)
-    if "-m" not in argv[:-1]:
+    command = module_command(argv)
+    if command is None:
         return
-    at = argv.index("-m") + 1
-    package, _, name = argv[at].partition(".")
-    if package == "frameworks" and argv[at] in ENTRY_POINTS:
-        parse_args(argv[at + 1 :], name.replace("_", "-"), prog=f"python -m {argv[at]}")
+    module, args = command
+    package, _, name = module.partition(".")
+    if package == "frameworks" and module in ENTRY_POINTS:
+        parse_args(args, name.replace("_", "-"), prog=f"python -m {module}")

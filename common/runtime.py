@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -51,16 +51,28 @@ LIBRARIES = ("benchmarks.harness", "benchmarks.progress", "benchmarks.analysis.b
              "tutorials.record")  # fmt: skip
 
 
+def module_command(argv: Sequence[str] | None = None) -> tuple[str, list[str]] | None:
+    """`python -m <module> args...` -> (module, args); None for any other command (a script,
+    `-c`, pytest). Read from the interpreter's own command line (`sys.orig_argv`) by default:
+    in the packages' `__init__`, which runs before the module, `sys.argv[0]` is still "-m"
+    and the module's name is nowhere else."""
+    argv = list(getattr(sys, "orig_argv", [])) if argv is None else list(argv)
+    if "-m" not in argv[:-1]:
+        return None
+    at = argv.index("-m") + 1
+    return argv[at], argv[at + 1 :]
+
+
 def check_interpreter(argv: list[str] | None = None) -> None:
     """`python -m <entry point>` in an interpreter without its framework: one line naming the
     interpreter to use and exit 2, instead of an ImportError's traceback from inside the module;
     a module of `LIBRARIES` run as a command, likewise one line. The packages' `__init__` calls
     it, before the module imports its framework; for any other command (tests, imports, the
     runners' own checked interpreters) it does nothing."""
-    argv = list(getattr(sys, "orig_argv", [])) if argv is None else argv
-    if "-m" not in argv[:-1]:
+    command = module_command(argv)
+    if command is None:
         return
-    module = argv[argv.index("-m") + 1]
+    module = command[0]
     if module in LIBRARIES:  # it would do nothing and exit 0
         print(f"python -m {module}: a library of the tools, not a command: `python -m "
               "benchmarks.compare --help` and docs/usage.md list the commands",
