@@ -675,7 +675,7 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     the label per row) as it reads it, without importing sklearn.datasets, which costs 1.2 s of
     every digits run's start (its other loaders, scipy, ...); sklearn's own loader where the
     file is not there. A file that is not 1797 rows of 64 pixels in 0..16 and a label in 0..9
-    (cut short, damaged, inflating) is a DatasetError naming it. tests/test_common_data.py holds
+    (cut short, damaged, inflating) is a DatasetError naming it. tests/common/test_datasets.py holds
     the two equal."""
     spec = importlib.util.find_spec("sklearn")  # finds the package, runs none of it
     origin = spec.origin if spec else None

@@ -152,7 +152,7 @@ def check_dpbench(env: Mapping[str, str]) -> None:
             raise _bad(name, value, f"names no framework (DPBENCH_PYTHON_ + one of "
                        f"{', '.join(sorted(known))})")  # fmt: skip
         # A path that is no interpreter is not refused here: the runners report that framework
-        # as missing, with the reason, and run the others (tests/test_compare.py's end-to-end
+        # as missing, with the reason, and run the others (tests/benchmarks/test_compare.py's end-to-end
         # test); a trainer never reads it.
 
 

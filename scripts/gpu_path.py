@@ -8,7 +8,7 @@ benchmarks.compute_only's one-device reference step (the loop ratio's denominato
     diff before.json after.json
 
 A change that claims "no change of behaviour" shows this diff empty (README, Development). The
-program is exported as tests/test_device_plan.py's `cuda_program` builds it; source locations
+program is exported as tests/trainers/test_device_plan.py's `cuda_program` builds it; source locations
 are left out of the digest.
 """
 

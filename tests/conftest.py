@@ -91,7 +91,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--hostile-all",
         action="store_true",
-        help="tests/test_hostile_cases.py: run every case of the hostile sweep, also those "
+        help="tests/trainers/test_hostile_cases.py: run every case of the hostile sweep, also those "
         "another test runs already (a few minutes)",
     )
 

@@ -1,5 +1,5 @@
 """Pieces shared by the hostile-input tests (tests/test_hostile_*.py, the sweep's cases in
-tests/test_hostile_cases.py), written once: a name the file system cannot make, a deadline that
+tests/trainers/test_hostile_cases.py), written once: a name the file system cannot make, a deadline that
 fails a read that blocks, a comparison's directory with no run made, and an MXNet trainer whose
 checkpoint's .states write fails after the .params."""
 

@@ -1,5 +1,5 @@
 """mxnet-gluon's checkpoint bound to its content (issue #41 item 1; the other frameworks:
-tests/test_checkpoint_integrity.py): a few bytes flipped in the weights or the optimiser states,
+tests/trainers/test_checkpoints.py): a few bytes flipped in the weights or the optimiser states,
 or a field of the index edited, is one line naming the file, exit 2, nothing trained. Before
 the digests a flipped weight loaded without a word (MXNet's NDArray format has no checksum)."""
 

@@ -2,7 +2,7 @@
 --bn sync is refused on CPU, so the trainer contract cannot check this through the command
 line), evaluation covers every test image once at any context count, same seed same losses,
 --bn sync refused on CPU. CPU contexts stand in for devices. Learning real digits,
-kill-and-resume, bad input, failures: tests/test_trainer_contract.py (main environment)."""
+kill-and-resume, bad input, failures: tests/trainers/test_contract.py (main environment)."""
 
 from __future__ import annotations
 

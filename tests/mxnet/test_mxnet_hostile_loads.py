@@ -1,5 +1,5 @@
 """Hostile loads, MXNet's side (issue 29; the torch and JAX side and what is checked where:
-tests/test_hostile_loads.py): a checkpoint index, or a weights or optimiser file it names, that
+tests/trainers/test_resume_checks.py): a checkpoint index, or a weights or optimiser file it names, that
 is a FIFO (the reader blocked for ever), a link to /dev/zero (it grew to 6 GB before failing) or
 larger than the configuration can need is refused in one line at once, as are all-zero weights;
 nothing is written. (A resume's settings, device count and counters are checked by common code,

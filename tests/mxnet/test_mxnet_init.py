@@ -1,5 +1,5 @@
 """mxnet-gluon starts from the shared initial arrays (common/init.py) on every context, at 1 and
-2 contexts, for both models (torch and JAX: tests/test_common_init.py)."""
+2 contexts, for both models (torch and JAX: tests/common/test_init.py)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """--profile on mxnet-gluon: MXNet's profiler writes a Chrome trace whose device lanes (cpu/0,
 cpu/1) hold the kvstore's copies and sums, read into the same breakdown as torch's and JAX's
-(tests/test_profile.py)."""
+(tests/trainers/test_profile.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tests.test_profile import check_profiled, profiled_run
+from tests.trainers.test_profile import check_profiled, profiled_run
 
 
 def test_mxnet_gluon_profile_reads_the_kvstore_s_reduction_per_device(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """mxnet-gluon checkpoints hold no pickle (issue 15 item 4): the optimiser states are named
 NDArrays in MXNet's own format, restored bit-exactly into every context's updater; a pickle
 planted as the states file is refused with one line and never runs; states of another model are
-refused. Kill-and-resume of the whole trainer: tests/test_trainer_contract.py."""
+refused. Kill-and-resume of the whole trainer: tests/trainers/test_contract.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,962 @@
+"""The benchmark runner: end-to-end sweeps over real frameworks, failure handling, bad input.
+
+The end-to-end tests start real framework processes on the `smoke` preset (simulated CPU
+devices); the others drive `benchmarks.compare` in-process or with stand-in interpreters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from benchmarks import compare, harness, report
+from benchmarks.progress import RichProgress, parse_epoch_line
+from common.config import preset
+from common.results import RunRecorder
+from tests.conftest import ROOT, TENSORBOARD_MISSING, fake_nvidia_smi, read_json, run_module
+from tests.trainers.test_tensorboard import assert_events_match_record
+
+# Two real frameworks of different families, each at 1 and 2 simulated devices.
+PAIR = ("torch-ddp", "jax-shard")
+SMOKE_TEST_SET = preset("smoke").synthetic_test
+# Well below run_module's own timeout: a hung run must be ended (and reported) by the runner.
+RUN_TIMEOUT = ("--timeout", "240")
+MISSING_PYTHON = {"DPBENCH_PYTHON_MXNET_GLUON": "/nonexistent/.venv-mxnet/bin/python"}
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_end_to_end_two_frameworks_and_a_missing_one(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    frameworks = ",".join([*PAIR, "mxnet-gluon"])
+    args = ["--frameworks", frameworks, "--gpus", "2", "--preset", "smoke", "--out", str(out)]
+    args += ["--no-tensorboard"] if TENSORBOARD_MISSING else []  # its checks below left out
+    proc = run_module("benchmarks.compare", *args, *RUN_TIMEOUT, env=MISSING_PYTHON, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    rows = read_csv(out / "results.csv")
+    assert [(r["framework"], r["devices"], r["status"]) for r in rows] == [
+        (PAIR[0], "1", "ok"),
+        (PAIR[0], "2", "ok"),
+        (PAIR[1], "1", "ok"),
+        (PAIR[1], "2", "ok"),
+        ("mxnet-gluon", "-", "skipped"),
+    ]
+    assert "bash scripts/setup.sh mxnet" in rows[-1]["note"]
+    for r in rows[:4]:
+        assert r["device_kind"] == "cpu-simulated"
+        assert int(r["test_examples"]) == int(r["test_set_size"]) == SMOKE_TEST_SET
+        assert r["global_batch_size"] == "24"  # strong scaling: the same global batch
+        assert float(r["sec_per_epoch"]) > 0 and float(r["first_epoch_sec"]) > 0
+        assert r["bn_mode"] == "local"
+        speedup = float(r["speedup"])
+        assert float(r["efficiency"]) == pytest.approx(speedup / int(r["devices"]))
+        if r["devices"] == "1":
+            assert speedup == pytest.approx(1.0)
+        # one run per cell: its range is the value itself, and no "within noise" mark
+        assert r["images_per_sec_min"] == r["images_per_sec"] == r["images_per_sec_max"]
+        assert r["sec_per_epoch_min"] == r["sec_per_epoch"] == r["sec_per_epoch_max"]
+        assert r["test_accuracy_std"] == "" and r["within_noise_of"] == ""
+        assert int(r["cores"]) == os.cpu_count()
+
+    runs = sorted(p.name for p in (out / "runs").glob("*.json"))
+    assert runs == sorted(f"{fw}-{n}dev.json" for fw in PAIR for n in (1, 2))
+    for name in runs:
+        record = read_json(out / "runs" / name)
+        assert record["status"] == "ok" and record["test_examples"] == SMOKE_TEST_SET
+        assert len(record["epochs"]) == 2
+        log = out / record["runner"]["log"]
+        assert log.read_text().startswith("$ ") and "epoch 2/2" in log.read_text()
+    for run in read_csv(out / "runs.csv"):  # every record carries the load around its run
+        assert float(run["load_avg_start"]) >= 0 and float(run["load_avg_end"]) >= 0
+    assert len(read_csv(out / "runs.csv")) == 4
+
+    config = read_json(out / "config.json")
+    assert config["status"] == "finished" and config["device_counts"] == [1, 2]
+    assert "mxnet-gluon" in config["skipped"]
+    commands = [r["command_line"] for r in config["runs"]]
+    assert len(commands) == 4 and all("--preset smoke" in c for c in commands)
+    assert sum("--gpus 2" in c for c in commands) == 2
+
+    md = (out / "results.md").read_text()
+    assert "cpu-simulated" in md and "NOT GPU scaling" in md
+    table, *sections = md.split("\n## ")  # the results table, then the report's sections
+    assert table.count(f"| {PAIR[0]} |") == 2 and "| mxnet-gluon | - | - | skipped |" in table
+    predicted = next(s for s in sections if s.startswith("Measured and predicted"))
+    assert predicted.count(f"| {PAIR[0]} |") == 1  # its 2-device run against the prediction
+    for png in ("throughput.png", "efficiency.png", "accuracy_vs_time.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({png})" in md
+    assert not list(out.rglob("*.tmp"))  # atomic writes leave no temporaries
+    # progress lines while running, then the table
+    assert f"{PAIR[1]} x2: epoch 2/2 test_accuracy=" in proc.stdout
+    assert "NOT GPU scaling" in proc.stdout and "mxnet-gluon: skipped" in proc.stdout
+    assert "Every cell is one run" in proc.stdout and "use --repeat 3" in md
+    # TensorBoard (on by default): one event file per run under tensorboard/<run id>/, with the
+    # record's values; the viewer's own loader lists every run; the summary prints the command
+    tb = out / "tensorboard"
+    if TENSORBOARD_MISSING:  # a python without the writer (a GPU machine's own): said by -rs
+        assert_report_rebuilds_the_same_files(out)
+        pytest.skip(f"the TensorBoard part of this test: {TENSORBOARD_MISSING}")
+    for name in runs:
+        assert_events_match_record(tb / name.removesuffix(".json"), read_json(out / "runs" / name))
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    viewer = EventMultiplexer().AddRunsFromDirectory(str(tb))
+    assert sorted(viewer.Runs()) == sorted(name.removesuffix(".json") for name in runs)
+    assert f".venv/bin/tensorboard --logdir {tb}" in proc.stdout
+    assert read_json(out / "config.json")["tensorboard"] == str(tb)
+    assert_report_rebuilds_the_same_files(out)
+
+
+REBUILT = ("results.md", "results.csv", "runs.csv")
+
+
+def assert_report_rebuilds_the_same_files(out: Path) -> None:
+    """`python -m benchmarks.report DIR` from config.json and runs/ alone gives the files the
+    runner wrote, byte for byte (the sweep it rebuilds is the one the runner planned)."""
+    written = {name: (out / name).read_bytes() for name in REBUILT}
+    for name in [*REBUILT, "throughput.png", "efficiency.png", "accuracy_vs_time.png"]:
+        (out / name).unlink()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert report.main([str(out)]) == 0
+    assert {name: (out / name).read_bytes() for name in REBUILT} == written
+    assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "4 of 4 planned runs have records" in printed.getvalue()
+    assert not (out / harness.LOCK_NAME).exists() and not list(out.rglob("*.tmp"))
+
+
+def test_report_rebuild_sees_a_different_plan(tmp_path: Path) -> None:
+    """The byte-for-byte check above can fail: a config.json that planned one run more for a
+    cell gives that cell "not run 1" and a different table."""
+    sweep = report.Sweep("t", "c", ["a"], [1], {("a", 1): 1})
+    records = [_record("a", 1, 0, 100.0, 0.9)]
+    report.write_tables(tmp_path, sweep, records)
+    first = (tmp_path / "results.csv").read_text()
+    report.write_tables(tmp_path, replace(sweep, planned={("a", 1): 2}), records)
+    assert (tmp_path / "results.csv").read_text() != first
+    assert "ok 1, not run 1" in (tmp_path / "results.csv").read_text()
+
+
+def test_crashed_run_is_reported_and_the_others_keep_their_results(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["--frameworks", ",".join(PAIR), "--gpus", "1", "--preset", "smoke", "--out", str(out)]
+    args += ["--no-tensorboard"]
+    proc = run_module("benchmarks.compare", *args, *RUN_TIMEOUT, env={"DPBENCH_FAIL": PAIR[1]})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+    ok = read_json(out / "runs" / f"{PAIR[0]}-1dev.json")
+    assert ok["status"] == "ok" and ok["test_examples"] == SMOKE_TEST_SET
+    failed = read_json(out / "runs" / f"{PAIR[1]}-1dev.json")
+    assert failed["status"] == "failed"
+    assert failed["runner"]["returncode"] == 1
+    assert any("failure injected" in line for line in failed["runner"]["log_tail"])
+    rows = {r["framework"]: r for r in read_csv(out / "results.csv")}
+    assert rows[PAIR[0]]["status"] == "ok" and rows[PAIR[0]]["test_accuracy"]
+    assert rows[PAIR[1]]["status"] == "failed" and "failure injected" in rows[PAIR[1]]["note"]
+    md = (out / "results.md").read_text()
+    assert "## Failed runs" in md and "failure injected" in md
+    assert "failure injected" in proc.stdout  # the log tail, printed after the table
+    # --no-tensorboard: no event file anywhere, and no TensorBoard command printed
+    assert not list(out.rglob("events.out.tfevents.*")) and not (out / "tensorboard").exists()
+    assert "tensorboard --logdir" not in proc.stdout
+
+
+def _stand_in_python(tmp_path: Path, body: str) -> Path:
+    """An executable that answers the runner's package probe (`-c ...`) like a Python that has
+    every package, and otherwise runs `body` instead of the framework module."""
+    path = tmp_path / "python"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then exit 0; fi\n{body}\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def _ended(pid: int, within: float = 10.0) -> bool:
+    """True once `pid` is gone or a zombie (killed, waiting for init to reap it)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    python = _stand_in_python(tmp_path, f"sleep 120 &\necho $! > {pid_file}\nwait")
+    out = tmp_path / "out"
+    args = ["--frameworks", PAIR[0], "--gpus", "2", "--preset", "smoke", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.compare", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # e.g. a cancelled CI job
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stdout  # 128 + SIGTERM, as a trainer
+    assert "interrupted; 0 of 2 runs finished" in stdout
+    assert read_json(out / "config.json")["status"] == "interrupted"
+    record = read_json(out / "runs" / f"{PAIR[0]}-1dev.json")
+    assert record["status"] == "interrupted" and record["runner"]["ended"] == "interrupted"
+    statuses = [r["status"] for r in read_csv(out / "results.csv")]
+    assert statuses == ["interrupted", "not run"]
+    assert not list(out.rglob("*.tmp"))
+    assert _ended(int(pid_file.read_text()))
+
+    # The runner killed with kill -9 instead: config.json still says "running", no tables, and
+    # the run's record is the trainer's own (no runner part). benchmarks.report rebuilds them,
+    # and says that the runner config.json names is gone.
+    config = read_json(out / "config.json")
+    (out / "config.json").write_text(json.dumps({**config, "status": "running"}))
+    record.pop("runner")
+    (out / "runs" / f"{PAIR[0]}-1dev.json").write_text(json.dumps(record))
+    for name in ("results.md", "results.csv", "runs.csv"):
+        (out / name).unlink()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert report.main([str(out)]) == 0
+    assert f"stopped: its runner (pid {proc.pid}) is gone" in printed.getvalue()
+    rows = read_csv(out / "results.csv")
+    assert [r["status"] for r in rows] == ["interrupted", "not run"]
+    run = read_csv(out / "runs.csv")[0]
+    assert run["run_id"] == f"{PAIR[0]}-1dev" and run["status"] == "interrupted"
+
+
+@pytest.mark.parametrize(
+    "config, says",
+    [
+        (None, "config.json not found; give the directory benchmarks.compare wrote"),
+        ("garbage", "is not a comparison's config.json (Expecting value"),
+        ("[]", "config.json: its top level is a list of 0 items, not an object"),
+        ('{"runs": []}', "config.json: no field base_config"),
+    ],
+)
+def test_report_bad_directory_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str | None, says: str
+) -> None:
+    if config is not None:
+        (tmp_path / "config.json").write_text(config)
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("report: error: ") and says in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["config.json"] if config else [])
+
+
+def test_hung_run_is_killed_at_the_timeout_with_its_workers(tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    python = _stand_in_python(
+        tmp_path,
+        "echo 'epoch 1/3 sec=1.0 images_per_sec=10.0 train_loss=2.3 test_accuracy=0.25 "
+        f"test_loss=2.2'\nsleep 120 &\necho $! > {pid_file}\nwait",
+    )
+    out = tmp_path / "out"
+    args = ["--frameworks", PAIR[0], "--gpus", "1", "--preset", "smoke", "--timeout", "3"]
+    t0 = time.monotonic()
+    proc = run_module(
+        "benchmarks.compare",
+        *args,
+        "--out",
+        str(out),
+        env={"DPBENCH_PYTHON_TORCH_DDP": str(python)},
+    )
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    record = read_json(out / "runs" / f"{PAIR[0]}-1dev.json")
+    assert record["status"] == "timeout" and record["runner"]["ended"] == "timeout"
+    assert record["epochs"][0]["test_accuracy"] == 0.25  # progress parsed from the log
+    assert (
+        "[compare] still running after 3 s (--timeout): killed"
+        in (out / record["runner"]["log"]).read_text()
+    )
+    assert _ended(int(pid_file.read_text()))  # the run's own child went with it
+
+
+# -- bad input: one line, exit code 2, nothing started --------------------------------------------
+
+
+def _fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
+    """This process on a machine with `gpus` H100s, whose every framework sees them."""
+    for name, value in fake_nvidia_smi(tmp_path / "bin", gpus).items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    _frameworks_see(monkeypatch, ["NVIDIA H100 80GB HBM3"] * gpus)
+
+
+def _frameworks_see(monkeypatch: pytest.MonkeyPatch, gpus: list[str]) -> None:
+    monkeypatch.setattr(
+        harness, "probe_devices", lambda names: {n: harness.Seen(tuple(gpus), "") for n in names}
+    )
+
+
+BAD_INPUT = {
+    "unknown framework": (["--frameworks", "torch-ddp,caffe"], "unknown framework 'caffe'"),
+    "unknown model": (["--model", "resnet50"], "invalid choice: 'resnet50'"),
+    "unknown dataset": (["--dataset", "imagenet"], "invalid choice: 'imagenet'"),
+    "unknown preset": (["--preset", "huge"], "unknown preset 'huge'"),
+    "zero devices": (["--gpus", "0"], "every device count must be >= 1"),
+    "zero in a list": (["--gpus", "1,0"], "every device count must be >= 1"),
+    "batch does not divide": (
+        ["--preset", "smoke", "--gpus", "1,2,5"],
+        "global batch 24 does not divide over 5 devices",
+    ),
+    "weak batch exceeds the data": (
+        ["--preset", "smoke", "--scaling", "weak", "--gpus", "8"],
+        "global batch 192 is larger than the synthetic training set",
+    ),
+    "dataset not on disk": (
+        ["--dataset", "cifar10", "--no-download", "--data-dir", "{tmp}/nodata"],
+        "dataset 'cifar10' is not on disk",
+    ),
+    "output is the runner's": (["--output", "x.json"], "use --out DIR"),
+    "unknown flag": (["--epochz", "3"], "unrecognized arguments: --epochz"),
+    "unknown variant": (
+        ["--frameworks", "torch-ddp,torch-ddp+turbo"],
+        "unknown variant 'turbo' in torch-ddp+turbo; choose from eager, compile, reduce-overhead",
+    ),
+    "a variant of a framework without torch.compile": (
+        ["--frameworks", "jax-pmap+compile"],
+        "jax-pmap+compile: variants choose torch.compile and apply to torch-dp and torch-ddp only",
+    ),
+}
+
+
+def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = compare.main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2_before_any_run(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args, message = BAD_INPUT[case]
+    out = tmp_path / "out"
+    code, stdout, stderr = _main(
+        [a.format(tmp=tmp_path) for a in args] + ["--out", str(out)], capsys
+    )
+    assert code == 2
+    assert stderr.startswith("compare: error: ") and stderr.count("\n") == 1, stderr
+    assert message in stderr
+    assert not out.exists()  # no logs/, no runs/: nothing started
+
+
+def test_more_gpus_than_the_machine_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_nvidia_smi(tmp_path, monkeypatch, gpus=2)
+    out = tmp_path / "out"
+    code, _, stderr = _main(["--gpus", "4", "--out", str(out)], capsys)
+    assert code == 2 and "this machine has 2 GPU(s)" in stderr and "use --gpus 2" in stderr
+    assert not out.exists()
+
+
+def test_the_default_fits_a_one_gpu_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_nvidia_smi(tmp_path, monkeypatch, gpus=1)
+    monkeypatch.setattr(harness, "unavailable", lambda names: {})
+    plan = compare.make_plan(["--frameworks", "torch-dp", "--out", str(tmp_path / "out")])
+    assert plan.counts == [1] and plan.expected_kind == "cuda:NVIDIA H100 80GB HBM3"
+
+
+def test_nothing_available_is_bad_input_naming_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, value in MISSING_PYTHON.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "out"
+    code, _, stderr = _main(["--frameworks", "mxnet-gluon", "--out", str(out)], capsys)
+    assert code == 2 and "bash scripts/setup.sh mxnet" in stderr and not out.exists()
+
+
+def test_help_lists_runner_and_shared_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, _ = _main(["--help"], capsys)
+    assert code == 0
+    for flag in ("--frameworks", "--gpus N|LIST", "--scaling", "--repeat", "--timeout", "--out"):
+        assert flag in stdout
+    assert "shared training flags" in stdout and "--lr-scaling" in stdout
+    assert "--output" not in stdout  # owned by the runner
+    assert "examples:" in stdout
+
+
+# -- planning -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, counts",
+    [("1", [1]), ("2", [1, 2]), ("4", [1, 2, 4]), ("6", [1, 2, 4, 6]), ("3,1,2", [1, 2, 3])],
+)
+def test_device_counts(text: str, counts: list[int]) -> None:
+    assert harness.parse_gpus(text) == counts
+
+
+def test_default_plan_is_every_framework_at_1_and_2_on_digits(
+    no_probe: None, tmp_path: Path
+) -> None:
+    plan = compare.make_plan(["--out", str(tmp_path / "out")])
+    assert plan.frameworks == [
+        "torch-dp",
+        "torch-ddp",
+        "jax-pmap",
+        "jax-shard",
+        "jax-shardmap",
+        "mxnet-gluon",
+    ]
+    assert plan.counts == [1, 2] and plan.base.preset == "digits" and plan.base.width == 0.25
+    assert plan.scaling == "strong" and plan.expected_kind == "cpu-simulated"
+    # torch-dp without CUDA: only the 1-device cell, and the table says why
+    assert plan.not_applicable == {
+        ("torch-dp", 2): "nn.DataParallel needs CUDA; on CPU it runs one replica"
+    }
+    assert [(s.framework, s.devices) for s in plan.runs][:3] == [
+        ("torch-dp", 1),
+        ("torch-ddp", 1),
+        ("torch-ddp", 2),
+    ]
+    mx = next(s for s in plan.runs if s.framework == "mxnet-gluon")
+    assert mx.command[0].endswith(".venv-mxnet/bin/python") and mx.command[1:3] == (
+        "-m",
+        "frameworks.mxnet_gluon",
+    )
+    assert not (tmp_path / "out").exists()  # planning writes nothing
+
+
+def test_every_framework_starts_from_the_shared_initial_arrays_by_default(
+    no_probe: None, tmp_path: Path
+) -> None:
+    plan = compare.make_plan(["--out", str(tmp_path / "out")])
+    for spec in plan.runs:  # the trainers' default (--init shared); native only when asked
+        assert "--init" not in spec.command and spec.cfg.init == "shared"
+    native = compare.make_plan(["--init", "native", "--out", str(tmp_path / "out")])
+    assert all("--init native" in " ".join(s.command) for s in native.runs)
+
+
+def test_weak_and_strong_scaling_batches_lr_and_pass_through(
+    no_probe: None, tmp_path: Path
+) -> None:
+    common_args = ["--frameworks", "jax-pmap", "--gpus", "4", "--preset", "smoke"]
+    extra = ["--lr-scaling", "linear", "--bn", "sync", "--epochs", "3", "--out", str(tmp_path)]
+    weak = compare.make_plan([*common_args, "--scaling", "weak", *extra])
+    assert [s.cfg.batch_size for s in weak.runs] == [24, 48, 96]
+    assert [s.peak_lr for s in weak.runs] == pytest.approx([0.05, 0.1, 0.2])
+    strong = compare.make_plan([*common_args, *extra, "--repeat", "2", "--seed", "5"])
+    assert {s.cfg.batch_size for s in strong.runs} == {24}
+    assert [s.run_id for s in strong.runs][:2] == ["jax-pmap-1dev-seed5", "jax-pmap-1dev-seed6"]
+    for spec in strong.runs:
+        line = " ".join(spec.command)
+        assert "--bn sync" in line and "--epochs 3" in line and "--lr-scaling linear" in line
+        assert f"--gpus {spec.devices} " in line and f"--seed {spec.seed} " in line
+        assert line.count("--batch-size") == 1 and line.endswith(f"--output {spec.output}")
+
+
+def test_a_per_device_preset_defaults_to_weak_scaling(
+    no_probe: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(compare, "check_available", lambda cfg: None)  # CIFAR-10 not needed
+    args = ["--preset", "cifar10-wrn-nvidia", "--frameworks", "torch-ddp", "--out", str(tmp_path)]
+    weak = compare.make_plan(args)
+    assert weak.scaling == "weak" and [s.cfg.batch_size for s in weak.runs] == [256, 512]
+    assert [s.peak_lr for s in weak.runs] == pytest.approx([0.01, 0.02])  # linear LR scaling
+    strong = compare.make_plan([*args, "--batch-size", "128"])  # a global batch: strong
+    assert strong.scaling == "strong" and [s.cfg.batch_size for s in strong.runs] == [128, 128]
+
+
+def test_on_cuda_torch_dp_runs_every_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(harness, "unavailable", lambda names: {})
+    monkeypatch.setattr(harness, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
+    monkeypatch.delenv("DPBENCH_DEVICES")  # the test session's pin to the CPU
+    _frameworks_see(monkeypatch, ["NVIDIA H100"] * 2)
+    plan = compare.make_plan(["--frameworks", "torch-dp", "--out", str(tmp_path)])
+    assert [s.devices for s in plan.runs] == [1, 2] and not plan.not_applicable
+    assert plan.expected_kind == "cuda:NVIDIA H100"
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+def _record(
+    fw: str,
+    n: int,
+    seed: int,
+    ips: float,
+    acc: float,
+    status: str = "ok",
+    *,
+    sec: float = 1.0,
+    load: float = 1.0,
+) -> dict:
+    return {
+        "framework": fw, "devices": n, "status": status, "device_kind": "cpu-simulated",
+        "bn_mode": "local", "global_batch_size": 24, "test_accuracy": acc, "sec_per_epoch": sec,
+        "first_epoch_sec": 3.0, "images_per_sec": ips, "test_examples": 10, "test_set_size": 10,
+        "time_to_target_sec": 2.0 if acc >= 0.9 else None, "epochs_to_target": 1,
+        "epochs": [{"epoch": 1, "wall_sec": 1.0, "test_accuracy": acc}],
+        "load_avg": {"start": 0.5, "end": load, "cores": 2},
+        "error": "" if status == "ok" else "RuntimeError: boom",
+        "runner": {"run_id": f"{fw}-{n}dev-seed{seed}", "seed": seed, "peak_lr": 0.05,
+                   "returncode": 0 if status == "ok" else 1, "log": "logs/x.log",
+                   "wall_sec": 5.0, "log_tail": ["Traceback", "RuntimeError: boom"],
+                   "load_avg": [1.5, 3.0 if n == 2 else 1.0]},
+    }  # fmt: skip
+
+
+def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
+    sweep = report.Sweep(
+        title="resnet18 on synthetic",
+        command="python -m benchmarks.compare",
+        frameworks=["a", "b"],
+        counts=[1, 2],
+        planned={("a", 1): 2, ("a", 2): 2, ("b", 1): 2},
+        host={"cpu_count": 2},
+        not_applicable={("b", 2): "needs CUDA"},
+        target_accuracy=0.9,
+    )
+    records = [
+        _record("a", 1, 0, 100.0, 0.90),
+        _record("a", 1, 1, 120.0, 0.94),
+        _record("a", 2, 0, 180.0, 0.92),
+        _record("a", 2, 1, 0.0, 0.0, status="failed"),
+        _record("b", 1, 0, 50.0, 0.5) | {"test_examples": 8},
+    ]
+    rows = report.rows(sweep, records)
+    a1, a2, b1, b2 = rows
+    assert a1["images_per_sec"] == pytest.approx(110.0)
+    assert a1["images_per_sec_std"] == pytest.approx(14.142, rel=1e-3)  # sample std of 100, 120
+    assert a2["status"] == "ok 1, failed 1" and a2["runs_ok"] == 1
+    assert a2["speedup"] == pytest.approx(180 / 110) and a2["efficiency"] == pytest.approx(
+        180 / 110 / 2
+    )
+    assert "RuntimeError: boom" in a2["note"]
+    assert b1["reached_target"] == 0 and b1["note"] == "evaluated 8 test images of 10"
+    assert b2["status"] == "n/a" and b2["note"] == "needs CUDA"
+    headers, body = report.table_cells(sweep, rows)
+    assert headers[-2:] == ["s to 0.9", "epochs to 0.9"]
+    acc = headers.index("test acc")
+    assert body[0][acc] == "0.9200 ± 0.0283" and body[2][-2] == "not reached"
+
+    report.write_tables(tmp_path, sweep, records)
+    plots, note = report.write_plots(tmp_path, sweep, records)
+    assert [p.name for p in plots] == ["throughput.png", "efficiency.png", "accuracy_vs_time.png"]
+    assert note == ""
+    assert len(read_csv(tmp_path / "results.csv")) == 4
+    assert len(read_csv(tmp_path / "runs.csv")) == 5
+    md = (tmp_path / "results.md").read_text()
+    assert "## Failed runs" in md and "### a-2dev-seed1: failed" in md and "±" in md
+    assert "load average exceeded the core count during a x2 (3.0 on 2 cores)" in md
+    printed = io.StringIO()
+    report.print_table(sweep, records, stream=printed)
+    assert "0.9200 ± 0.0283" in printed.getvalue() and "needs CUDA" in printed.getvalue()
+
+
+def _repeat_sweep(frameworks: list[str], repeat: int) -> report.Sweep:
+    return report.Sweep(
+        title="resnet18 on synthetic",
+        command="python -m benchmarks.compare --repeat 3",
+        frameworks=frameworks,
+        counts=[1, 2],
+        planned={(fw, n): repeat for fw in frameworks for n in (1, 2)},
+        host={"cpu_count": 2},
+    )
+
+
+def test_repeats_give_median_range_noise_marks_and_load_warning(tmp_path: Path) -> None:
+    sweep = _repeat_sweep(["a", "b", "c"], repeat=3)
+    records = [
+        _record("a", 1, 0, 100.0, 0.90, sec=2.0),
+        _record("a", 1, 1, 130.0, 0.92, sec=1.5),
+        _record("a", 1, 2, 110.0, 0.94, sec=1.8),
+        _record("b", 1, 0, 125.0, 0.90),  # 125-150 overlaps a's 100-130
+        _record("b", 1, 1, 150.0, 0.90),
+        _record("b", 1, 2, 140.0, 0.90),
+        _record("c", 1, 0, 200.0, 0.90),  # 200-210: clear of both
+        _record("c", 1, 1, 210.0, 0.90, load=3.5),  # more work than the 2 cores
+        _record("c", 1, 2, 205.0, 0.90),
+        # at 2 devices a and c overlap only at a point (a's max = c's min); b has one run
+        *(_record("a", 2, s, ips, 0.9) for s, ips in enumerate((180.0, 190.0, 200.0))),
+        *(_record("c", 2, s, ips, 0.9) for s, ips in enumerate((200.0, 240.0, 220.0))),
+        _record("b", 2, 0, 195.0, 0.9),
+        _record("b", 2, 1, 0.0, 0.0, status="failed"),
+    ]
+    rows = {(r["framework"], r["devices"]): r for r in report.rows(sweep, records)}
+    a1, b1, c1 = rows["a", 1], rows["b", 1], rows["c", 1]
+    assert (a1["images_per_sec"], a1["images_per_sec_min"], a1["images_per_sec_max"]) == (
+        110.0, 100.0, 130.0,
+    )  # fmt: skip
+    assert (a1["sec_per_epoch"], a1["sec_per_epoch_min"], a1["sec_per_epoch_max"]) == (
+        1.8, 1.5, 2.0,
+    )  # fmt: skip
+    assert a1["test_accuracy"] == pytest.approx(0.92)  # mean
+    assert a1["test_accuracy_std"] == pytest.approx(0.02)  # sample std of 0.90, 0.92, 0.94
+    assert rows["a", 2]["speedup"] == pytest.approx(190 / 110)  # of the medians
+    assert (a1["within_noise_of"], b1["within_noise_of"], c1["within_noise_of"]) == ("b", "a", "")
+    assert rows["a", 2]["within_noise_of"] == "c" and rows["c", 2]["within_noise_of"] == "a"
+    assert "within_noise_of" not in rows["b", 2]  # one successful run: no range to compare
+    assert c1["load_avg_max"] == 3.5 and c1["cores"] == 2
+
+    headers, body = report.table_cells(sweep, list(rows.values()))
+    devices = headers.index("devices")
+    cells = {(line[0], line[devices]): dict(zip(headers, line)) for line in body}
+    assert cells["a", "1"]["images/s"] == "110 (100-130) †"
+    assert cells["c", "1"]["images/s"] == "205 (200-210)"
+    assert cells["b", "2"]["images/s"] == "195"  # one run: the value alone
+    assert cells["a", "1"]["s/epoch"] == "1.8 (1.5-2)"
+    assert cells["a", "1"]["test acc"] == "0.9200 ± 0.0200"
+
+    noise = [
+        "† images/s within noise at 1 device (min-max ranges over the repeats overlap): a ~ b",
+        "† images/s within noise at 2 devices (min-max ranges over the repeats overlap): a ~ c",
+    ]
+    assert report.spread_notes(report.rows(sweep, records))[:2] == noise
+    busy = report.load_note(sweep, report.rows(sweep, records))  # runner's load: 3.0 at x2
+    assert busy.startswith("Busy machine: the 1-minute load average exceeded the core count ")
+    assert "a x2 (3.0 on 2 cores), b x2 (3.0 on 2 cores), c x1 (3.5 on 2 cores)" in busy
+    assert "a x1" not in busy and "b x1" not in busy
+    report.write_tables(tmp_path, sweep, records)
+    table = read_csv(tmp_path / "results.csv")
+    for column in (
+        "images_per_sec_min", "images_per_sec_max", "sec_per_epoch_min", "sec_per_epoch_max",
+        "test_accuracy_std", "within_noise_of", "load_avg_max", "cores",
+    ):  # fmt: skip
+        assert column in table[0]
+    assert (table[0]["images_per_sec"], table[0]["images_per_sec_min"]) == ("110.0", "100.0")
+    assert table[0]["within_noise_of"] == "b" and table[4]["load_avg_max"] == "3.5"
+    runs = read_csv(tmp_path / "runs.csv")
+    assert (runs[7]["load_avg_start"], runs[7]["load_avg_end"], runs[7]["cores"]) == (
+        "0.5", "3.5", "2",
+    )  # fmt: skip
+    md = (tmp_path / "results.md").read_text()
+    assert all(f"- {line}" in md for line in noise) and busy in md
+    assert "| 110 (100-130) † |" in md
+    printed = io.StringIO()
+    report.print_table(sweep, records, stream=printed)
+    text = printed.getvalue()
+    assert "110 (100-130) †" in text and "a ~ b" in text and "c x1 (3.5 on 2 cores)" in text
+    assert "one run" in text  # b x2 lost a run: "Some cells are one run"
+
+
+def test_one_run_per_cell_says_spread_is_unmeasured_and_marks_nothing() -> None:
+    sweep = _repeat_sweep(["a", "b"], repeat=1)
+    records = [_record(fw, n, 0, 100.0 + n, 0.9) for fw in ("a", "b") for n in (1, 2)]
+    table = report.rows(sweep, records)
+    assert not any(r.get("within_noise_of") for r in table)  # equal values, but no ranges
+    assert report.spread_notes(table) == [
+        "Every cell is one run, so the run-to-run spread is not measured: differences smaller "
+        "than that spread are noise (use --repeat 3 to measure it)."
+    ]
+    assert "x1" not in report.load_note(sweep, table)  # load <= 1.5 on 2 cores at 1 device
+    headers, body = report.table_cells(sweep, table)
+    ips = headers.index("images/s")
+    assert [line[ips] for line in body] == ["101", "102", "101", "102"]
+
+
+def test_epoch_line_contract_with_the_recorder(capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner parses exactly what common.results.RunRecorder prints."""
+    recorder = RunRecorder(preset("smoke"), devices=1, device_kind="cpu", params=1, is_main=True)
+    recorder.end_epoch(0, 2.0, 96, 2.25, 7, 10, 12.5)
+    row = parse_epoch_line(capsys.readouterr().out.splitlines()[0])
+    assert row is not None
+    assert (row["epoch"], row["epochs"], row["test_accuracy"]) == (1, 2, 0.7)
+    assert row["images_per_sec"] == pytest.approx(48.0) and row["test_loss"] == 1.25
+    assert parse_epoch_line("epoch 1 of 2") is None
+
+
+def test_live_display_on_a_terminal() -> None:
+    from rich.console import Console
+
+    stream = io.StringIO()
+    console = Console(file=stream, force_terminal=True, width=140)
+    with RichProgress([2, 2], console) as progress:
+        progress.start_run("torch-ddp x1", 2, "logs/torch-ddp-1dev.log")
+        progress.epoch({"epoch": 1, "epochs": 2, "test_accuracy": 0.5, "sec": 1.0})
+        progress.end_run("ok in 3.0s")
+    text = stream.getvalue()
+    assert "[1/2] torch-ddp x1: ok in 3.0s" in text and "test_accuracy=0.5000" in text
+
+
+def test_epoch1_loss_and_the_shared_start_are_reported() -> None:
+    """Same start, same data: the table shows epoch 1's training loss per cell, and a note
+    says whether every run of a seed started from the same initial weights (one digest)."""
+    sweep = report.Sweep(
+        title="t", command="c", frameworks=["a", "b"], counts=[1], planned={}, host={}
+    )
+    records = []
+    for fw, loss in (("a", 2.30), ("b", 2.31)):
+        r = _record(fw, 1, 0, 100.0, 0.9)
+        r["epochs"][0]["train_loss"] = loss
+        r["init"] = {"mode": "shared", "sha256": "d0" * 32}
+        r["config"] = {"seed": 0}
+        records.append(r)
+    table = report.rows(sweep, records)
+    assert [row["epoch1_train_loss"] for row in table] == [2.30, 2.31]
+    headers, body = report.table_cells(sweep, table)
+    assert [line[headers.index("epoch-1 loss")] for line in body] == ["2.3000", "2.3100"]
+    assert "(yes: 1 seed(s))" in report.start_note(records)
+    records[1]["init"]["sha256"] = "e1" * 32  # another start for the same seed: said so
+    assert "(NO: 1 seed(s))" in report.start_note(records)
+    records[1]["init"] = {"mode": "native", "sha256": None}
+    assert "not one shared start" in report.start_note(records)
+
+
+def test_a_run_without_a_timed_epoch_is_marked() -> None:
+    """A record whose every epoch was untimed (timed_epochs 0: its figures are warm-up epochs)
+    is marked in s/epoch and images/s and named in a note; a normal run of the same sweep is not
+    (issue 15: a resumed 2-epoch JAX run reported its recompiling epochs as s/epoch)."""
+    sweep = _repeat_sweep(["a", "b"], repeat=1)
+    warm = {**_record("a", 1, 0, 50.0, 0.9, sec=3.9), "timed_epochs": 0}
+    rows = report.rows(sweep, [warm, {**_record("b", 1, 0, 100.0, 0.9), "timed_epochs": 3}])
+    headers, body = report.table_cells(sweep, rows)
+    devices = headers.index("devices")
+    cells = {line[0]: dict(zip(headers, line)) for line in body if line[devices] == "1"}
+    assert cells["a"]["s/epoch"] == "3.9 ‡" and cells["a"]["images/s"] == "50 ‡"
+    assert "‡" not in cells["b"]["s/epoch"] + cells["b"]["images/s"]
+    notes = report.spread_notes(rows)
+    assert any(n.startswith("‡ no timed epoch in a run of a x1 ") for n in notes), notes
+
+
+# -- execution modes (issue 32) -----------------------------------------------------------------
+
+
+def test_mode_label_names_what_each_trainer_records() -> None:
+    """The mode column's words for every `execution` the trainers write (frameworks/*_support.py
+    and mxnet_gluon.py), in one place (harness.mode_label) for every table."""
+    from frameworks.torch_support import device_plan, execution
+
+    def torch_run(compiled: bool, **kw: object) -> str:
+        return execution(device_plan(preset("smoke", **kw), "cuda"), compiled=compiled)
+
+    assert harness.mode_label(torch_run(False)) == "eager"
+    assert harness.mode_label(torch_run(True, compile=True)) == "torch.compile"
+    ro = torch_run(True, compile=True, compile_mode="reduce-overhead")
+    assert harness.mode_label(ro) == "torch.compile reduce-overhead + CUDA graphs"
+    nocg = torch_run(True, compile=True, compile_mode="max-autotune-no-cudagraphs")
+    assert harness.mode_label(nocg) == "torch.compile max-autotune-no-cudagraphs"
+    # --compile on the CPU: the trainer runs eager, and its record says so
+    assert harness.mode_label(torch_run(False, compile=True)) == "eager"
+    assert harness.mode_label("pmap (one XLA program per device); XLA:CPU (its own code)") == (
+        "XLA (pmap)"
+    )
+    assert harness.mode_label("jit (XLA SPMD over the mesh)") == "XLA (jit)"
+    assert harness.mode_label("hybridized (static_alloc, static_shape)") == (
+        "hybridized (static alloc)"
+    )
+    assert harness.mode_label(None) == ""
+
+
+GPU = "cuda:NVIDIA H200"
+MODES = ["torch-ddp", "torch-ddp+reduce-overhead", "jax-pmap"]
+RAN = {  # the records' `execution` on a GPU
+    "torch-ddp": "eager, channels_last, cuDNN",
+    "torch-ddp+reduce-overhead": "torch.compile(reduce-overhead), channels_last, cuDNN",
+    "jax-pmap": "pmap (one XLA program per device)",
+}
+
+
+def _mode_record(key: str, n: int, ips: float, execution: str, kind: str = GPU) -> dict:
+    """A record as compare keeps it: the trainer's framework, the runner's row (a variant)."""
+    record = _record(key.partition("+")[0], n, 0, ips, 0.9)
+    record["runner"].update(framework=key, run_id=f"{key}-{n}dev")
+    config = harness.variant_settings(key) or {"compile": False, "compile_mode": "default"}
+    return record | {"execution": execution, "device_kind": kind, "config": config}
+
+
+def _mode_sweep(keys: list[str]) -> report.Sweep:
+    return report.Sweep(
+        title="resnet18 on digits",
+        command="python -m benchmarks.compare",
+        frameworks=keys,
+        counts=[1, 2],
+        planned={(k, n): 1 for k in keys for n in (1, 2)},
+        host={"cpu_count": 16},
+    )
+
+
+def test_table_shows_every_rows_mode_and_says_when_they_differ(tmp_path: Path) -> None:
+    """Issue 32: an eager torch row beside compiled ones; each row says its mode, a line under
+    the table says the rows differ and what makes them alike, and torch-ddp in two modes is two
+    rows, each with its own speed-up."""
+    ips = {"torch-ddp": (46812, 80000), "torch-ddp+reduce-overhead": (81381, 150000),
+           "jax-pmap": (79648, 140000)}  # fmt: skip
+    records = [
+        _mode_record(key, n, float(ips[key][n - 1]), RAN[key]) for key in MODES for n in (1, 2)
+    ]
+    sweep = _mode_sweep(MODES)
+    table = report.rows(sweep, records)
+    assert [(r["framework"], r["devices"], r["mode"]) for r in table] == [
+        ("torch-ddp", 1, "eager"),
+        ("torch-ddp", 2, "eager"),
+        ("torch-ddp+reduce-overhead", 1, "torch.compile reduce-overhead + CUDA graphs"),
+        ("torch-ddp+reduce-overhead", 2, "torch.compile reduce-overhead + CUDA graphs"),
+        ("jax-pmap", 1, "XLA (pmap)"),
+        ("jax-pmap", 2, "XLA (pmap)"),
+    ]
+    assert table[1]["speedup"] == pytest.approx(80000 / 46812)  # over its own 1-device row
+    assert table[3]["speedup"] == pytest.approx(150000 / 81381)
+    headers, body = report.table_cells(sweep, table)
+    assert headers[:3] == ["framework", "mode", "devices"]
+    note = (
+        "Rows differ in execution mode: eager (torch-ddp) vs compiled "
+        "(torch-ddp+reduce-overhead, jax-pmap); "
+    )
+    lines = harness.mode_notes(table)
+    assert lines[0].startswith(note) and "compiled against compiled" in lines[0], lines
+    assert lines[1] == ""  # every row ran the mode it asked for
+
+    report.write_tables(tmp_path, sweep, records)
+    md = (tmp_path / "results.md").read_text()
+    table_end = md.index("| jax-pmap | XLA (pmap) | 2 |")
+    assert md[table_end:].split("\n")[2].startswith(f"- {note}")  # the line under the table
+    assert "| torch-ddp+reduce-overhead | torch.compile reduce-overhead + CUDA graphs | 1 |" in md
+    assert [r["mode"] for r in read_csv(tmp_path / "results.csv")][::2] == [
+        "eager", "torch.compile reduce-overhead + CUDA graphs", "XLA (pmap)",
+    ]  # fmt: skip
+    runs = read_csv(tmp_path / "runs.csv")
+    assert [r["framework"] for r in runs][::2] == MODES  # the row, not the trainer's name
+    printed = io.StringIO()
+    report.print_table(sweep, records, stream=printed)
+    assert "torch.compile reduce-overhead + CUDA graphs" in printed.getvalue()
+    assert "Rows differ in execution mode" in printed.getvalue()
+
+    # Without the compiled torch row, the note names the variant that would give one.
+    plain = ["torch-ddp", "jax-pmap"]
+    two = report.rows(_mode_sweep(plain), [r for r in records if harness.row_key(r) in plain])
+    assert "add torch-ddp+reduce-overhead to --frameworks" in harness.mode_notes(two)[0]
+    # Rows of one kind of mode: no note.
+    alike = ["torch-ddp+reduce-overhead", "jax-pmap"]
+    compiled = report.rows(_mode_sweep(alike), [r for r in records if harness.row_key(r) in alike])
+    assert harness.mode_notes(compiled) == ["", ""]
+
+
+def test_the_mode_shown_is_what_ran_not_what_was_asked() -> None:
+    """On the CPU the trainers do not apply torch.compile: a +reduce-overhead row ran eager, so
+    it shows eager, counts as eager in the note, and a line says it ran another mode."""
+    cpu = "cpu-simulated"
+    keys = ["torch-ddp+reduce-overhead", "jax-pmap"]
+    records = [
+        _mode_record(keys[0], 1, 700.0, "eager, channels_last, oneDNN", cpu),
+        _mode_record(keys[1], 1, 1100.0, "pmap (one XLA program per device); XLA:CPU", cpu),
+    ]
+    table = report.rows(_mode_sweep(keys), records)
+    assert [r["mode"] for r in table if r["devices"] == 1] == ["eager", "XLA (pmap)"]
+    differ, asked = harness.mode_notes(table)
+    assert differ.startswith(
+        "Rows differ in execution mode: eager (torch-ddp+reduce-overhead) vs compiled (jax-pmap)"
+    )
+    assert "torch.compile applies on CUDA only" in differ
+    assert asked.startswith(
+        "Mode not as asked: torch-ddp+reduce-overhead x1 ran eager, not torch.compile "
+        "reduce-overhead + CUDA graphs"
+    )
+
+
+def test_one_framework_in_two_modes_is_two_rows_of_its_own(no_probe: None, tmp_path: Path) -> None:
+    keys = ",".join(MODES)
+    plan = compare.make_plan(["--frameworks", keys, "--gpus", "2", "--preset", "smoke",
+                              "--out", str(tmp_path / "out")])  # fmt: skip
+    assert plan.frameworks == MODES
+    assert [(s.framework, s.devices) for s in plan.runs] == [(k, n) for k in MODES for n in (1, 2)]
+    by_id = {s.run_id: s for s in plan.runs}
+    plain, variant = by_id["torch-ddp-1dev"], by_id["torch-ddp+reduce-overhead-1dev"]
+    assert plain.command[:3] == variant.command[:3]  # the same interpreter and module
+    assert "--compile" not in plain.command
+    assert "--compile --compile-mode reduce-overhead" in " ".join(variant.command)
+    assert (variant.cfg.framework, variant.cfg.compile, variant.cfg.compile_mode) == (
+        "torch-ddp", True, "reduce-overhead",
+    )  # fmt: skip
+    assert variant.output.name == "torch-ddp+reduce-overhead-1dev.json" != plain.output.name
+    assert variant.log != plain.log
+    sweep = compare.sweep_of(plan)
+    assert sweep.frameworks == MODES and sweep.planned[("torch-ddp+reduce-overhead", 2)] == 1
+    # A variant wins over the sweep's own flags: +eager under --compile runs eager.
+    args = ["--frameworks", "torch-ddp,torch-ddp+eager", "--gpus", "1", "--preset", "smoke"]
+    mixed = compare.make_plan([*args, "--compile", "--out", str(tmp_path / "o2")])
+    compiled, eager = mixed.runs
+    assert compiled.cfg.compile and "--compile" in compiled.command
+    assert not eager.cfg.compile and "--no-compile" in eager.command
+    assert "--compile" not in eager.command
+
+
+def test_compiled_data_parallel_on_several_gpus_is_refused_before_any_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch.compile cannot trace nn.DataParallel's replicas (torch-dp would run eager): a
+    torch-dp compile variant at 2+ GPUs is n/a with the reason, and alone it is bad input."""
+    monkeypatch.setattr(harness, "unavailable", lambda names: {})
+    monkeypatch.setattr(harness, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
+    monkeypatch.delenv("DPBENCH_DEVICES")  # the test session's pin to the CPU
+    _frameworks_see(monkeypatch, ["NVIDIA H100"] * 2)
+    plan = compare.make_plan(["--frameworks", "torch-dp,torch-dp+reduce-overhead", "--out",
+                              str(tmp_path / "out")])  # fmt: skip
+    assert [(s.framework, s.devices) for s in plan.runs] == [
+        ("torch-dp", 1), ("torch-dp", 2), ("torch-dp+reduce-overhead", 1),
+    ]  # fmt: skip
+    why = plan.not_applicable[("torch-dp+reduce-overhead", 2)]
+    assert "cannot trace nn.DataParallel" in why and "torch-ddp+reduce-overhead" in why
+    out = tmp_path / "alone"
+    code, _, stderr = _main(["--frameworks", "torch-dp+compile", "--gpus", "2,", "--out",
+                             str(out)], capsys)  # fmt: skip
+    assert code == 2 and stderr.count("\n") == 1 and "cannot trace nn.DataParallel" in stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_a_runner_started_in_the_background_stops_on_sigint_and_keeps_nohups_hangup(
+    sig: int, tmp_path: Path
+) -> None:
+    """`nohup python -m benchmarks.compare ... &` from a script starts it with SIGINT and SIGHUP
+    ignored (independent battery for #41, wave 3). SIGINT stopped it only where it came in
+    unignored (`kill -INT` to a background job was lost); SIGHUP, which nohup ignores so that
+    the run outlives its terminal, stopped it all the same. Now the first stops it (130), the
+    second does not (the run goes on to its end)."""
+    pid_file = tmp_path / "worker.pid"
+    python = _stand_in_python(tmp_path, f"sleep 4 &\necho $! > {pid_file}\nwait")
+    out = tmp_path / "out"
+    args = ["--frameworks", PAIR[0], "--gpus", "1", "--preset", "smoke", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
+
+    def background() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.compare", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=background,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    stdout, _ = proc.communicate(timeout=60)
+    status = read_json(out / "config.json")["status"]
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and status == "interrupted", stdout
+    else:  # the stand-in ends without a record: a failed run, not an interrupted one
+        assert proc.returncode == 1 and status != "interrupted", stdout

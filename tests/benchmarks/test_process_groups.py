@@ -1,0 +1,194 @@
+"""No child outlives its tool (issue #41, item 3): every child a tool starts runs in a process
+group of its own under common/guard.py, and the whole group is killed on a timeout, on an
+interrupt and when the tool dies, kill -9 included; `report` on a sweep whose runner is gone
+says so. The children here are stand-ins (a shell script in place of a framework's interpreter
+that forks a child and hangs): the code under test is the tools' process handling, which runs
+as it is. Cheap: no framework is imported, no training runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import harness
+from common import processes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stand_in(tmp: Path, probe: str, run: str = "exit 0") -> Path:
+    """An executable in place of a framework's interpreter: `probe` answers the package probe
+    (`python -c ...`) and the device probe (`python -m benchmarks.device_probe`), `run` the
+    trainer (`python -m frameworks...`)."""
+    path = tmp / "python"
+    path.write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2" in\n'
+        f"  '-c '*|'-m benchmarks.device_probe') {probe};;\n"
+        f"  *) {run};;\n"
+        "esac\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def hang(tmp: Path, name: str, on_term: str = "") -> str:
+    """Shell that forks a child (`sleep`), writes both pids to `name`.pids and waits."""
+    trap = f"trap '{on_term}' TERM; " if on_term else ""
+    return f"{trap}sleep 300 & echo $$ $! > {tmp / name}.pids; wait"
+
+
+def pids_of(tmp: Path, name: str, within: float = 30.0) -> list[int]:
+    path = tmp / f"{name}.pids"
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if text.endswith("\n"):
+            return [int(p) for p in text.split()]
+        time.sleep(0.05)
+    raise AssertionError(f"{path} was not written within {within} s")
+
+
+def running(pids: list[int], within: float = 0.0) -> list[int]:
+    """Those of `pids` still running after `within` seconds (a zombie, waiting for its reaper,
+    does not run)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = [p for p in pids if processes.process_state(p) not in ("", "Z", "X")]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def reap():
+    """Kills, at the end of a test, whatever a failing test left running."""
+    pids: list[int] = []
+    yield pids
+    for pid in running(pids):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("probe", ["interpreter", "device"])
+def test_a_hung_probe_is_killed_with_the_child_it_forked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reap: list[int], probe: str
+) -> None:
+    python = stand_in(tmp_path, hang(tmp_path, "probe"))
+    monkeypatch.setenv("DPBENCH_PYTHON_TORCH_DDP", str(python))
+    monkeypatch.setattr(harness, "PROBE_TIMEOUT", 1.0)
+    monkeypatch.setattr(harness, "DEVICE_PROBE_TIMEOUT", 1.0)
+    t0 = time.monotonic()
+    if probe == "interpreter":  # compare's start-up check
+        why = harness.unavailable(["torch-ddp"])["torch-ddp"]
+        assert "does not start (TimeoutExpired)" in why, why
+    else:
+        seen = harness.probe_devices(["torch-ddp"])["torch-ddp"]
+        assert seen.gpus == () and "did not answer the device probe" in seen.detail, seen
+    assert time.monotonic() - t0 < 10
+    reap += pids_of(tmp_path, "probe")
+    assert running(reap, within=1.0) == []  # the interpreter and the child it forked
+
+
+def test_compare_killed_9_ends_its_trainer_and_report_says_its_runner_is_gone(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    told = tmp_path / "told"
+    python = stand_in(tmp_path, "exit 0", hang(tmp_path, "trainer", f"echo TERM > {told}"))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
+    args = ["--frameworks", "torch-ddp", "--gpus", "1", "--preset", "smoke", "--devices", "cpu"]
+    tool = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.compare", *args, "--out", str(out)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        reap += pids_of(tmp_path, "trainer")
+    finally:
+        tool.kill()  # kill -9: compare can do nothing about it
+        tool.wait()
+    assert running(reap, within=3.0) == []  # the trainer and its child
+    assert told.read_text() == "TERM\n"  # first told to stop (a trainer writes its record)
+
+    report = subprocess.run(
+        [sys.executable, "-m", "benchmarks.report", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    said = f"report: the comparison in {out} stopped: its runner (pid {tool.pid}) is gone"
+    assert said in report.stdout, report.stdout
+
+
+def test_a_stop_during_the_start_up_checks_kills_their_probes(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    python = stand_in(tmp_path, hang(tmp_path, "probe"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
+    args = ["--frameworks", "torch-ddp", "--gpus", "1", "--preset", "smoke", "--devices", "cpu"]
+    tool = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.compare", *args, "--out", str(tmp_path / "out")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        reap += pids_of(tmp_path, "probe")
+        tool.send_signal(signal.SIGTERM)  # a cancelled CI job, during the 60 s probe
+        said, _ = tool.communicate(timeout=20)
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+    assert tool.returncode == 143, said  # 128 + SIGTERM
+    assert said.strip().splitlines()[-1] == "compare: interrupted before any run started"
+    assert running(reap, within=1.0) == []
+
+
+def test_the_guard_leaves_the_childs_exit_its_output_and_its_start_failure_as_they_are() -> None:
+    """What a tool sees of a child through its guard: the same exit code, the same killing
+    signal, the same output, the same error when it cannot start."""
+    shell = ["sh", "-c", 'echo out; echo err >&2; [ "$0" = kill ] && kill -USR1 $$; exit 3']
+    done = processes.run_captured([*shell, "exit"], timeout=30)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+    assert processes.run_captured([*shell, "kill"], timeout=30).returncode == -signal.SIGUSR1
+    with pytest.raises(FileNotFoundError):
+        processes.run_captured([str(ROOT / "no-such-interpreter")], timeout=30)
+
+
+def test_a_child_killed_9_reaches_the_tool_as_killed_without_the_guards_traceback() -> None:
+    """A trainer killed with SIGKILL (the OOM killer, a user's kill -9): the guard dies by the
+    same signal. It used to reset SIGKILL's handler first, which raised OSError (EINVAL) and
+    printed the guard's traceback into the run's log, which compare shows."""
+    shell = ["sh", "-c", "echo out; kill -KILL $$"]
+    done = processes.run_captured(shell, timeout=30)
+    assert done.returncode == -signal.SIGKILL
+    assert "Traceback" not in done.stderr and done.stdout == "out\n"
+
+
+def test_the_nvidia_course_ranks_die_with_their_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tutorial's ranks (torch.multiprocessing.spawn) arm common.runtime.die_with_parent with
+    the pid of the process that spawned them, before any work (torch-ddp's ranks: see
+    test_hostile_processes). Run in-process: spawn hands its arguments to one worker here."""
+    from common.config import preset
+    from tutorials import nvidia_course
+
+    class Armed(BaseException):  # not an Exception: spawn's own handler lets it through
+        pass
+
+    def die_with_parent(parent: int) -> None:
+        raise Armed(parent)
+
+    def work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the rank started its work before arming die_with_parent")
+
+    monkeypatch.setattr(nvidia_course, "die_with_parent", die_with_parent)
+    monkeypatch.setattr(nvidia_course.dist, "init_process_group", work)
+    monkeypatch.setattr(nvidia_course.mp, "spawn", lambda fn, args, nprocs: fn(0, *args))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(Armed) as armed:
+        nvidia_course.spawn(preset("smoke"))
+    assert armed.value.args == (os.getpid(),)

@@ -1,0 +1,241 @@
+"""jax-pmap on simulated CPU devices: evaluation counts every test image once at 1, 2 and 3
+devices, per-device BN statistics are reconciled, too many devices is one clear error. The
+N-device step = 1-device step, learning real digits, kill-and-resume (which also shows that two
+runs of one seed take one trajectory, bitwise), bad input and failures:
+tests/trainers/test_contract.py.
+
+One pytest process holds 4 simulated host devices and builds pmaps / meshes over the first 1, 2
+or 3 of them (XLA_FLAGS is read when JAX's CPU backend starts, i.e. at the first device query,
+which comes after collection). `stepped()` and `evaluated()` are shared with test_jax_shard.py
+and cache their compiled steps: XLA compiles on CPU are the expensive part of these tests.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.traverse_util import flatten_dict
+from jax.sharding import Mesh
+
+from common.config import ConfigError, preset
+from common.datasets import load_for
+from common.pipeline import EvalLoader, TrainLoader
+from common.runtime import simulate_host_devices
+from frameworks import jax_pmap, jax_shard, jax_shardmap
+from frameworks.jax_support import device_plan, evaluate
+from tests.conftest import read_json, relative_update_difference, run_trainer
+
+simulate_host_devices(4)  # before the first device query (see the module docstring)
+
+MODULES = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap}
+CFG = preset("smoke", eval_batch_size=4)  # ResNet-18 x 0.125 on 16x16 synthetic images
+# One step of two different programs (N devices vs 1, jax-shard vs jax-pmap) on the same
+# weights: in float64 the updates agree to rounding that cannot hide a difference of meaning
+# (measured 5e-15 of the update; a real difference, per-device BN statistics or a doubled
+# gradient reduction, moves it by 1e-1 to 1). Within a float32 test of one program's
+# N-device step against its 1-device step (test_trainer_contract.py, test_jax_multihost.py):
+# about 1e-5 of the update measured on the machines it was written on.
+UPDATE_RTOL = 1e-3
+F64_RTOL = 1e-9
+# float32: the two programs' updates within F32_ROUNDING_FACTOR times the reference program's
+# own float32 rounding on this batch, measured on this CPU (its float32 step against its float64
+# step): the batch's conditioning as this machine rounds it. BN's E[x^2]-E[x]^2 over a channel
+# of near-constant activations cancels and 1/sqrt(var+eps) amplifies what is left: --bn sync at
+# 2 devices, 2e-6 here (Intel Xeon, AVX-512) and 1.1e-2 on an AVX2-only AMD EPYC (#42), while
+# --bn local's per-device batches of 12 move the float32 step by 4e-3 from the exact one.
+F32_ROUNDING_FACTOR = 10.0
+
+
+def host_devices(n: int) -> list[jax.Device]:
+    devices = jax.devices()
+    assert len(devices) >= n, (
+        f"JAX's CPU backend started with {len(devices)} devices before this module set "
+        "XLA_FLAGS; run these tests in a fresh pytest process"
+    )
+    return devices[:n]
+
+
+def as_float64(tree: Any) -> Any:
+    """Every floating-point leaf as float64 (host numpy), the rest as is."""
+    return jax.tree.map(
+        lambda a: np.asarray(a, np.float64) if np.issubdtype(np.asarray(a).dtype, np.floating)
+        else np.asarray(a),
+        tree,
+    )  # fmt: skip
+
+
+def compiled(framework: str, n: int, bn: str, x64: bool = False) -> tuple[Any, Any, Any, Mesh, Any]:
+    """(train step, eval step, initial host state, mesh, module) for `n` devices, with the
+    trainer's own `parallelize` (the pmap / jit transform train() applies) and kept for reuse:
+    one XLA compile per combination. `x64`: the same model computing in float64 from the same
+    weights, cast (call it, and its steps, under jax.enable_x64: see `stepped`)."""
+    return _compiled(framework, n, bn, x64)  # one cache entry however the caller spells it
+
+
+@functools.cache
+def _compiled(framework: str, n: int, bn: str, x64: bool) -> tuple[Any, Any, Any, Mesh, Any]:
+    mod = MODULES[framework]
+    mesh = Mesh(np.array(host_devices(n)), ("batch",))
+    cfg = CFG.replace(bn=bn, gpus=n)
+    ds = load_for(cfg)
+    with jax.enable_x64(x64):
+        dtype = jnp.float64 if x64 else jnp.float32
+        model = mod.build_model(cfg, ds.channels, ds.num_classes, dtype)
+        state = mod.create_train_state(cfg, model, ds.image_shape, mesh, steps_per_epoch=4)
+        initial = mod.unreplicate(state)
+        train, evaluate = mod.parallelize(device_plan(cfg, "cpu"), mesh)
+    return train, evaluate, as_float64(initial) if x64 else initial, mesh, mod
+
+
+@functools.lru_cache(maxsize=1)
+def train_batches() -> list[tuple[np.ndarray, np.ndarray]]:
+    """The first two global batches (24 augmented images each) of epoch 0."""
+    loader = TrainLoader(load_for(CFG), CFG.batch_size, CFG.seed, prefetch=0)
+    return list(loader.epoch(0))[:2]
+
+
+def stepped(
+    framework: str, n: int, bn: str, steps: int = 1, x64: bool = False
+) -> tuple[Any, list[dict]]:
+    """Host state and per-step metrics after `steps` steps from the seed's initial state
+    (jax-pmap --bn local: with the replicas' running statistics averaged, as train() does);
+    `x64`: in float64 (see `compiled`)."""
+    train, _, initial, mesh, mod = compiled(framework, n, bn, x64)
+    metrics = []
+    with jax.enable_x64(x64):
+        state = mod.replicate(initial, mesh)  # a fresh copy (the steps donate theirs on GPUs)
+        for x, y in train_batches()[:steps]:
+            batch = (x.astype(np.float64) if x64 else x, y)
+            state, m = train(state, mod.to_device(batch, mesh))
+            metrics.append(mod.unreplicate(m))
+        if mod is jax_pmap and bn == "local":  # what train() does at the end of every epoch
+            state = jax_pmap.sync_batch_stats(state, jax_pmap.cross_replica_mean(mesh))
+        return mod.unreplicate(state), metrics
+
+
+def update_difference(start: Any, a: Any, b: Any, group: str = "params") -> float:
+    """conftest.relative_update_difference of two host states' `group` from `start`."""
+    return relative_update_difference(
+        flatten_dict(getattr(start, group)),
+        flatten_dict(getattr(a, group)),
+        flatten_dict(getattr(b, group)),
+    )
+
+
+def step_differences(
+    framework: str, reference: str, n: int, bn: str, reference_bn: str | None = None
+) -> dict[str, float]:
+    """How far `framework`'s first step is from `reference`'s (with `reference_bn`, default
+    `bn`), from the same weights on the same batch, relative to the update
+    (conftest.relative_update_difference), per state group: "f64:<group>" with both programs
+    in float64, "f32:<group>" in float32, and "f32_tolerance:<group>", F32_ROUNDING_FACTOR
+    times the reference's float32 step's distance from its own float64 step (its rounding on
+    this batch and this CPU)."""
+    ref_bn = reference_bn or bn
+    a32, _ = stepped(framework, n, bn)
+    b32, _ = stepped(reference, n, ref_bn)
+    a64, _ = stepped(framework, n, bn, x64=True)
+    b64, _ = stepped(reference, n, ref_bn, x64=True)
+    initial = compiled(reference, n, ref_bn)[2]
+    initial64 = compiled(reference, n, ref_bn, True)[2]
+    got: dict[str, float] = {}
+    for group in ("params", "batch_stats"):
+        diff = functools.partial(update_difference, group=group)
+        got[f"f64:{group}"] = diff(initial64, a64, b64)
+        got[f"f32:{group}"] = diff(initial, a32, b32)
+        rounding = diff(initial64, as_float64(b32), b64)
+        got[f"f32_tolerance:{group}"] = F32_ROUNDING_FACTOR * max(rounding, 1e-7)
+    return got
+
+
+def same_step(framework: str, reference: str, n: int, bn: str) -> dict[str, float]:
+    """Assert that two programs take the same step (`step_differences`): in float64 within
+    F64_RTOL (meaning), in float32 within the reference's own rounding times
+    F32_ROUNDING_FACTOR. Returns the differences."""
+    got = step_differences(framework, reference, n, bn)
+    for group in ("params", "batch_stats"):
+        assert got[f"f64:{group}"] <= F64_RTOL, (framework, reference, n, bn, got)
+        assert got[f"f32:{group}"] <= got[f"f32_tolerance:{group}"], (
+            framework, reference, n, bn, got
+        )  # fmt: skip
+    return got
+
+
+def evaluated(framework: str, n: int) -> dict[str, float]:
+    """Test sums of the initial state over the 10 synthetic test images, batches of 4."""
+    _, eval_fn, initial, mesh, mod = compiled(framework, n, "sync")
+    loader = EvalLoader(load_for(CFG), CFG.eval_batch_size, pad_to=n)
+    put = lambda batch: mod.to_device(batch, mesh)  # noqa: E731
+    state = mod.replicate(initial, mesh)
+    return evaluate(eval_fn, state, loader, len(loader), put, mod.unreplicate)
+
+
+def max_diff(a: Any, b: Any) -> float:
+    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.abs(x - y).max()), a, b)))
+
+
+@pytest.mark.parametrize("framework", sorted(MODULES))
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_evaluation_counts_every_test_image_once(framework: str, n: int) -> None:
+    got = evaluated(framework, n)  # jax-shard, jax-shardmap: their own transforms and meshes
+    want = evaluated("jax-pmap", 1)
+    assert got["count"] == 10  # 4 + 4 + 2 images, padded to 4 / 4 / 6 rows: padding weighs 0
+    assert got["correct"] == want["correct"]
+    assert abs(got["loss_sum"] - want["loss_sum"]) <= 1e-4
+
+
+def test_local_bn_statistics_are_per_device_then_averaged() -> None:
+    train, _, initial, mesh, mod = compiled("jax-pmap", 2, "local")
+    state, _ = train(mod.replicate(initial, mesh), mod.to_device(train_batches()[0], mesh))
+    per_device = [np.asarray(s.data) for s in state.batch_stats["bn1"]["mean"].addressable_shards]
+    assert np.abs(per_device[0] - per_device[1]).max() > 1e-4  # each device saw its own half
+    params = [np.asarray(s.data) for s in state.params["fc"]["kernel"].addressable_shards]
+    np.testing.assert_array_equal(params[0], params[1])  # but the update is the same
+    synced = jax_pmap.sync_batch_stats(state, jax_pmap.cross_replica_mean(mesh))
+    synced = synced.batch_stats["bn1"]["mean"]
+    for shard in synced.addressable_shards:
+        np.testing.assert_allclose(
+            np.asarray(shard.data)[0], np.mean(per_device, axis=0)[0], rtol=1e-6, atol=1e-7
+        )
+
+
+def test_too_many_devices_is_one_clear_error() -> None:
+    host_devices(4)
+    with pytest.raises(ConfigError, match="--gpus 9: only 4 devices"):
+        jax_pmap.train(CFG.replace(gpus=9))
+
+
+def test_a_second_run_loads_its_programs_from_the_compile_cache(tmp_path: Path) -> None:
+    """--compile-cache (the default): the first run compiles and stores every program and
+    exports its train step, a second run of the same configuration loads them all (no miss,
+    no trace of the step) and spends less time on them; the record says both. --no-compile-cache
+    stores and loads nothing. All three train to the same final state, bit for bit."""
+    args = ("--preset", "smoke", "--epochs", "2", "--cache-dir", str(tmp_path / "cache"))
+    env = {"JAX_COMPILATION_CACHE_DIR": ""}  # the flag decides, not the caller's environment
+    records, states = [], []
+    for name, extra in (("cold", ()), ("warm", ()), ("off", ("--no-compile-cache",))):
+        out, state = tmp_path / f"{name}.json", tmp_path / f"{name}.npz"
+        extra += ("--output", str(out), "--save-state", str(state))
+        proc = run_trainer("jax-pmap", *args, *extra, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        records.append(read_json(out))
+        states.append(dict(np.load(state)))
+    cold, warm, off = (r["compile_cache"] for r in records)
+    steps = str(tmp_path / "cache" / "jax-steps")
+    assert cold["dir"] == str(tmp_path / "cache" / "jax") and cold["misses"] > 0
+    assert cold["steps"] == {"dir": steps, "hits": 0, "misses": 1}
+    assert warm["hits"] >= cold["misses"] and warm["misses"] == 0
+    assert warm["steps"] == {"dir": steps, "hits": 1, "misses": 0}
+    assert records[1]["compile_sec"] < records[0]["compile_sec"]
+    assert off["dir"] is None and off["hits"] == off["misses"] == 0
+    assert off["steps"]["off"] == "--no-compile-cache" and records[2]["compile_sec"] > 0
+    for other in states[1:]:
+        assert other.keys() == states[0].keys()
+        for k in states[0]:
+            np.testing.assert_array_equal(other[k], states[0][k], err_msg=k)

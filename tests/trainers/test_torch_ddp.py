@@ -1,0 +1,251 @@
+"""torch-ddp on CPU (gloo): evaluation at any process count, torchrun on two "nodes", launcher
+environments, --bn local's per-rank BN statistics.
+The N-process step = 1-process step and the phase-timed step = the DDP step, kill-and-resume
+(the same trajectory from one seed, bitwise), bad input, failures:
+tests/trainers/test_contract.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common.config import preset
+from common.runtime import free_port
+from tests.conftest import (
+    ROOT,
+    SMOKE,
+    read_json,
+    run_trainer,
+)
+
+MODULE = "frameworks.torch_ddp"
+SMALL = SMOKE
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_trainer("torch-ddp", *SMALL, *args, env=env)
+
+
+def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
+    from common.datasets import load_for
+    from common.pipeline import EvalLoader
+    from frameworks import torch_ddp
+    from frameworks.torch_support import device_plan, evaluate
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = eval_config()
+    ds = load_for(cfg)
+    torch.manual_seed(0)
+    model = torch_ddp.build_model(cfg, ds.channels, ds.num_classes)
+    plan = device_plan(cfg, "cpu")
+    state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 1, plan)
+    sums = evaluate(torch_ddp.eval_step, state, EvalLoader(ds, 7, rank, world, layout="NCHW"))
+    total = torch.stack([sums["correct"], sums["count"], sums["loss_sum"]]).double()
+    torch.distributed.all_reduce(total)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(total.tolist(), f)
+    torch.distributed.barrier()
+    # Exit without running gloo's C++ destructors: at 3 CPU processes one of them intermittently
+    # aborted at teardown ("terminate called without an active exception") after the work was done.
+    os._exit(0)
+
+
+def eval_config():
+    # 359 test images (prime: no process count divides it), eval batches of 7 per rank
+    return preset("smoke", dataset="digits", image_size=16, test_limit=359)
+
+
+def test_evaluation_identical_at_1_and_3_processes(tmp_path):
+    """359 test images do not divide over 3 processes (nor over 2: the uneven case once, at
+    the larger world): every image counted once, and the sums those of the whole set at once."""
+    from common.datasets import load_for
+    from common.pipeline import Normalizer
+    from frameworks.torch_ddp import build_model
+    from frameworks.torch_support import initialize
+
+    cfg = eval_config()
+    ds = load_for(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, ds.channels, ds.num_classes).eval()
+    initialize(cfg, model)  # what create_train_state does (--init shared)
+    with torch.no_grad():  # the whole test set at once, no sharding: the reference
+        logits = model(torch.from_numpy(Normalizer(ds.mean, ds.std, "NCHW")(ds.test_x)))
+    ref_correct = int((logits.argmax(1).numpy() == ds.test_y).sum())
+    for world in (1, 3):
+        out = tmp_path / f"{world}.json"
+        torch.multiprocessing.start_processes(
+            _eval_worker, args=(world, free_port(), str(out)), nprocs=world, start_method="spawn"
+        )
+        correct, count, loss_sum = read_json(out)
+        assert count == 359, world  # every test image exactly once
+        assert correct == ref_correct, world
+        assert loss_sum == pytest.approx(
+            torch.nn.functional.cross_entropy(
+                logits, torch.from_numpy(ds.test_y).long(), reduction="sum"
+            ).item(),
+            rel=1e-5,
+        )
+
+
+def test_torchrun_two_nodes_one_process_each_on_loopback(tmp_path):
+    port = free_port()
+    out = tmp_path / "rec.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    procs = [
+        subprocess.Popen(
+            [
+                str(ROOT / ".venv" / "bin" / "torchrun"),
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                f"--node-rank={node}",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "-m",
+                MODULE,
+                *SMALL,
+                "--epochs",
+                "1",
+                "--max-steps-per-epoch",
+                "2",
+                "--output",
+                str(out),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (stdout, stderr) in zip(procs, results):
+        assert p.returncode == 0, stdout + stderr[-4000:]
+    rec = read_json(out)
+    assert rec["status"] == "ok" and rec["devices"] == 2
+    assert rec["config"]["gpus"] == 2  # the launcher's world size, not --gpus
+    assert rec["test_examples"] == 10
+    assert results[1][0].strip() == ""  # only rank 0 prints
+
+
+def test_nesterov_without_momentum_is_the_parsers_one_line():
+    # (Bad input in general, and start-up failures: tests/trainers/test_contract.py.)
+    bad = run("--nesterov", "--momentum", "0")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "python -m frameworks.torch_ddp: error: --nesterov needs --momentum > 0 (see --help)"
+    ]
+
+
+def test_launcher_environments(monkeypatch):
+    from common.config import ConfigError
+    from frameworks.torch_launch import Launch, launch_env
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(var, None)
+    monkeypatch.setattr(os, "environ", env)  # launch_env writes RANK etc.: keep it in here
+    assert launch_env() is None  # plain `python -m`: --gpus spawns the processes
+    env.update(RANK="", WORLD_SIZE="")
+    assert launch_env() is None  # empty is unset (was a world of 1 waiting at None:None)
+    del env["RANK"], env["WORLD_SIZE"]
+    env.update(SLURM_PROCID="0", SLURM_NTASKS="1")
+    assert launch_env() is None  # a 1-task SLURM job is not a multi-process launch
+    env.update(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_NTASKS_PER_NODE="4(x2)")
+    with pytest.raises(ConfigError, match="not started by srun"):
+        launch_env()  # no SLURM_STEP_ID: stale variables (a salloc shell), not an srun task
+    env.update(SLURM_STEP_ID="0")
+    with pytest.raises(ConfigError, match="MASTER_ADDR"):
+        launch_env()
+    env.update(MASTER_ADDR="no-such-host.invalid", MASTER_PORT="29500")
+    with pytest.raises(ConfigError, match="does not resolve"):
+        launch_env()
+    env.update(MASTER_ADDR="127.0.0.1")
+    assert launch_env() == Launch(rank=5, world=8, local_rank=1, local_world=4)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("5", "8", "1")  # for env://
+    env.clear()
+    env.update(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")  # torchrun's
+    assert launch_env() == Launch(rank=3, world=4, local_rank=1, local_world=2)
+    env.update(MASTER_ADDR="no-such-host.invalid", MASTER_PORT="29500")  # at once, not after
+    with pytest.raises(ConfigError, match="does not resolve; a stale value"):  # the timeout
+        launch_env()
+    env.update(MASTER_ADDR="localhost")
+    assert launch_env() == Launch(rank=3, world=4, local_rank=1, local_world=2)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
+
+
+LOCAL_BN_SCRIPT = """
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+from common.config import preset
+from frameworks import torch_ddp
+from frameworks.torch_support import device_plan
+
+def rank_main(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    cfg = preset("smoke", bn="local")
+    model = torch_ddp.build_model(cfg, 3, 10)
+    plan = device_plan(cfg, "cpu")
+    state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 2, plan)
+    state.lr[:] = 0.0  # the weights stay put, so the same batch gives the same statistics
+    bn = state.module.bn1
+    g = torch.Generator().manual_seed(rank)  # each rank its own shard
+    batch = (torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g))
+    before = bn.running_mean.clone()
+    torch_ddp.train_step(state, batch)
+    first = bn.running_mean.clone()
+    torch_ddp.train_step(state, batch)
+    second = bn.running_mean.clone()
+    torch.save({"before": before, "first": first, "second": second}, f"{out}{rank}.pt")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+"""
+
+
+@pytest.mark.parametrize("inject", [False, True])
+def test_local_bn_keeps_each_ranks_running_statistics(tmp_path, inject):
+    """--bn local: DDP must not overwrite a rank's BN running statistics with rank 0's at every
+    forward (torch's default; recent torch renamed the switch), or the epoch-end average
+    (sync_batch_stats) would average rank 0's history. Two steps of the same batch at LR 0 on
+    each of 2 ranks: each rank's statistics follow its own batch, m = bn momentum:
+    second = (1 - m) * first + (first - (1 - m) * before). Shown to fail with the per-forward
+    sync put back (inject: DDP built with forward_sync_buffers=True, or broadcast_buffers=True
+    on a torch before 2.13, whose DDP lacks the first: the GPU machine's torch 2.11)."""
+    script = tmp_path / "local_bn.py"
+    source = LOCAL_BN_SCRIPT
+    if inject:
+        source = source.replace(
+            "import os,",
+            "import frameworks.torch_support as tm\n"
+            "on = {k: True for k in tm.no_forward_buffer_sync()}  # this torch's keyword\n"
+            "tm.no_forward_buffer_sync = lambda: on\nimport os,",
+        ).replace("from frameworks import torch_ddp", "from frameworks import torch_ddp\n"
+                  "torch_ddp.no_forward_buffer_sync = tm.no_forward_buffer_sync")  # fmt: skip
+    script.write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(free_port()), str(tmp_path / "rank")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = preset("smoke").bn_momentum
+    own = []
+    for rank in (0, 1):
+        s = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        expected = (1 - m) * s["first"] + (s["first"] - (1 - m) * s["before"])
+        own.append(torch.allclose(s["second"], expected, rtol=1e-5, atol=1e-6))
+    # rank 0's statistics are its own either way; rank 1's only without the per-forward sync
+    assert own == ([True, False] if inject else [True, True])
