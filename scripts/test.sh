@@ -3,7 +3,15 @@
 # then the MXNet environment (tests/mxnet), then, where a GPU is visible, the GPU tests.
 # Creates the environments first if missing.
 # Extra arguments go to both pytest calls (e.g. -x, -k NAME).
+#   --fast  the edit loop's tier: only the tests that start no process (tests/conftest.py skips
+#           the others as they try), in both environments; no type check, no GPU pass
 set -uo pipefail
+fast=0
+if [[ "${1:-}" == "--fast" ]]; then
+  fast=1
+  shift
+  export DPBENCH_TEST_FAST=1
+fi
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 # The main suite in parallel workers, a test file per worker at a time (pytest-xdist): most
@@ -33,6 +41,11 @@ echo "[test] main environment: .venv/bin/python -m pytest tests --ignore=tests/m
 # About 90 s of one core on a cold cache: it runs beside the MXNet suite, one process that
 # leaves a core of two idle most of the time (beside the main suite it took a core from its
 # workers, which use them all), and reports after it.
+if ((fast)); then
+  echo "[test] --fast: mxnet environment: .venv-mxnet/bin/python -m pytest tests/mxnet"
+  .venv-mxnet/bin/python -m pytest tests/mxnet "$@" || status=1
+  exit $status
+fi
 echo "[test] type check: .venv/bin/python -m mypy (common/, frameworks/, benchmarks/, tutorials/), beside the mxnet suite"
 typecheck_log=$(mktemp)
 .venv/bin/python -m mypy >"$typecheck_log" 2>&1 &

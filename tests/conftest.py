@@ -69,6 +69,27 @@ for _name, _sub in HOME_VARS.items():
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 
+# `bash scripts/test.sh --fast` (DPBENCH_TEST_FAST=1): the edit loop's tier, the tests that start
+# no process. A test (or a fixture it uses) that starts one -- a trainer, a rank, a probe,
+# through subprocess or multiprocessing -- is skipped at that moment, named as such; the full
+# suite (CI) runs it. Nothing is judged by a list that could drift from the tests.
+FAST = os.environ.get("DPBENCH_TEST_FAST") == "1"
+FAST_SKIP = "starts a process: the full suite runs it (bash scripts/test.sh)"
+
+
+def only_in_process() -> None:
+    """Under FAST, make every way a test could start a process skip the test instead."""
+    import multiprocessing.util
+
+    def skip(*args: Any, **kwargs: Any) -> Any:
+        pytest.skip(FAST_SKIP)
+
+    subprocess.Popen._execute_child = skip  # type: ignore[attr-defined]  # run, check_output...
+    multiprocessing.util.spawnv_passfds = skip  # spawn / forkserver (torch.multiprocessing too)
+    os.fork = skip  # type: ignore[assignment]  # the fork start method
+    os.posix_spawn = os.posix_spawnp = skip  # type: ignore[assignment]
+
+
 def pin_xdist_worker() -> None:
     """Each of N pytest-xdist workers runs on its own share of the cores (every N-th of them),
     and so does every process its tests start (the affinity is inherited): a trainer sizes its
@@ -103,7 +124,9 @@ def pytest_configure(config: pytest.Config) -> None:
     that another test, another worker or a trainer compiled already is loaded, not compiled
     again (XLA:CPU takes 5-15 s per train step of the smoke model). The entries are keyed by
     the program itself; a test that needs a cold compile names a cache folder of its own, or
-    none. Not in the MXNet environment (no JAX there)."""
+    none. Not in the MXNet environment (no JAX there). Under FAST, processes are off first."""
+    if FAST and (hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", 0)):
+        only_in_process()  # not in xdist's controller: it starts the workers
     import importlib.util
 
     if importlib.util.find_spec("jax") is None:
