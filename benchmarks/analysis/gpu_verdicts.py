@@ -97,10 +97,8 @@ def read_json(path: Path) -> Any:
     """The JSON in `path`; InputError (one line naming the file) when it cannot be read."""
     try:
         return json.loads(path.read_bytes())
-    except OSError as exc:
-        raise InputError(f"cannot read {path} ({exc.strerror}); {FIX}") from None
-    except ValueError as exc:
-        raise InputError(f"{path} is not JSON ({exc}); {FIX}") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read {path} as JSON ({exc}); {FIX}") from None
 
 
 def tables(root: Path) -> list[tuple[Path, dict[str, Any]]]:
