@@ -277,11 +277,7 @@ def use_interpreter(path: str) -> None:
     DPBENCH_PYTHON_<NAME> variables). The path is made absolute but not resolved: a virtual
     environment's python is a symlink whose target would lose the environment."""
     python = Path(path).expanduser()
-    try:
-        usable = python.is_file() and os.access(python, os.X_OK)
-    except OSError:  # a name too long for the file system: no interpreter either
-        usable = False
-    if not usable:
+    if not (python.is_file() and os.access(python, os.X_OK)):
         raise UsageError(
             f"--python {path}: no executable interpreter there; give the path of "
             "a python that has torch and/or jax installed"
@@ -729,12 +725,8 @@ def output_dir(given: str | None, prefix: str, marker: str, need: int = MIN_FREE
         out = Path(given).expanduser().resolve()
     else:
         out = ROOT / "results" / (prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
-    try:
-        held = (out / marker).exists()
-        why = unwritable(out, "dir", need)  # need: the bytes free the tool's own files want
-    except OSError as exc:  # a name too long for the file system, a component that is a file
-        raise UsageError(f"--out {given}: {exc.strerror or exc}; choose another --out") from None
-    if held:
+    why = unwritable(out, "dir", need)  # need: the bytes free the tool's own files want
+    if (out / marker).exists():
         raise UsageError(f"{out} already holds a result ({marker}); choose a new --out")
     if why:
         raise UsageError(f"--out {out}: {why}; choose another --out")
