@@ -298,14 +298,3 @@ def test_one_framework_in_two_modes_is_two_rows_and_the_table_says_the_modes(
     assert harness.mode_notes(cells)[1].startswith(
         "Mode not as asked: torch-ddp+reduce-overhead x1 ran eager, not torch.compile"
     )
-
-
-def test_a_python_that_is_no_interpreter_is_one_line(
-    tmp_path: Path, no_probe: None, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from benchmarks import throughput
-
-    rc = throughput.main(["--python", str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "--python" in err[0], err
-    assert "no executable interpreter there" in err[0] and not (tmp_path / "out").exists()
