@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
-from common import devices, json_input
+from common import devices
 from common.config import (
     COMPILE_MODES,
     CUDA_GRAPH_MODES,
@@ -60,10 +60,8 @@ from common.config import (
 )
 from common.devices import CHOICES as DEVICE_CHOICES
 from common.interrupts import kept_ignored
-from common.json_input import Required, Whole
 from common.launch_env import check_launch_env
 from common.processes import end_groups, run_captured, start_group, wait_group
-from common.results import RECORD_SCHEMA
 from common.runtime import (
     ENTRY_POINTS,
     MIN_FREE_BYTES,
@@ -74,7 +72,6 @@ from common.runtime import (
     cpu_threads,
     unwritable,
 )
-from common.safe_io import read_regular
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
 TOOL = "python -m benchmarks.{}"  # how each runner is started (the analysis tools: prog=)
@@ -280,11 +277,7 @@ def use_interpreter(path: str) -> None:
     DPBENCH_PYTHON_<NAME> variables). The path is made absolute but not resolved: a virtual
     environment's python is a symlink whose target would lose the environment."""
     python = Path(path).expanduser()
-    try:
-        usable = python.is_file() and os.access(python, os.X_OK)
-    except OSError:  # a name too long for the file system: no interpreter either
-        usable = False
-    if not usable:
+    if not (python.is_file() and os.access(python, os.X_OK)):
         raise UsageError(
             f"--python {path}: no executable interpreter there; give the path of "
             "a python that has torch and/or jax installed"
@@ -732,12 +725,8 @@ def output_dir(given: str | None, prefix: str, marker: str, need: int = MIN_FREE
         out = Path(given).expanduser().resolve()
     else:
         out = ROOT / "results" / (prefix + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
-    try:
-        held = (out / marker).exists()
-        why = unwritable(out, "dir", need)  # need: the bytes free the tool's own files want
-    except OSError as exc:  # a name too long for the file system, a component that is a file
-        raise UsageError(f"--out {given}: {exc.strerror or exc}; choose another --out") from None
-    if held:
+    why = unwritable(out, "dir", need)  # need: the bytes free the tool's own files want
+    if (out / marker).exists():
         raise UsageError(f"{out} already holds a result ({marker}); choose a new --out")
     if why:
         raise UsageError(f"--out {out}: {why}; choose another --out")
@@ -1099,74 +1088,49 @@ def mode_notes(table: Sequence[dict[str, Any]]) -> list[str]:
 # -- records and files --------------------------------------------------------------------------
 
 
-RECORD_LIMIT = 64 << 20  # a run record or a config.json: far above any the tools write (~100 KB)
-
-
-def read_json_file(
-    path: Path, what: str, fix: str, limit: int = RECORD_LIMIT, schema: Any = object
-) -> Any:
-    """The JSON in `path`, read only if it is a regular file (links followed) of at most
-    `limit` bytes (common/safe_io.py): a FIFO, a device or an oversized file is UsageError at
-    once, not a hang or a read of gigabytes. JSON a reader cannot use (nesting, a number out of
-    range, a field not of `schema`'s type: common/json_input.py) is UsageError naming the file
-    and the field. OSError (missing) and ValueError (no JSON) pass."""
-    raw = read_regular(path, limit, what, fix, UsageError)
+def read_json_file(path: Path, what: str, fix: str) -> Any:
+    """The JSON in `path`; UsageError (one line naming the file and `fix`) where it is missing,
+    unreadable or no JSON."""
     try:
-        return json_input.load(raw, schema, f"{what} {path}".strip())
-    except json_input.Refused as exc:
-        raise UsageError(f"{exc}; {fix}") from None
+        return json.loads(path.read_bytes())
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path} ({exc.strerror}); {fix}") from None
+    except ValueError as exc:
+        raise UsageError(f"{what} {path} is not JSON ({exc}); {fix}") from None
 
 
 THROUGHPUT_FIX = "give the throughput.json files benchmarks.throughput wrote"
-THROUGHPUT_SCHEMA = {  # what the tools read of benchmarks.throughput's throughput.json
-    "settings": Required({"model": Required(str), "image_size": Required(Whole(1, 1 << 16)),
-                          "width": Required(float), "precision": Required(str)}),
-    "device_kind": (str, None),
-    "rows": Required([{
-        "framework": Required(str), "devices": Required(Whole(1, 1 << 16)),
-        "global_batch": Required(Whole(1, 1 << 40)), "status": (str, None), "mode": (str, None),
-        "precision_note": (str, None), "real_images_per_sec": (float, None),
-        "compute_images_per_sec": (float, None),
-    }]),
-}  # fmt: skip
 
 
 def read_throughput(path: Path, what: str = "throughput table") -> dict[str, Any]:
-    """A throughput.json, read bounded and checked (THROUGHPUT_SCHEMA); UsageError otherwise."""
-    try:
-        return read_json_file(path, what, THROUGHPUT_FIX, schema=THROUGHPUT_SCHEMA)  # type: ignore[no-any-return]
-    except OSError as exc:
-        raise UsageError(f"cannot read {path} ({exc.strerror}); {THROUGHPUT_FIX}") from None
-    except ValueError as exc:
-        raise UsageError(f"{path} is not JSON ({exc}); {THROUGHPUT_FIX}") from None
-
-
-RECORD_FIX = "delete it or rerun this run"
-
-
-def check_record_file(path: Path) -> dict[str, Any] | None:
-    """A run record that exists is a regular file of sane size whose fields the tools can use
-    (RECORD_SCHEMA), unless it is no record at all (missing, truncated, not JSON, no status:
-    None; report calls such a file "damaged"); UsageError otherwise."""
-    try:
-        data = read_json_file(path, "run record", RECORD_FIX)
-    except (FileNotFoundError, NotADirectoryError, ValueError):
-        return None
-    if not isinstance(data, dict) or "status" not in data:
-        return None
-    try:
-        return json_input.check(data, RECORD_SCHEMA, f"run record {path}")  # type: ignore[no-any-return]
-    except json_input.Refused as exc:
-        raise UsageError(f"{exc}; {RECORD_FIX}") from None
+    """A throughput.json with the keys the tools read; UsageError naming the file otherwise."""
+    table = read_json_file(path, what, THROUGHPUT_FIX)
+    try:  # the keys the tools use without .get
+        settings = {"model", "image_size", "width", "precision"} <= table["settings"].keys()
+        rows = all({"framework", "devices", "global_batch"} <= r.keys() for r in table["rows"])
+    except (KeyError, TypeError, AttributeError):
+        settings = rows = False
+    if not (settings and rows):
+        raise UsageError(
+            f"{what} {path} is not a throughput table (a key missing); {THROUGHPUT_FIX}"
+        )
+    return table  # type: ignore[no-any-return]
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
-    """`check_record_file`'s record, or None for every file it refuses or finds missing (a
-    crashed run; a FIFO, a device or an oversized file; fields the tools cannot use)."""
+    """A run's record; None where there is none (missing: the run did not finish) or one the
+    tools cannot use (cut short, not JSON, no status or devices: a broken machine's file),
+    then with one line on stderr naming it."""
     try:
-        return check_record_file(path)
-    except (OSError, UsageError):
+        record = json.loads(path.read_bytes())
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict) and {"status", "devices"} <= record.keys():
+        return record
+    print(f"warning: {path} is damaged (cut short or not a run record); ignored", file=sys.stderr)
+    return None
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

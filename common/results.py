@@ -24,100 +24,12 @@ import numpy as np
 from common import devices
 from common.config import Config
 from common.errors import WriteFailed
-from common.json_input import Required, Whole
 from common.processes import run_captured
 from common.runtime import atomic_write_bytes
 from common.schedule import lr_table_for
 from common.tensorboard import EventLog
 
 STATUSES = ("ok", "diverged", "failed", "interrupted")
-
-# The fields of a record that the tools read back (report, compare, throughput, predict,
-# breakdowns, ab, parity), with the types they need (common/json_input.py): a record with
-# another type there is refused in one line naming the field, not a traceback in a table.
-_NUM = (float, None)  # NaN allowed: a diverged run's loss
-_COUNT = (Whole(0), None)
-RECORD_SCHEMA = {
-    "status": Required(str),
-    "framework": (str, None),  # a tutorial loop's record has none (its runner part has)
-    "devices": Required(Whole(1)),
-    "model": (str, None),
-    "dataset": (str, None),
-    "device_kind": (str, None),
-    "bn_mode": (str, None),
-    "global_batch_size": (Whole(1), None),
-    "epochs": [
-        {
-            "epoch": Whole(0),
-            "sec": float,
-            "images": Whole(0),
-            "wall_sec": _NUM,
-            "timed": bool,
-            "train_loss": _NUM,
-            "test_accuracy": _NUM,
-            "test_loss": _NUM,
-            "test_examples": _COUNT,
-        }
-    ],
-    **{
-        k: _NUM
-        for k in (
-            "first_epoch_sec",
-            "sec_per_epoch",
-            "images_per_sec",
-            "sec_per_epoch_median",
-            "sec_per_epoch_min",
-            "sec_per_epoch_max",
-            "images_per_sec_min",
-            "images_per_sec_max",
-            "test_accuracy",
-            "test_loss",
-            "time_to_target_sec",
-            "wall_sec",
-        )
-    },
-    "timed_epochs": _COUNT,
-    "test_examples": _COUNT,
-    "test_set_size": _COUNT,
-    "epochs_to_target": _COUNT,
-    "peak_memory_bytes": _COUNT,
-    "load_avg": ({"start": _NUM, "end": _NUM, "cores": (Whole(1), None)}, None),
-    "init": ({"mode": (str, None), "sha256": (str, None)}, None),
-    "execution": (str, None),
-    "pipeline": (str, dict, None),
-    "config": ({"seed": (int, None), "compile": (bool, None), "compile_mode": (str, None)}, None),
-    "breakdown": (
-        {
-            k: _NUM
-            for k in (
-                "step_ms",
-                "compute_ms",
-                "exposed_comm_ms",
-                "input_wait_ms",
-                "host_gap_ms",
-                "comm_ms",
-                "measured_step_ms",
-                "parts_vs_measured",
-            )
-        },
-        None,
-    ),
-    "profile": ({"trace": (str, None)}, None),
-    "error": (str, None),
-    "runner": {
-        "run_id": (str, None),
-        "framework": (str, None),
-        "seed": (int, None),
-        "peak_lr": float,
-        "command": ([str], None),
-        "log": (str, None),
-        "returncode": (int, None),
-        "load_avg": ([_NUM], None),
-        "wall_sec": _NUM,
-        "log_tail": [str],
-        "ended": (str, None),
-    },
-}
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:

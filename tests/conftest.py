@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +111,20 @@ def pin_xdist_worker() -> None:
 pin_xdist_worker()
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--hostile-all",
-        action="store_true",
-        help="tests/trainers/test_hostile_cases.py: run every case of the hostile sweep, also those "
-        "another test runs already (a few minutes)",
-    )
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the block runs past `seconds`."""
+
+    def hung(*args: object) -> None:
+        raise TimeoutError(f"blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -23,7 +23,6 @@ from typing import Any
 from benchmarks import harness
 from benchmarks.harness import UsageError
 from common.init import parameter_spec, trainable_sizes
-from common.json_input import Whole
 from common.results import write_json_atomic
 
 PROG = "python -m benchmarks.analysis.predict"
@@ -288,13 +287,6 @@ class Breakdown:
 
 
 BREAKDOWN_KEYS = {f.name for f in Breakdown.__dataclass_fields__.values()}
-MAX_BATCH = 1 << 24  # a per-device batch no device holds; larger is a damaged table
-# Their types, for --breakdown (common/json_input.py): a wrong one is one line naming it.
-BREAKDOWN_SCHEMA = {
-    "step_ms": float, "batch": Whole(1, MAX_BATCH), "compute_ms": (float, None),
-    "backward_ms": (float, None), "input_wait_ms": float, "comm_ms": (float, None),
-    "exposed_comm_ms": (float, None), "source": str,
-}  # fmt: skip
 
 OVERLAP = {  # framework -> (the fraction of the backward that can hide communication, why)
     "torch-ddp": (0.5, "DDP all-reduces each bucket once its gradients are ready, during "
@@ -889,12 +881,11 @@ def sweep_plot(
 
 def read_breakdown(path: str) -> Breakdown:
     """--breakdown FILE: a JSON object with Breakdown's keys (unknown keys are an error)."""
-    try:
-        data = harness.read_json_file(
-            Path(path), "--breakdown", "give a JSON file", 1 << 20, schema=BREAKDOWN_SCHEMA
+    data = harness.read_json_file(Path(path), "--breakdown", "give a JSON object of numbers")
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"--breakdown {path}: not a JSON object; known keys: {sorted(BREAKDOWN_KEYS)}"
         )
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--breakdown {path}: cannot read it as JSON ({exc})") from None
     unknown = sorted(set(data) - BREAKDOWN_KEYS)
     if unknown:
         raise UsageError(
@@ -902,6 +893,8 @@ def read_breakdown(path: str) -> Breakdown:
         )
     if "step_ms" not in data or "batch" not in data:
         raise UsageError(f"--breakdown {path}: step_ms and batch are required")
+    if not all(isinstance(v, int | float | None) for k, v in data.items() if k != "source"):
+        raise UsageError(f"--breakdown {path}: a value that is not a number")
     return Breakdown(**data)
 
 
@@ -917,16 +910,8 @@ def read_throughput_table(path: str) -> list[tuple[str, str, Breakdown]]:
     for r in table["rows"]:
         fw, batch = r["framework"], r["global_batch"]
         real, compute = r.get("real_images_per_sec"), r.get("compute_images_per_sec")
-        if r["devices"] != 1 or (r.get("status") or "ok") != "ok" or None in (real, compute):
+        if r["devices"] != 1 or (r.get("status") or "ok") != "ok" or not (real and compute):
             continue
-        sane = (("batch", batch, batch <= MAX_BATCH), ("real img/s", real, 0 < real < math.inf),
-                ("compute img/s", compute, 0 < compute < math.inf))  # fmt: skip
-        for column, value, fine in sane:
-            if not fine:
-                raise UsageError(
-                    f"--throughput-table {path}: {fw}'s {column} is {value:g}, not a positive "
-                    f"finite number (a batch: at most {MAX_BATCH})"
-                )
         note = r.get("precision_note") or ""  # a table older than its mode column: the note
         mode = r.get("mode") or (
             "CUDA graphs" if "reduce-overhead" in note else "torch.compile"

@@ -248,10 +248,10 @@ def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path
 @pytest.mark.parametrize(
     "config, says",
     [
-        (None, "config.json not found; give the directory benchmarks.compare wrote"),
-        ("garbage", "is not a comparison's config.json (Expecting value"),
-        ("[]", "config.json: its top level is a list of 0 items, not an object"),
-        ('{"runs": []}', "config.json: no field base_config"),
+        (None, "config.json (No such file or directory); give the directory benchmarks.compare"),
+        ("garbage", "config.json is not JSON (Expecting value"),
+        ("[]", "config.json is not a comparison's config.json (list indices must be"),
+        ('{"runs": []}', "config.json is not a comparison's config.json (no key 'base_config')"),
     ],
 )
 def test_report_bad_directory_is_one_line_and_exit_2(
@@ -295,6 +295,22 @@ def test_hung_run_is_killed_at_the_timeout_with_its_workers(tmp_path: Path) -> N
 
 
 # -- bad input: one line, exit code 2, nothing started --------------------------------------------
+
+
+def test_a_data_dir_under_a_file_is_one_line_before_any_run(
+    tmp_path: Path,
+    no_probe: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(compare, "execute", lambda plan: pytest.fail("compare started"))
+    out = tmp_path / "out"
+    data = str(tmp_path / "file" / "d")
+    args = ["--frameworks", "torch-dp", "--gpus", "1", "--preset", "smoke", "--data-dir", data]
+    code, _, err = _main([*args, "--out", str(out)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--data-dir" in err, err
+    assert not out.exists()
 
 
 def _fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:

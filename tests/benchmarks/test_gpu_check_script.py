@@ -99,7 +99,8 @@ def test_the_interpreter_is_wrapped_and_everything_is_one_archive(tmp_path: Path
 
 def test_a_run_ends_with_the_verdicts_on_what_it_wrote(tmp_path: Path) -> None:
     """The GPU suite's work stood in for by its output (the H200 fixture of
-    tests/benchmarks/test_gpu_verdicts.py, written where step 1 and step 8 write); the judge itself runs."""
+    tests/benchmarks/test_gpu_verdicts.py, written where step 1 and step 8 write); the judge
+    itself runs."""
     root = project(tmp_path / "p")
     fixture = ROOT / "tests" / "fixtures" / "gpu_check" / "suite"
     (root / "benchmarks" / "gpu_suite.sh").write_text(f'cp -r "{fixture}/." "$3"\n')

@@ -179,7 +179,7 @@ def test_an_unreadable_input_is_exit_2_in_one_line(tmp_path: Path) -> None:
         (text, "is not a readable .tar.xz archive"),
         (empty, "no throughput.json under gA/"),
         (packed, "no throughput.json under gA/"),
-        (broken, "is not a throughput table"),
+        (broken, "throughput.json as JSON"),
     ):
         proc = judge(path)
         assert proc.returncode == 2 and proc.stdout == "", (path, proc.stdout, proc.stderr)

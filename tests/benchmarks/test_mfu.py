@@ -34,8 +34,7 @@ def test_the_table_of_the_h200_run(tmp_path: Path, capsys: pytest.CaptureFixture
     ("edit", "says"),
     [
         (lambda t: t["settings"].update(image_size=64), "where the FLOP count is for resnet18"),
-        (lambda t: t["rows"][0].update(devices="one"), "devices"),
-        (lambda t: t.update(rows={"a": 1}), "rows"),
+        (lambda t: t["rows"][0].pop("devices"), "is not a throughput table (a key missing)"),
     ],
 )
 def test_a_table_it_cannot_use_is_one_line(
@@ -48,7 +47,3 @@ def test_a_table_it_cannot_use_is_one_line(
     assert mfu.main([str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err and str(bad) in err, err
-    nested = tmp_path / "nested.json"
-    nested.write_text("[" * 5000 + "]" * 5000)
-    assert mfu.main([str(nested)]) == 2
-    assert capsys.readouterr().err.count("\n") == 1

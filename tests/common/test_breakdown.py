@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import gzip
 import json
-import os
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
@@ -168,23 +167,12 @@ def test_per_step_figures_divide_by_the_steps(tmp_path: Path) -> None:
     assert five["compute_ms"] == pytest.approx(one["compute_ms"] / 5) == pytest.approx(2.0)
 
 
-def test_a_trace_without_the_window_or_the_files_it_should_be_is_refused(tmp_path: Path) -> None:
+def test_a_trace_without_the_window_or_cut_short_is_one_trace_error(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no dpbench_window"):
         read_trace(write(tmp_path, [x("aten::add", 0, 5, cat="cpu_op")]), "torch", 1)
-    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "bad.json").write_text('{"traceEvents": [{"ph": "X", "ts": 1')  # cut short
     with pytest.raises(TraceError, match="not Chrome trace JSON"):
         read_trace(tmp_path / "bad.json", "torch", 1)
-    os.mkfifo(tmp_path / "fifo.json")
-    with pytest.raises(TraceError, match="a FIFO"):
-        read_trace(tmp_path / "fifo.json", "torch", 1)
-
-
-def test_a_gzip_that_inflates_past_the_limit_is_refused(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(bd, "TRACE_LIMIT", 10_000)
-    path = tmp_path / "big.trace.json.gz"
-    path.write_bytes(gzip.compress(b" " * 100_000))  # 100 kB of blanks, ~100 bytes on disk
-    with pytest.raises(TraceError, match="inflates past"):
-        read_trace(path, "jax", 1)
 
 
 # ---- the window -----------------------------------------------------------------------------

@@ -26,15 +26,15 @@ import pytest
 from common import datasets
 from common.config import preset
 from common.datasets import DatasetError
+from tests.common.test_datasets import _cifar_pickle, _idx, _write_tar, write_cifar10, write_fashion
 from tests.conftest import (
     MAIN_PYTHON,
+    deadline,
     one_line_error,
     run_python,
     run_trainer,
     skip_without_interpreter,
 )
-from tests.hostile_helpers import deadline
-from tests.common.test_datasets import _cifar_pickle, _idx, _write_tar, write_cifar10, write_fashion
 
 BATCHES = [f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]
 ZEROS_16M = gzip.compress(bytes(16 << 20), compresslevel=9)  # 16 KB on disk, 16 MiB inflated

@@ -201,6 +201,13 @@ def test_a_bad_dpbench_devices_names_the_variable() -> None:
     one_line_error(proc, "DPBENCH_DEVICES='gpu'")
 
 
+def test_jax_platforms_cuda_without_a_gpu_is_one_line() -> None:
+    proc = run_trainer("jax-pmap", *SMOKE, env={"JAX_PLATFORMS": "cuda", "DPBENCH_DEVICES": "auto"})
+    one_line_error(
+        proc, "JAX could not start its devices (JAX_PLATFORMS='cuda'", "unset JAX_PLATFORMS"
+    )
+
+
 # -- the pin and the record ----------------------------------------------------------------------
 
 

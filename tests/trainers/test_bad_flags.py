@@ -6,7 +6,7 @@ wrong interpreter.
 Every case asserts the exit code (2 = bad input), the one-line message naming the problem, and
 that nothing ran or was written. Most run in-process (the parser, the tools' main()); the few
 that need a real trainer start it and it exits before any work. Paths, files and full disks:
-tests/trainers/test_output_files.py; the whole commands of the hostile sweep: tests/trainers/test_hostile_cases.py.
+tests/trainers/test_output_files.py.
 """
 
 from __future__ import annotations

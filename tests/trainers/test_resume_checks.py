@@ -36,8 +36,10 @@ from common.config import ConfigError, preset
 from common.datasets import DatasetError
 from common.init import cache_key, digest, draw, initial_state, parameter_spec
 from common.results import RunRecorder
+from tests.common.test_dataset_files import _official
 from tests.conftest import (
     SMOKE,
+    deadline,
     module_of,
     ok,
     one_line_error,
@@ -47,8 +49,6 @@ from tests.conftest import (
     run_trainer,
     skip_without_interpreter,
 )
-from tests.hostile_helpers import deadline
-from tests.common.test_dataset_files import _official
 
 # ---- helpers ---------------------------------------------------------------------------------
 
