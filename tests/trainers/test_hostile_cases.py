@@ -28,7 +28,6 @@ import json
 import os
 import re
 import resource
-import shutil
 import signal
 import socket
 import subprocess
@@ -166,17 +165,6 @@ def init_cache_that_inflates(d: Path) -> None:
     inflating_member(init_cache(d), "extra.npy", 256 << 20)
 
 
-def step_cache_under_another_name(d: Path) -> None:
-    """config A's exported step copied over config B's file name."""
-    base = [*SMOKE, "--max-steps-per-epoch", "1", "--epochs", "1", "--cache-dir", "{d}/c"]
-    must_run(trainer("jax-pmap", *base), d)
-    a = set((d / "c" / "jax-steps").glob("*"))
-    must_run(trainer("jax-pmap", *base, "--bn", "sync"), d)
-    b = set((d / "c" / "jax-steps").glob("*")) - a
-    (file_a,), (file_b,) = [p for p in a if p.is_file()], [p for p in b if p.is_file()]
-    shutil.copyfile(file_a, file_b)
-
-
 def fashion_mnist_with_a_hand_written_marker(d: Path) -> None:
     """Files that are not the official ones, and a marker claiming they were verified (their
     true size, times and inode, the official MD5, a made-up sample hash)."""
@@ -221,7 +209,6 @@ SETUPS: dict[str, Callable[..., None]] = {
         resumed_on_one_device,
         init_cache_of_zeros,
         init_cache_that_inflates,
-        step_cache_under_another_name,
         fashion_mnist_with_a_hand_written_marker,
         a_comparison_with,
     )
