@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU results (issues 14, 27) on a machine with NVIDIA GPUs: throughput, compare, the tutorial
-# loops, the JAX step cache, and the GPU tests as the last step. Ends within BUDGET_SEC (default
+# loops, and the GPU tests as the last step. Ends within BUDGET_SEC (default
 # 560 s: a budget guards every step; a step that no longer fits is listed as skipped). Steps 1-6
 # take about 15 minutes on one H100; where one command may run 10 minutes, run them in three
 # calls:
@@ -8,8 +8,7 @@
 #   bash benchmarks/gpu_suite.sh [--python PATH] [OUT_DIR [BUDGET_SEC]]
 #   STEPS=1,2,3,4 bash benchmarks/gpu_suite.sh OUT_DIR       # about 8 minutes on one H100
 #   STEPS=5,6 bash benchmarks/gpu_suite.sh OUT_DIR-2         # about 6 minutes
-#   STEPS=7 bash benchmarks/gpu_suite.sh OUT_DIR-3           # the JAX step cache
-#   STEPS=8 bash benchmarks/gpu_suite.sh OUT_DIR-4           # the GPU tests (3-6 min, estimated)
+#   STEPS=8 bash benchmarks/gpu_suite.sh OUT_DIR-3           # the GPU tests (3-6 min, estimated)
 #   STEPS=8,1 bash benchmarks/gpu_suite.sh OUT_DIR           # steps run in the order given
 #
 # The interpreter: the project's own .venv when it holds the CUDA builds (what `bash
@@ -23,7 +22,7 @@
 # torch eager, torch with CUDA graphs and JAX in one table), throughput-bf16-host-pipeline/,
 # throughput-bf16-compile/, throughput-fp32/ (each
 # throughput.json, throughput.md, runs/, logs/), compare-digits/ (the compare runner's tables
-# and records), tutorial-loops/ (ours against the seed tutorials' loops), step-cache-jax-pmap/
+# and records), tutorial-loops/ (ours against the seed tutorials' loops)
 # and gpu-tests.xml (the GPU tests' results; their output goes to the suite's own).
 # Throughput: ResNet-18, 32x32 synthetic data, global batch 512 on 1 GPU; the real loop runs
 # 4 epochs of 16 steps (all 8192 synthetic images per epoch), the last 3 timed.
@@ -31,8 +30,7 @@
 # --no-tensorboard. To bring it to a machine without registry access, carry its wheel:
 #   pip download --no-deps --only-binary=:all: -d .whl tensorboardX==2.6.5   (here), then
 #   pip install --no-index --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site (there)
-# Step 7 wants flatbuffers (jax.export's serialisation: without it the step cache is off and
-# the records say so); step 8 wants pytest, carried the same way where the python lacks them.
+# Step 8 wants pytest, carried the same way where the python lacks it.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=""
@@ -42,8 +40,8 @@ if [[ "${1:-}" == "--python" ]]; then
 fi
 # STEPS (default: all, in order) picks steps by number and runs them in the order given, e.g.
 # STEPS=8,1 bash benchmarks/gpu_suite.sh ... runs the GPU tests first, then the headline table.
-STEPS=${STEPS:-1,2,3,4,5,6,7,8}
-[[ "$STEPS" =~ ^[1-9](,[1-9])*$ ]] || { echo "gpu_suite.sh: STEPS takes step numbers 1-9 such as 1,8, not '$STEPS'" >&2; exit 2; }
+STEPS=${STEPS:-1,2,3,4,5,6,8}  # 7, the JAX step cache, went with it
+[[ "$STEPS" =~ ^[1-689](,[1-689])*$ ]] || { echo "gpu_suite.sh: STEPS takes step numbers 1-6, 8, 9 such as 1,8, not '$STEPS'" >&2; exit 2; }
 OUT=${1:-$ROOT/docs/results/gpu-$(date -u +%Y%m%d)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -145,21 +143,8 @@ step6() { run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
     --tutorials d2l-torch,nvidia-course,flax-imagenet,d2l-jax --gpus 1 --repeat 2 \
     --preset throughput --width 1 --train-limit 8192 --epochs 3 --timeout 120 \
     --out "$OUT/tutorial-loops"; }
-# 7. The JAX step cache on a GPU (issue 13): a warm run's first epoch with the train step traced
-#    again (A, --no-step-cache) and loaded (B), and the timed images/s (what the exported call
-#    costs per step); one warm-up run per side first, so both find their XLA programs cached.
-JAXWORK=(--preset throughput --width 1 --image-size 32 --batch-size 512 --precision bf16
-         --epochs 4 --max-steps-per-epoch 16 --gpus 1)
-step7() {
-  for side in --no-step-cache --step-cache; do
-    run "$PY" -m frameworks.jax_pmap "${JAXWORK[@]}" "$side" --output "$OUT/step-cache-warmup.json"
-  done
-  run env DPBENCH_PYTHON_JAX_PMAP="$PY" "$PY" -m benchmarks.analysis.ab --framework jax-pmap \
-      --a=--no-step-cache --b=--step-cache --repeat 3 --timeout 180 \
-      --out "$OUT/step-cache-jax-pmap" -- "${JAXWORK[@]}"
-}
 # 8. The GPU tests (tests marked `gpu`: every trainer on cuda, NCCL, DataParallel's device ids,
-#    pmap and shardings, parity, CUDA graphs, the step cache, --devices cpu on a GPU machine),
+#    pmap and shardings, parity, CUDA graphs, --devices cpu on a GPU machine),
 #    the GPU pass of scripts/test.sh. The rest of the suite runs with the CPU pinned, as in CI:
 #    `.venv/bin/python -m pytest tests --ignore=tests/mxnet` on this machine too. 4 workers
 #    where pytest-xdist is installed: the tests share the GPU (XLA does not preallocate), each

@@ -205,7 +205,7 @@ def parse_frameworks(text: str, variants: bool = False) -> list[str]:
         raise UsageError(f"--frameworks is empty; give one or more of {', '.join(REGISTRY)}")
     if any(n.startswith("jax") for n in names):  # the JAX children read the user's XLA_FLAGS
         try:
-            check_xla_flags()  # child_env drops its device count: a typo there is not silent
+            check_xla_flags()
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
     return names

@@ -203,18 +203,12 @@ class Config:
     compile_cache: bool = opt(
         True,
         "JAX: keep compiled XLA programs in --cache-dir, so that a second run of the same "
-        "configuration does not compile again (safe for concurrent runs; see --step-cache)",
-    )
-    step_cache: bool = opt(
-        True,
-        "JAX, with --compile-cache: also keep the traced train step (jax.export, in "
-        "<cache-dir>/jax-steps), so that a second run does not trace it again; "
-        "--no-step-cache traces it in every run",
+        "configuration does not compile again (safe for concurrent runs)",
     )
     cache_dir: str = opt(
         "~/.cache/dp-bench",
-        "where the JAX caches live: compiled programs in <cache-dir>/jax "
-        "(JAX_COMPILATION_CACHE_DIR, if set, wins), exported train steps in <cache-dir>/jax-steps",
+        "where the JAX compilation cache lives: <cache-dir>/jax (JAX_COMPILATION_CACHE_DIR, if "
+        "set, wins)",
     )
     # Fast paths: mixed precision, torch.compile and TF32 (CUDA), channels-last (torch, CUDA and
     # CPU), XLA:CPU's YNNPACK kernels (JAX on CPU). Every record's `execution` names the path.

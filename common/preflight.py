@@ -37,7 +37,7 @@ def check_outputs(cfg: Config) -> None:
             why = None if Path(path).expanduser().is_dir() else "it is not a directory"
         if why:
             raise ConfigError(f"{flag} {path}: {why}; choose another path")
-    # the JAX trainers create <cache-dir>/jax and jax-steps at start-up (JAX_COMPILATION_CACHE_DIR,
+    # the JAX trainers create <cache-dir>/jax at start-up (JAX_COMPILATION_CACHE_DIR,
     # checked with the launch variables, wins for the first): a HOME that is read-only or on
     # /proc ended the run with "failed: FileNotFoundError", exit 1
     if cfg.framework.startswith("jax") and cfg.compile_cache:

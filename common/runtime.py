@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,7 +22,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from common.errors import ConfigError
-from common.processes import process_state, run_captured
+from common.processes import process_state
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,11 +45,6 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
 }
 
 
-# Modules of the tools and the tutorial loops that are libraries of theirs, not commands.
-LIBRARIES = ("benchmarks.harness", "benchmarks.progress", "benchmarks.analysis.breakdowns",
-             "tutorials.record")  # fmt: skip
-
-
 def module_command(argv: Sequence[str] | None = None) -> tuple[str, list[str]] | None:
     """`python -m <module> args...` -> (module, args); None for any other command (a script,
     `-c`, pytest). Read from the interpreter's own command line (`sys.orig_argv`) by default:
@@ -65,19 +59,13 @@ def module_command(argv: Sequence[str] | None = None) -> tuple[str, list[str]] |
 
 def check_interpreter(argv: list[str] | None = None) -> None:
     """`python -m <entry point>` in an interpreter without its framework: one line naming the
-    interpreter to use and exit 2, instead of an ImportError's traceback from inside the module;
-    a module of `LIBRARIES` run as a command, likewise one line. The packages' `__init__` calls
-    it, before the module imports its framework; for any other command (tests, imports, the
-    runners' own checked interpreters) it does nothing."""
+    interpreter to use and exit 2, instead of an ImportError's traceback from inside the module.
+    The packages' `__init__` calls it, before the module imports its framework; for any other
+    command (tests, imports, the runners' own checked interpreters) it does nothing."""
     command = module_command(argv)
     if command is None:
         return
     module = command[0]
-    if module in LIBRARIES:  # it would do nothing and exit 0
-        print(f"python -m {module}: a library of the tools, not a command: `python -m "
-              "benchmarks.compare --help` and docs/usage.md list the commands",
-              file=sys.stderr)  # fmt: skip
-        raise SystemExit(2)
     missing = [p for p in ENTRY_POINTS.get(module, ()) if importlib.util.find_spec(p) is None]
     if missing:
         mxnet = "mxnet" in ENTRY_POINTS[module]
@@ -102,45 +90,17 @@ def set_xla_flag(name: str, value: str) -> None:
     os.environ["XLA_FLAGS"] = " ".join(flags)
 
 
-OWN_XLA_FLAGS = ("xla_force_host_platform_device_count", "xla_cpu_experimental_ynn_fusion_type")
-
-
 def check_xla_flags() -> None:
-    """XLA_FLAGS as the user set it, before a JAX backend starts: XLA aborts the process on a
-    word that is no `--flag` (it takes the value for a file name) or a flag it does not know,
-    with exit 1 and no record. Here either is one ConfigError. Unknown names are found by
-    starting XLA:CPU in a child process with these flags, only when the variable holds a flag
-    the project does not set itself (a run without XLA_FLAGS pays nothing)."""
+    """XLA_FLAGS as the user set it, before a JAX backend starts: XLA takes a word that is no
+    `--flag` for the name of a file of flags and aborts the process; here it is one ConfigError.
+    (A flag XLA does not know: XLA's own one line names it.)"""
     raw = os.environ.get("XLA_FLAGS", "")
-    words = raw.split()
-    bad = next((w for w in words if not re.fullmatch(r"--\w+(=\S*)?", w)), None)
+    bad = next((w for w in raw.split() if not re.fullmatch(r"--\w+(=\S*)?", w)), None)
     if bad is not None:
         raise ConfigError(
             f"XLA_FLAGS={raw!r}: {bad!r} is not an XLA flag (each word must be --name or "
             "--name=value): fix it or `unset XLA_FLAGS`"
         )
-    # the device count the trainer sets from --gpus replaces the user's: a value that is no
-    # positive integer (XLA would abort on it) was silently overridden, hiding the typo
-    count = next((w for w in words if w.split("=", 1)[0] == f"--{OWN_XLA_FLAGS[0]}"), None)
-    if count is not None and not re.fullmatch(r"--\w+=0*[1-9]\d{0,5}", count):
-        raise ConfigError(
-            f"XLA_FLAGS={raw!r}: {count!r} needs a positive integer device count "
-            f"(--{OWN_XLA_FLAGS[0]}=N; the trainers set it from --gpus): "
-            "fix it or `unset XLA_FLAGS`"
-        )
-    if all(w[2:].split("=", 1)[0] in OWN_XLA_FLAGS for w in words):
-        return
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    probe = "import jax; jax.devices('cpu')"
-    try:
-        proc = run_captured([sys.executable, "-c", probe], timeout=300, env=env)
-    except (OSError, subprocess.SubprocessError):
-        return  # no verdict: the run itself will tell
-    if proc.returncode == 0:
-        return
-    unknown = re.search(r"Unknown flags? in XLA_FLAGS: (.*)", proc.stderr)
-    why = f"XLA does not know {unknown.group(1).strip()}" if unknown else "XLA refused them"
-    raise ConfigError(f"XLA_FLAGS={raw!r}: {why}: fix it or `unset XLA_FLAGS`")
 
 
 def xla_flag(name: str) -> str | None:

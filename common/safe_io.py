@@ -1,4 +1,4 @@
-"""Opening what the project loads, bounded: checkpoints, the init and step caches, dataset files
+"""Opening what the project loads, bounded: checkpoints, the init cache, dataset files
 and their verification marker. Nothing is trusted because of its name.
 
 - A file is opened only if it is a regular file once symbolic links are followed (a FIFO in its
@@ -18,7 +18,7 @@ DatasetError): one line naming the file, what is wrong and the fix (exit 2). `Mi
 file of the right kind that holds something else (other members, shapes, a damaged archive):
 a cache is rebuilt, a checkpoint refused. What a file claims to be (the configuration it was
 made for, its epoch) is checked by its loader: common/trainer.py (checkpoints), common/init.py
-(the init cache), jax_support.cached_step (the step cache), common/datasets.py (datasets).
+(the init cache), common/datasets.py (datasets).
 """
 
 from __future__ import annotations

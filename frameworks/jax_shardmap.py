@@ -42,13 +42,13 @@ from frameworks.jax_support import (
     CompileMeter,
     DevicePlan,
     TrainState,
-    cached_step,
     canonical_state,
     check_config,
     cross_entropy,
     evaluate,
     make_optimizer,
     prefetch_to_devices,
+    select_devices,
     setup_process,
     start_run,
 )
@@ -206,16 +206,18 @@ def train(cfg: Config) -> dict:
     def sync() -> None:  # waits for the newest state (late binding: the loop's current value)
         jax.block_until_ready(state)
 
-    # The same in every JAX trainer, around this file's functions (jax_support.py): the devices
-    # on a 1-D mesh, the device plan, the data, the model and its state on the devices, the
-    # record, --pipeline device and --resume (run.start: the first epoch to train).
-    run, mesh, plan, state, put, put_train = start_run(
-        cfg, FRAMEWORK, PACKAGES, AXIS, "shard_map (one XLA program per device)",
+    # The first cfg.gpus devices of every process, on a 1-D mesh whose one axis, AXIS, the
+    # batch is split along.
+    devices, kind, platform = select_devices(cfg.gpus)
+    mesh = Mesh(np.array(devices), (AXIS,))
+    # The same in every JAX trainer, around this file's functions (jax_support.py): the device
+    # plan, the data, the model and its state on the devices, the record, --pipeline device and
+    # --resume (run.start: the first epoch to train).
+    run, plan, state, put, put_train = start_run(
+        cfg, FRAMEWORK, PACKAGES, mesh, kind, platform, "shard_map (one XLA program per device)",
         build_model, create_train_state, replicate, unreplicate, to_device, parallel_batches, sync,
     )  # fmt: skip
     p_train_step, p_eval_step = parallelize(plan, mesh)
-    # --compile-cache: the step traced once per configuration, then loaded (jax_support.py)
-    p_train_step = cached_step(cfg, p_train_step, len(run.loader), plan.donate)
     p_mean = cross_replica_mean(mesh)
     phases = run.phases
     with run.measured():

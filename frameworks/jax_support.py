@@ -1,18 +1,14 @@
 """What the three JAX trainers share besides the models (frameworks/jax_models.py): the train
 state, the Optax optimiser, the loss, prefetching to the devices and the device pipeline,
-evaluation, checkpoint I/O, the XLA and compilation-cache set-up, the exported-step cache,
-device selection, and a run's set-up around the trainer's own functions (`start_run`). The
-trainers keep their model, state, step, parallel transform and epoch loop: what differs
-between pmap, jit+sharding and shard_map. Joining a multi-process run: frameworks/jax_launch.py."""
+evaluation, checkpoint I/O, the XLA and compilation-cache set-up, device selection, and a run's
+set-up around the trainer's own functions (`start_run`). The trainers keep their model, state,
+step, mesh, parallel transform and epoch loop: what differs between pmap, jit+sharding and
+shard_map. Joining a multi-process run: frameworks/jax_launch.py."""
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import functools
-import hashlib
-import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -20,13 +16,11 @@ import logging
 import os
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import jax
-import jax.export
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -48,23 +42,18 @@ from common.checkpoints import (
 from common.config import Config, ConfigError, image_side, per_device
 from common.datasets import check_available
 from common.devices import need_gpus
-from common.errors import first_line
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.run import Run
 from common.runtime import (
-    INJECT_ENV,
-    atomic_write_bytes,
     available_cores,
     check_xla_flags,
-    remove_stale_temp_files,
     simulate_host_devices,
     threads_record,
     use_xla_cpu_ynn,
     xla_cpu_execution,
     xla_cpu_ynn_wanted,
 )
-from common.safe_io import read_regular
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from frameworks.jax_launch import gave_up_joining, init_distributed
@@ -423,7 +412,6 @@ def setup_process(cfg: Config) -> None:
     multi-process run if one is configured (jax_launch.py)."""
     setup_xla(cfg)
     use_compile_cache(cfg)
-    source_digest()  # the step cache's key: the sources as this process imported them
     init_distributed(cfg.collective_timeout, lambda why: gave_up_joining(cfg, why))
 
 
@@ -445,76 +433,7 @@ def use_compile_cache(cfg: Config) -> str | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", 4 * 1024**3)  # eviction + file lock
-    drop_unfinished_cache_entries(path)
-    note_damaged_cache_entries(path)
     return path
-
-
-def drop_unfinished_cache_entries(path: str, wait_sec: float = 10.0) -> int:
-    """Remove the compilation-cache entries that JAX began to write and never finished: a
-    `<key>-cache` file without the `<key>-atime` file JAX's LRU cache writes after it
-    (jax/_src/lru_cache.py), left by a full disk (the write failed part-way) or a writer killed
-    between the two. Before every write JAX reads each entry's -atime, so one such file made
-    every later write in the folder fail: a note in every run, nothing cached again (the suite's
-    full-disk tests did this to the session's cache). Under JAX's own lock (its `.lockfile`,
-    flock), so that a writer between its two writes is waited for; without the lock in
-    `wait_sec`, nothing is removed. Returns how many entries went."""
-    import fcntl
-
-    folder = Path(path)
-    try:
-        with open(folder / ".lockfile", "a") as lock:
-            deadline = time.monotonic() + wait_sec
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        return 0
-                    time.sleep(0.05)
-            unfinished = [
-                entry
-                for entry in folder.glob("*-cache")
-                if not entry.with_name(entry.name.removesuffix("-cache") + "-atime").exists()
-            ]
-            for entry in unfinished:
-                entry.unlink(missing_ok=True)
-            return len(unfinished)
-    except OSError:  # a read-only folder, say: JAX's own note tells what it cannot do
-        return 0
-
-
-CACHE_WARNINGS = ("Error reading persistent compilation cache entry",
-                  "Error writing persistent compilation cache entry")  # fmt: skip
-
-
-def note_damaged_cache_entries(path: str) -> None:
-    """JAX warns, two lines per entry, when a compilation-cache entry cannot be read (a file cut
-    short, by a full disk or a killed writer) or written, then compiles the program again: one
-    note line says it instead, once per process, and the run goes on. Other warnings are
-    shown as before."""
-    shown = warnings.showwarning
-    noted = False
-
-    def show(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
-        nonlocal noted
-        text = str(message)
-        if not text.startswith(CACHE_WARNINGS):
-            shown(message, category, *args, **kw)
-            return
-        if not noted and jax.process_index() == 0:
-            cause = text.split("': ", 1)[-1].splitlines()[0][:160]
-            print(
-                f"note: JAX's compilation cache in {path} has an entry it cannot "
-                f"{'read' if 'reading' in text else 'write'} ({cause}); the program is compiled "
-                "again (remove that folder, or run with --no-compile-cache)",
-                file=sys.stderr,
-                flush=True,
-            )
-        noted = True
-
-    warnings.showwarning = show
 
 
 class CompileMeter:
@@ -533,7 +452,6 @@ class CompileMeter:
         self.sec = 0.0
         self.hits = 0
         self.misses = 0
-        self.steps: dict[str, Any] = {"dir": None, "hits": 0, "misses": 0}
 
     @classmethod
     def get(cls) -> CompileMeter:
@@ -565,7 +483,6 @@ class CompileMeter:
                 "dir": jax.config.values["jax_compilation_cache_dir"] if on else None,
                 "hits": self.hits,
                 "misses": self.misses,
-                "steps": self.steps,  # the exported train steps (cached_step)
             },
         }
 
@@ -586,226 +503,6 @@ def pmap_lowering() -> str:
     merged = jax.config.values.get("jax_pmap_shmap_merge", since)  # flag gone: merged for good
     how = "jit + shard_map" if merged else "the original pmap (jax_pmap_shmap_merge=False)"
     return f"jax {jax.__version__}: jax.pmap runs as {how}"
-
-
-# Config fields that cannot change the train step's program: where results go, when to log or
-# stop, the host's loader threads, and the seed (it only picks values: the initial weights and
-# the dropout key are arguments of the step, not constants in it; a test checks this). Every
-# other field is part of an exported step's key.
-NOT_IN_STEP = frozenset(
-    {
-        "output",
-        "tensorboard",
-        "checkpoint_dir",
-        "save_state",
-        "resume",
-        "log_every",
-        "phase_timing",
-        "target_accuracy",
-        "patience",
-        "prefetch",
-        "collective_timeout",
-        "compile_cache",
-        "step_cache",
-        "cache_dir",
-        "seed",
-        "download",
-        "verify",
-        "devices",  # where the devices are: the key holds the devices and shardings themselves
-    }
-)
-STEP_CACHE_FILES = 64  # exported steps kept per cache directory (100 KB-1 MB each), newest first
-# An exported step's file: the magic line, the key it was stored under (a line), the sha256 of
-# key and payload, the payload. The key inside binds the file to its configuration: a file
-# copied under another configuration's name is intact but not that configuration's step.
-STEP_FILE_MAGIC = b"dp-bench exported step 2\n"
-STEP_FILE_MAX = 64 << 20  # the program (100 KB-1 MB measured) beside its LR table's bytes
-
-
-def cached_step(
-    cfg: Config, step: Callable[..., Any], steps_per_epoch: int, donate: tuple[int, ...] = ()
-) -> Callable[..., Any]:
-    """--compile-cache, the tracing half: the train step as a `jax.export`ed program, stored in
-    <cache-dir>/jax-steps, so that a later run of the same configuration loads it instead of
-    tracing the Python model again (the persistent compilation cache then skips XLA's compile).
-    `step` is the trainer's parallel train step (pmap, or jit with shardings), unchanged: the
-    program is the one it lowers to, exported on the first run and called through
-    `Exported.call` on every run (the first one too, so both runs compile the same program).
-
-    The key is everything the program depends on: the config (less NOT_IN_STEP), the LR table
-    (a constant of the program), the arguments' shapes, dtypes and shardings, the devices, JAX's
-    settings, the versions of JAX, Flax, Optax and numpy, and the text of every module in
-    frameworks/ and common/ (any edit is a new key). Off (the step is returned as it is) with
-    --no-compile-cache or --no-step-cache, in a multi-process run, under the tests' bug
-    injection, and without the `flatbuffers` package that JAX's serialisation needs; a failure
-    to export, load or compile it falls back to the step as it is, with a note (a damaged file
-    is removed). The record's compile_cache.steps says which."""
-    meter = CompileMeter.get()
-    off = step_cache_off(cfg)
-    if off:
-        meter.steps = {"dir": None, "hits": 0, "misses": 0, "off": off}
-        return step
-    folder = Path(cfg.cache_dir).expanduser() / "jax-steps"
-    meter.steps = {"dir": str(folder), "hits": 0, "misses": 0}
-    table = lr_table_for(cfg, steps_per_epoch)  # what make_optimizer bakes into the program
-    treedef: Any = None
-    call: Callable[..., Any] | None = None
-    loaded: Path | None = None
-
-    def flat_step(leaves: list[jax.Array], batch: Any) -> tuple[list[jax.Array], Any]:
-        new_state, metrics = step(jax.tree.unflatten(treedef, leaves), batch)
-        return jax.tree.leaves(new_state), metrics
-
-    def first_call(state: Any, batch: Any) -> Callable[..., Any]:
-        nonlocal treedef, loaded
-        leaves, treedef = jax.tree.flatten(state)  # the state's functions stay out of the file
-        path = folder / f"train_step-{step_key(cfg, table, (leaves, batch))}.jaxexport"
-        start = time.perf_counter()
-        exported = load_exported(path, (leaves, batch), STEP_FILE_MAX + 2 * table.nbytes)
-        meter.sec += time.perf_counter() - start  # a load is part of what compiling costs
-        if exported is None:  # trace and lower once, here (the meter counts both)
-            exported = jax.export.export(jax.jit(flat_step))(leaves, batch)
-            store_exported(path, exported)
-            meter.steps["misses"] += 1
-        else:
-            loaded = path
-            meter.steps["hits"] += 1
-        # The new state keeps the shardings the state came in with, as the traced step's does:
-        # the arrays that come back from elsewhere (jax-pmap's p_mean at an epoch's end, a
-        # restored checkpoint) then match the call's own outputs, and its fast path (no retrace
-        # of the call, ~10 ms a time on a CPU) stays in use. The metrics' are XLA's choice.
-        same_as_in = ([x.sharding for x in leaves], None)
-        return jax.jit(exported.call, donate_argnums=donate, out_shardings=same_as_in)
-
-    def run(state: Any, batch: Any) -> tuple[Any, Any]:  # no host sync
-        nonlocal call
-        if call is None:
-            try:  # the first execution compiles: a failure there falls back too
-                call = first_call(state, batch)
-                return run(state, batch)
-            except ConfigError:
-                raise  # a cache file that is no file (a FIFO, a device) or too large: exit 2
-            except Exception as exc:  # the cache must never cost a run: trace as without it
-                if any(x.is_deleted() for x in jax.tree.leaves(state)):
-                    raise  # the step ran on donated buffers and failed: not the cache's doing
-                print(f"note: train step not exported ({first_line(exc)})", file=sys.stderr)
-                meter.steps["off"] = f"failed: {first_line(exc)}"
-                if loaded is not None:  # a file that loads but does not run: not again
-                    with contextlib.suppress(OSError):
-                        loaded.unlink(missing_ok=True)
-                call = step
-        if call is step:
-            return step(state, batch)
-        leaves, metrics = call(jax.tree.leaves(state), batch)
-        return jax.tree.unflatten(treedef, leaves), metrics
-
-    return run
-
-
-def step_cache_off(cfg: Config) -> str | None:
-    """Why cached_step cannot store steps in this run (None: it can)."""
-    if not cfg.compile_cache:
-        return "--no-compile-cache"
-    if not cfg.step_cache:
-        return "--no-step-cache"
-    if jax.process_count() > 1:
-        return "multi-process run"
-    if os.environ.get(INJECT_ENV):  # a test's injected bug must neither be stored nor hidden
-        return f"{INJECT_ENV} is set"
-    if importlib.util.find_spec("flatbuffers") is None:
-        return "the flatbuffers package is not installed (pip install flatbuffers)"
-    return None
-
-
-def step_key(cfg: Config, lr_table: np.ndarray, args: Any) -> str:
-    """The hex digest naming an exported train step (cached_step): what its program depends on."""
-    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_IN_STEP}
-    leaves, treedef = jax.tree.flatten(args)
-    parts = {
-        "config": fields,
-        "lr_table": hashlib.sha256(np.ascontiguousarray(lr_table).tobytes()).hexdigest(),
-        "args": [str(treedef)]
-        + [f"{x.shape} {x.dtype} {getattr(x, 'sharding', None)}" for x in leaves],
-        "devices": [d.device_kind for d in jax.devices()],
-        # every JAX setting but the platform choice (--devices): the devices are in the key
-        "jax_config": sorted(i for i in jax.config.values.items() if i[0] != "jax_platforms"),
-        "versions": [
-            importlib.metadata.version(p) for p in ("jax", "jaxlib", "flax", "optax", "numpy")
-        ],
-        "sources": source_digest(),
-    }
-    return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()[:32]
-
-
-@functools.cache
-def source_digest() -> str:
-    """sha256 of every module in frameworks/ and common/ (path and text). Taken once per
-    process, first by setup_process: the text the process imported, not an edit made since."""
-    root = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in sorted([*root.glob("frameworks/*.py"), *root.glob("common/*.py")]):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def load_exported(path: Path, args: Any, limit: int = STEP_FILE_MAX) -> jax.export.Exported | None:
-    """The exported step stored at `path` (`train_step-<key>.jaxexport`), or None: missing,
-    damaged or stored under another key (removed: traced again and replaced), or not for
-    `args`. A file that is no regular file or is larger than `limit` is refused (ConfigError)."""
-    key = path.stem.removeprefix("train_step-").encode()
-    try:
-        data = read_regular(path, limit, "exported train step", "delete it (it is traced again)")
-        head, _, rest = data.partition(b"\n")
-        stored, _, rest = rest.partition(b"\n")
-        digest, payload = rest[:32], rest[32:]
-        if head + b"\n" != STEP_FILE_MAGIC or hashlib.sha256(stored + payload).digest() != digest:
-            raise ValueError("not a dp-bench exported step, or damaged")
-        if stored != key:
-            raise ValueError(
-                f"its key {stored[:64].decode('ascii', 'replace')} is another configuration's"
-            )
-        exported = jax.export.deserialize(bytearray(payload))
-    except FileNotFoundError:
-        return None
-    except ConfigError:
-        raise
-    except Exception as exc:  # a damaged or foreign file: traced again and replaced
-        print(f"note: ignoring the exported step {path} ({first_line(exc)})", file=sys.stderr)
-        with contextlib.suppress(OSError):
-            path.unlink(missing_ok=True)
-        return None
-    want = [(tuple(x.shape), x.dtype) for x in jax.tree.leaves(args)]
-    if [(tuple(a.shape), a.dtype) for a in exported.in_avals] != want:
-        return None
-    with contextlib.suppress(OSError):
-        os.utime(path)  # recently used: pruned last
-    return exported
-
-
-def store_exported(path: Path, exported: jax.export.Exported) -> None:
-    """Write the exported step atomically (concurrent runs may write the same file), with its
-    key and a checksum, and keep the STEP_CACHE_FILES most recently used. A failed write costs
-    only the next run's trace."""
-    try:
-        payload = exported.serialize()
-        key = path.stem.removeprefix("train_step-").encode()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temp_files(path.parent, "train_step-")  # writers killed mid-write
-        digest = hashlib.sha256(key + payload).digest()
-        atomic_write_bytes(path, STEP_FILE_MAGIC + key + b"\n" + digest + payload)
-        files = sorted(path.parent.glob("*.jaxexport"), key=mtime, reverse=True)
-        for old in files[STEP_CACHE_FILES:]:
-            old.unlink(missing_ok=True)
-    except Exception as exc:
-        print(f"note: exported step not stored ({first_line(exc)})", file=sys.stderr)
-
-
-def mtime(path: Path) -> float:
-    """Modification time, or 0 for a file another process has just removed."""
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def check_config(cfg: Config) -> None:
@@ -902,7 +599,9 @@ def start_run(
     cfg: Config,
     framework: str,
     packages: tuple[str, ...],
-    axis: str,
+    mesh: Mesh,
+    kind: str,
+    platform: Platform,
     transform: str,
     build_model: Callable[[Config, int, int, Any], Any],
     create_train_state: Callable[[Config, Any, tuple[int, int, int], Mesh, int], TrainState],
@@ -911,20 +610,19 @@ def start_run(
     to_device: Callable[[Batch, Mesh], tuple[jax.Array, ...]],
     parallel_batches: Callable[[Callable[..., Any], Mesh], Callable[..., Any]],
     sync: Callable[[], None],
-) -> tuple[Run, Mesh, DevicePlan, TrainState, Put, Put]:
-    """A JAX trainer's run, set up as in all three: the first `cfg.gpus` devices of every
-    process on a 1-D mesh along `axis`; the device plan (dtype, float32 mode, donation: decided
-    once); the data (`Run`: this process's rows of every global batch); the model and its state
-    on the devices, made by the trainer's own `build_model` and `create_train_state`; the run
-    record (`transform`: how the trainer's step runs); --pipeline device and --resume, through
-    the trainer's `replicate`, `unreplicate`, `to_device` and `parallel_batches`. `sync` waits
-    for the trainer's newest state (the timers). Returns the Run (`run.start`: the first epoch
-    to train), the mesh, the plan, the state, `put` (a batch onto the mesh: test batches) and
+) -> tuple[Run, DevicePlan, TrainState, Put, Put]:
+    """A JAX trainer's run on the trainer's `mesh` (devices of `kind` and `platform`, from
+    `select_devices`), set up as in all three: the device plan (dtype, float32 mode, donation:
+    decided once); the data (`Run`: this process's rows of every global batch); the model and
+    its state on the devices, made by the trainer's own `build_model` and `create_train_state`;
+    the run record (`transform`: how the trainer's step runs); --pipeline device and --resume,
+    through the trainer's `replicate`, `unreplicate`, `to_device` and `parallel_batches`. `sync`
+    waits for the trainer's newest state (the timers). Returns the Run (`run.start`: the first
+    epoch to train), the plan, the state, `put` (a batch onto the mesh: test batches) and
     `put_train` (training batches, made on the devices under --pipeline device)."""
     CompileMeter.get()  # from here on: compile time and cache hits, for the record
-    devices, kind, platform = select_devices(cfg.gpus)  # cfg.gpus per process, all processes'
+    devices = list(mesh.devices.flat)  # cfg.gpus per process, all processes'
     per_device(cfg.batch_size, len(devices))  # all processes' devices (ConfigError names a fix)
-    mesh = Mesh(np.array(devices), (axis,))
     plan = device_plan(cfg, platform)  # dtype, float32 mode, donation: decided once
     fp32 = use_device_plan(plan)
     # This process's rows of every global batch; static shapes: every test batch is padded to
@@ -951,4 +649,4 @@ def start_run(
     )
     state, _ = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint,
                           unreplicate, lambda s: replicate(s, mesh))  # fmt: skip
-    return run, mesh, plan, state, put, put_train
+    return run, plan, state, put, put_train

@@ -10,7 +10,7 @@ import importlib.util
 import sys
 
 NEEDED = ("flax", "jax", "optax", "pytest", "torch", "xdist")  # the order the check imports them
-OPTIONAL = ("sklearn", "matplotlib", "rich", "flatbuffers", "tensorboardX", "mxnet")
+OPTIONAL = ("sklearn", "matplotlib", "rich", "tensorboardX", "mxnet")
 
 
 def main() -> str:

@@ -129,7 +129,7 @@ def deadline(seconds: int) -> Iterator[None]:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The JAX programs that tests build in this process (pmap, jit and shard_map steps,
-    exported steps loaded back, compute-only references) go to the session's compilation cache,
+    compute-only references) go to the session's compilation cache,
     the folder the trainers it starts use by default (<HOME>/.cache/dp-bench/jax): a program
     that another test, another worker or a trainer compiled already is loaded, not compiled
     again (XLA:CPU takes 5-15 s per train step of the smoke model). The entries are keyed by

@@ -9,7 +9,7 @@ alternating which goes first (A first in even pairs, B first in odd ones), and r
 median of the per-pair ratios B/A of the records' `images_per_sec` (the timing rule of
 common/timing.py: timed images / timed seconds, the first epoch untimed), with the pairs, the
 load average around every run and every record, and each side's median first epoch over a later
-one (what compilation and warm-up cost: `--a=--no-step-cache --b=` for the JAX step cache).
+one (what compilation and warm-up cost: `--a=--no-compile-cache --b=` for JAX's cache).
 This is how a fast path is accepted: measured side by side on the same machine at the same
 time, not against a number from another day.
 """

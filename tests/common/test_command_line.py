@@ -18,7 +18,6 @@ from tests.conftest import (
     FRAMEWORKS,
     ROOT,
     one_line_error,
-    run_module,
     run_trainer,
     skip_without_interpreter,
 )
@@ -188,19 +187,6 @@ def test_an_empty_path_is_refused(name: str, capsys: pytest.CaptureFixture[str])
         err = fails([flag(name), empty], capsys)
         assert f"argument {flag(name)}: is empty: give a path" in err
         assert len(err.strip().splitlines()) == 1
-
-
-@pytest.mark.parametrize(
-    "module", ["benchmarks.analysis.breakdowns", "benchmarks.harness", "tutorials.record"]
-)
-def test_a_library_module_run_as_a_command_says_so(module: str) -> None:
-    """`python -m benchmarks.analysis.breakdowns --bogus-flag` printed nothing and exited 0
-    (independent battery for #41, wave 3): a library run as a command is one line, exit 2."""
-    from common.runtime import LIBRARIES
-
-    assert module in LIBRARIES
-    proc = run_module(module, "--bogus-flag")
-    one_line_error(proc, f"python -m {module}: a library of the tools, not a command")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

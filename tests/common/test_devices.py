@@ -290,7 +290,7 @@ def test_a_cuda_plugin_that_cannot_start_is_one_line(tmp_path: Path) -> None:
     site = f"{tmp_path / 'site'}{os.pathsep}{Path(__file__).resolve().parents[2]}"
     env = {"PYTHONPATH": site, "JAX_PLATFORMS": None, "DPBENCH_DEVICES": None}
     # A compilation cache of its own: the session's, shared with other workers' trainers, may
-    # add its own note line (an entry another process was writing; tests/setup/test_hermetic.py).
+    # add its own note line (an entry another process was writing).
     cache = ("--cache-dir", str(tmp_path / "cache"))
     proc = run_trainer("jax-pmap", *SMOKE, "--epochs", "1", *cache, env=env)
     ok(proc)

@@ -123,7 +123,7 @@ JAX_TRAINERS = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": ja
 def cuda_program(framework: str, precision: str, devices: int = 2) -> jax.export.Exported:
     """The train step a JAX trainer runs on `devices` GPUs, exported for CUDA from the trainer's
     own plan (jax_support.device_plan with the "gpu" platform), model, state and transform, as
-    train() builds them; and wrapped in jit as jax_support.cached_step exports it."""
+    train() builds them, wrapped in jit."""
     mod = JAX_TRAINERS[framework]
     cfg = preset("smoke", precision=precision, gpus=devices)
     ds = load_for(cfg)

@@ -212,10 +212,10 @@ def test_too_many_devices_is_one_clear_error() -> None:
 
 
 def test_a_second_run_loads_its_programs_from_the_compile_cache(tmp_path: Path) -> None:
-    """--compile-cache (the default): the first run compiles and stores every program and
-    exports its train step, a second run of the same configuration loads them all (no miss,
-    no trace of the step) and spends less time on them; the record says both. --no-compile-cache
-    stores and loads nothing. All three train to the same final state, bit for bit."""
+    """--compile-cache (the default): the first run compiles and stores every program, a
+    second run of the same configuration loads them all (no miss) and spends less time on
+    them; the record says both. --no-compile-cache stores and loads nothing. All three train
+    to the same final state, bit for bit."""
     args = ("--preset", "smoke", "--epochs", "2", "--cache-dir", str(tmp_path / "cache"))
     env = {"JAX_COMPILATION_CACHE_DIR": ""}  # the flag decides, not the caller's environment
     records, states = [], []
@@ -227,14 +227,11 @@ def test_a_second_run_loads_its_programs_from_the_compile_cache(tmp_path: Path) 
         records.append(read_json(out))
         states.append(dict(np.load(state)))
     cold, warm, off = (r["compile_cache"] for r in records)
-    steps = str(tmp_path / "cache" / "jax-steps")
     assert cold["dir"] == str(tmp_path / "cache" / "jax") and cold["misses"] > 0
-    assert cold["steps"] == {"dir": steps, "hits": 0, "misses": 1}
     assert warm["hits"] >= cold["misses"] and warm["misses"] == 0
-    assert warm["steps"] == {"dir": steps, "hits": 1, "misses": 0}
     assert records[1]["compile_sec"] < records[0]["compile_sec"]
     assert off["dir"] is None and off["hits"] == off["misses"] == 0
-    assert off["steps"]["off"] == "--no-compile-cache" and records[2]["compile_sec"] > 0
+    assert records[2]["compile_sec"] > 0
     for other in states[1:]:
         assert other.keys() == states[0].keys()
         for k in states[0]:

@@ -339,7 +339,7 @@ def limited(limit: int):
 def run_limited(python: Path, args: list[str], limit: int) -> subprocess.CompletedProcess[str]:
     """`python args` under a file-size limit. A JAX trainer runs without its compilation cache:
     an entry the limit cut short would land in the session's cache, which every test shares
-    (JAX then failed every later write there, test_hermetic.py)."""
+    (JAX then failed every later write there)."""
     if any(a.startswith("frameworks.jax") for a in args):
         args = [*args, "--no-compile-cache"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}

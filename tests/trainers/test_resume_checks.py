@@ -1,12 +1,12 @@
 """Hostile loads (issue 29, reliability round two): everything the project loads (checkpoints,
-the init and step caches, dataset files and their verification marker) belongs to this run and
+the init cache, dataset files and their verification marker) belongs to this run and
 is read bounded (common/safe_io.py; the checks: common/trainer.py, common/init.py,
-jax_support.cached_step, common/datasets.py).
+common/datasets.py).
 
-- silently wrong results: a resume on another device count; a step-cache file copied under
-  another configuration's name; an init cache of zeros, or another seed's under this one's name;
-  a JAX checkpoint of float16 (or int32) parameters, or whose epoch counter went back (or below
-  0); a hand-written `.verified.json`, or a file rewritten with its mtime set back;
+- silently wrong results: a resume on another device count; an init cache of zeros, or another
+  seed's under this one's name; a JAX checkpoint of float16 (or int32) parameters, or whose
+  epoch counter went back (or below 0); a hand-written `.verified.json`, or a file rewritten
+  with its mtime set back;
 - unbounded memory and hangs: an init-cache member that inflates; a checkpoint that is a FIFO, a
   link to /dev/zero or larger than its configuration can need: one line, exit 2, at once.
 
@@ -420,46 +420,6 @@ def test_an_init_cache_that_is_no_file_or_too_large_is_one_line(tmp_path: Path, 
 
 
 # ---- the JAX step cache ------------------------------------------------------------------------
-
-
-def exported_double() -> tuple[Any, tuple[np.ndarray]]:
-    import jax
-    import jax.numpy as jnp
-
-    exported = jax.export.export(jax.jit(lambda x: x * 2.0))(
-        jax.ShapeDtypeStruct((4,), jnp.float32)
-    )
-    return exported, (np.zeros(4, np.float32),)
-
-
-def test_a_step_file_under_another_configurations_name_is_traced_again(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Its checksum proves the file intact, not that it is this configuration's step: a file
-    copied to another key's name (an lr 0.05 step served to an lr 0.5 run, say) is ignored,
-    removed, and traced again."""
-    from frameworks.jax_support import load_exported, store_exported
-
-    exported, args = exported_double()
-    mine, theirs = (tmp_path / f"train_step-{c * 32}.jaxexport" for c in "ab")
-    store_exported(mine, exported)
-    assert load_exported(mine, args) is not None  # its own name: used
-    shutil.copyfile(mine, theirs)
-    assert load_exported(theirs, args) is None
-    err = capsys.readouterr().err
-    assert f"note: ignoring the exported step {theirs}" in err and "another configuration" in err
-    assert not theirs.exists() and mine.exists()
-
-
-def test_a_step_file_that_is_a_fifo_is_one_line(tmp_path: Path) -> None:
-    from frameworks.jax_support import load_exported
-
-    _, args = exported_double()
-    path = tmp_path / f"train_step-{'c' * 32}.jaxexport"
-    os.mkfifo(path)
-    with deadline(10), pytest.raises(ConfigError, match="is a FIFO, not a file") as refused:
-        load_exported(path, args)
-    assert "\n" not in str(refused.value) and path.exists()
 
 
 # ---- the dataset's verification marker ---------------------------------------------------------

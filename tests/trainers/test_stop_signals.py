@@ -99,12 +99,13 @@ def test_a_stop_swallowed_in_jax_shard_still_stops_the_run(
     jax.devices()  # the backend up before main() sets XLA_FLAGS (restored by monkeypatch)
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
     steps: list[int] = []
-    cached_step = jax_shard.cached_step
+    parallelize = jax_shard.parallelize
 
     def counted(*args: Any) -> Any:  # the compiled step, its calls counted on the host
-        return signalled_at_third_step(cached_step(*args), steps, signal_in_gc_callback, signum)
+        train, evaluate = parallelize(*args)
+        return signalled_at_third_step(train, steps, signal_in_gc_callback, signum), evaluate
 
-    monkeypatch.setattr(jax_shard, "cached_step", counted)
+    monkeypatch.setattr(jax_shard, "parallelize", counted)
     stops_interrupted(jax_shard.main, tmp_path, signum, steps)
 
 
