@@ -1,24 +1,12 @@
-"""Sizes held against memory before a run trains: an estimate of the run's peak memory from its
-config alone, and a refusal in one line, with the size that would fit, where it cannot fit (a
-user's mistake: exit 2 before the data is loaded).
-
-The estimate (arithmetic on the config; no framework):
-- the model: every parameter (common/init.py's `parameter_spec`) in float32, with its gradient
-  and the optimiser's state, once per replica (a simulated device, a torch-ddp rank, a GPU);
-- the activations one image keeps for the backward pass: every conv's output at its feature
-  map's side, SAVED times, in the compute dtype (bf16 / fp16 on a GPU: 2 bytes, else 4), times
-  the images each replica holds at once (all replicas of a process at once on the CPU); the
-  test pass's forward where its batch is the larger;
-- the data: the uint8 images each process keeps, the float32 batches in the prefetch queue, and
-  the training set resident on every device under `--pipeline device`.
-
-Calibrated against measured peaks (peak RSS on a 2-core CPU; the H100's peak allocations:
-docs/results/h100-20261123), it is a floor: the frameworks' allocators, caches and workspaces
-come on top. A run is refused only where the floor already exceeds the memory there is, so no
-run that fits is refused. That memory: on the CPU, the host's available memory (psutil) when the
-run's processes have started; on a GPU, each GPU's total memory as nvidia-smi reports it for the
-GPUs this process may use (CUDA_VISIBLE_DEVICES by index or UUID), and the host's for the data.
-"""
+"""Sizes held against memory before a run trains: the run's peak memory estimated from its config
+alone, and a config that cannot fit refused in one line with the size that would (a user's
+mistake: exit 2 before the data loads). The estimate counts the model (float32 weights,
+gradients and optimiser state per replica), the activations each image keeps for the backward
+pass (every conv's output, SAVED times, in the compute dtype) times the images a replica holds
+at once, and the data (uint8 images, the prefetch queue, a training set resident on the
+device). Calibrated against measured peaks (docs/results/h100-20261123; peak RSS on a 2-core
+CPU), it is a floor: a run is refused only where the floor already exceeds the memory there is
+(psutil's available host memory; on a GPU, the smallest GPU's total from nvidia-smi)."""
 
 from __future__ import annotations
 
@@ -48,7 +36,6 @@ class Need:
     `batch` is what grows with --batch-size there (a replica's share on a GPU, every image a
     process holds at once on the CPU), and `host` what the host holds besides on a GPU run."""
 
-    where: str  # "host" or "gpu"
     fixed: int
     per_image: int
     batch: int
@@ -120,13 +107,13 @@ def estimate(cfg: Config, gpu: bool, world: int = 1) -> Need:
         evaluation = max(0, eval_local * eval_per_image - local * per_image)
         fixed = model + resident + evaluation
         host = here * (data + queued * local * per_process)
-        return Need("gpu", fixed, per_image, local, devices, host=host)
+        return Need(fixed, per_image, local, devices, host=host)
     # CPU: a process's replicas run at once; torch-dp's one CPU replica takes the whole batch
     replicas = 1 if cfg.framework == "torch-dp" else per_process
     held = local * per_process  # the images a process holds at once
     evaluation = max(0, eval_local * per_process * eval_per_image - held * per_image)
     fixed = here * (data + replicas * (model + resident) + evaluation)
-    return Need("host", fixed, per_image + queued, here * held, devices)
+    return Need(fixed, per_image + queued, here * held, devices)
 
 
 def processes_here(cfg: Config, world: int) -> int:
