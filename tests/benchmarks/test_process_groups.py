@@ -180,8 +180,8 @@ def test_a_stopped_tool_kills_its_childs_whole_group(tmp_path: Path, reap: list[
 
 def test_the_nvidia_course_ranks_die_with_their_parent(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tutorial's ranks (torch.multiprocessing.spawn) arm common.runtime.die_with_parent with
-    the pid of the process that spawned them, before any work (torch-ddp's ranks: see
-    test_hostile_processes). Run in-process: spawn hands its arguments to one worker here."""
+    the pid of the process that spawned them, before any work. Run in-process: spawn hands its
+    arguments to one worker here."""
     from common.config import preset
     from tutorials import nvidia_course
 
