@@ -37,7 +37,6 @@ from common.config import FRAMEWORKS, Config, ConfigError, preset, resolve, trai
 from common.datasets import DatasetError, check_available
 from common.memory import check_machine
 from common.preflight import check_outputs
-from common.processes import identity
 from common.results import host_info, write_json_atomic
 from common.runtime import MIN_FREE_BYTES, ROOT
 from common.schedule import scaled_lr
@@ -439,7 +438,7 @@ def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
     return {
         "command": sweep.command,
         "status": status,
-        "runner": identity(),  # while "running": which process; report tells if it is gone
+        "runner": harness.identity(),  # while "running": which process; report tells if it is gone
         "started": sweep.started,
         "finished": sweep.finished,
         "out": str(plan.out),

@@ -13,11 +13,12 @@ Everything those steps share lives here, once:
 - the standard flags of the tools (`add_flags`), `--python` (`use_interpreter`), the
   timestamped output directory (`output_dir`), a shared flag back on a command line (`flag`);
 - running a child (`run_child`): its interpreter, environment (`child_env`) and own process
-  group (common.processes: killed as a whole on a timeout, an interrupt, and when this tool
-  dies, even by kill -9), a wait for a quiet machine, the log, the last lines, the peak RSS;
+  group (killed as a whole on a timeout and an interrupt; a trainer gets SIGTERM when this tool
+  dies, even by kill -9: common.runtime.stop_with_harness), a wait for a quiet machine, the
+  log, the last lines, the peak RSS;
 - reading records (`read_record`, `Child.json_line`), atomic files (`write_atomic`) and tables.
 
-The only module of benchmarks/ that starts processes (all through common.processes). The
+The only module of benchmarks/ that starts processes. The
 runners import no framework (they start fast and run in either environment).
 """
 
@@ -33,6 +34,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +46,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
+
+import psutil
 
 from common import devices
 from common.config import (
@@ -59,9 +63,7 @@ from common.config import (
     preset,
 )
 from common.devices import CHOICES as DEVICE_CHOICES
-from common.interrupts import kept_ignored
 from common.launch_env import check_launch_env
-from common.processes import end_groups, run_captured, start_group, wait_group
 from common.runtime import (
     ENTRY_POINTS,
     MIN_FREE_BYTES,
@@ -245,7 +247,7 @@ def in_parallel(probe: Callable[[Any], Any], keys: list[Any]) -> list[Any]:
         try:
             return list(pool.map(probe, keys))
         except BaseException:
-            end_groups()
+            kill_children()
             raise
 
 
@@ -774,20 +776,13 @@ def run_tool(
     """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM (a cancelled
     CI job, a time limit around the tool) ends the run like Ctrl-C, as a KeyboardInterrupt that
     `execute` turns into saved partial results and exit code 128 + the signal (`interrupted`).
-    SIGHUP (the terminal or the ssh session gone) likewise: every child's process group is
-    killed, none is left running; also during the checks, whose probes are killed (one line)."""
+    Every child's process group is killed, none is left running; also during the checks, whose
+    probes are killed (one line)."""
     args = list(sys.argv[1:] if argv is None else argv)
     _CLAIMS.clear()
     locks: list[tuple[Any, Path]] = []
     _STOPPED_BY[0] = signal.SIGINT
-    # SIGHUP ignored (nohup) stays ignored; SIGINT ignored (a background job's) stops it too,
-    # as a trainer (common/interrupts.py: kept_ignored)
-    stops: dict[int, Callable[[int, Any], Any]] = {
-        s: _interrupt for s in (signal.SIGTERM, signal.SIGHUP)
-    }
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        stops[signal.SIGINT] = signal.default_int_handler
-    previous = {s: signal.signal(s, h) for s, h in stops.items() if not kept_ignored(s)}
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _interrupt)}
     try:
         try:  # before any work: RANK, JAX_*, cache dirs, DPBENCH_* (common/launch_env.py)
             check_launch_env()
@@ -824,7 +819,7 @@ def _interrupt(signum: int, frame: Any) -> NoReturn:
 
 def interrupted() -> int:
     """The exit code of a tool that a signal stopped: 128 + the signal, as a trainer's (130
-    Ctrl-C, 143 SIGTERM, 129 SIGHUP), so that a CI job or a scheduler sees which it was."""
+    Ctrl-C, 143 SIGTERM), so that a CI job or a scheduler sees which it was."""
     return 128 + _STOPPED_BY[0]
 
 
@@ -836,7 +831,7 @@ def child_env() -> dict[str, str]:
     as they are printed), OpenMP threads that fill the cores and sleep when idle, and no
     simulated-device count inherited (every JAX child sets its own)."""
     env = dict(os.environ)
-    env[PARENT_ENV] = str(os.getpid())  # the guard puts its own pid: a trainer stops if it dies
+    env[PARENT_ENV] = str(os.getpid())  # a trainer stops if this process dies (stop_with_harness)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(cpu_threads()))
@@ -847,6 +842,105 @@ def child_env() -> dict[str, str]:
     if xla:
         env["XLA_FLAGS"] = " ".join(xla)
     return env
+
+
+STOP_GRACE = 2.0  # seconds between SIGTERM (a trainer writes its record) and SIGKILL
+_running: set[subprocess.Popen[str]] = set()  # run_captured's children, for kill_children
+
+
+def wait_group(proc: subprocess.Popen[str], timeout: float) -> tuple[int, Any, str]:
+    """Reap `proc`, the leader of its own process group, with os.wait4, whose resource usage
+    covers it and its reaped descendants (ru_maxrss: the largest). Returns (wait status,
+    resource usage, how it ended): "exited" on its own, "timeout" (`timeout` seconds) or
+    "interrupted" (Ctrl-C, or SIGTERM turned into KeyboardInterrupt); in those two the group
+    gets SIGTERM, then SIGKILL after STOP_GRACE seconds. What the leader leaves is killed."""
+    deadline, ended = time.monotonic() + timeout, "exited"
+    try:
+        while not (reaped := os.wait4(proc.pid, os.WNOHANG))[0]:
+            if time.monotonic() > deadline:
+                ended = "timeout"
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        ended = "interrupted"
+    if ended != "exited":
+        reaped = _end_group(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what the leader left running
+    _, status, usage = reaped
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return status, usage, ended
+
+
+def _end_group(pid: int) -> tuple[int, int, Any]:
+    """SIGTERM the group of leader `pid`, SIGKILL it after STOP_GRACE seconds; reap the leader."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    while time.monotonic() < deadline:
+        if (reaped := os.wait4(pid, os.WNOHANG))[0]:
+            return reaped
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    return os.wait4(pid, 0)
+
+
+def run_captured(
+    command: Sequence[str], timeout: float, **popen: Any
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(command, capture_output=True, text=True, timeout=timeout)` for a probe,
+    in a process group of its own, all of which a timeout or `kill_children` kills."""
+    with subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, errors="replace", start_new_session=True, **popen,
+    ) as proc:  # fmt: skip
+        _running.add(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        finally:
+            _running.discard(proc)
+    return subprocess.CompletedProcess(list(command), proc.returncode, out, err)
+
+
+def kill_children() -> None:
+    """Kill the process groups of the probes still running (an interrupt in the main thread,
+    while other threads wait for them)."""
+    for proc in list(_running):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def identity() -> dict[str, Any]:
+    """What names this process for as long as it lives: host, pid and start time (pids are
+    reused, the pair is not)."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "start": str(psutil.Process().create_time()),
+    }
+
+
+def gone(who: Any) -> bool | None:
+    """Whether the process an `identity` names has ended: True (gone, a zombie, or its pid is
+    another process now), False (still there), None (cannot tell: another host, no identity)."""
+    if not isinstance(who, dict) or who.get("host") != socket.gethostname():
+        return None
+    pid, start = who.get("pid"), who.get("start")
+    if not isinstance(pid, int) or not isinstance(start, str):
+        return None
+    try:
+        proc = psutil.Process(pid)
+        return str(proc.create_time()) != start or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return None
 
 
 def settle(limit: float, max_wait: float = 600.0) -> float:
@@ -924,7 +1018,7 @@ def run_child(
     with open(log, "w") as f:
         f.write(f"$ {shlex.join(child.command)}\n")
         f.flush()
-        proc = start_group(  # its own process group, so a kill ends all of it
+        proc = subprocess.Popen(
             child.command,
             cwd=ROOT,
             env=child_env(),
@@ -933,6 +1027,7 @@ def run_child(
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
+            start_new_session=True,  # its own process group, so a kill ends all of it
         )
 
         def read() -> None:
@@ -945,12 +1040,10 @@ def run_child(
                     on_line(line)
 
         reader = threading.Thread(target=read, daemon=True)
-        # The reader starts inside wait_group's try: an interrupt from here on kills the group,
-        # and so does a timeout; what the leader leaves behind is killed when it exits.
-        status, usage, child.ended = wait_group(proc, timeout, start=reader.start)
+        reader.start()
+        status, usage, child.ended = wait_group(proc, timeout)
         child.returncode = os.waitstatus_to_exitcode(status)
-        if reader.ident is not None:  # started (an interrupt may have come first)
-            reader.join(timeout=10)
+        reader.join(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
         if child.ended != "exited":

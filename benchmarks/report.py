@@ -28,7 +28,6 @@ from typing import Any
 from benchmarks import harness
 from benchmarks.analysis import breakdowns
 from benchmarks.harness import UsageError, markdown_table, print_table as show, write_atomic
-from common.processes import gone
 
 LEFT = ("framework", "mode", "status", "BN", "device kind")
 CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"
@@ -734,7 +733,7 @@ def rebuild(plan: Rebuild) -> int:
     sweep, records = plan.sweep, plan.records
     if plan.config.get("status") == "running":
         runner = plan.config.get("runner") or {}
-        if gone(runner):  # killed (kill -9, the OOM killer): config.json could not say so
+        if harness.gone(runner):  # killed (kill -9, the OOM killer): config.json could not say so
             print(f"report: the comparison in {plan.out} stopped: its runner (pid "
                   f"{runner['pid']}) is gone; config.json still says running")  # fmt: skip
         else:

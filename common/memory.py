@@ -1,52 +1,21 @@
-"""Sizes held against memory before a run trains (issue #41 item 7): an estimate of the run's
-peak memory from its config alone, and a refusal in one line, with the size that would fit,
-where it cannot fit. Without it a batch or an image size that cannot fit was accepted and the
-run grew until the machine swapped or the kernel killed it.
-
-The estimate (numpy-free arithmetic on the config; no framework):
-- the model: every parameter (common/init.py's `parameter_spec`, the layout every framework
-  builds) in float32, with its gradient and the optimiser's state (momentum: one more copy),
-  once per replica (a simulated device, a torch-ddp rank, a GPU);
-- the activations one image keeps for the backward pass: every conv's output at its feature
-  map's side (the stride-2 stages of ResNet-18, the max-pools of the WideResNet), SAVED times
-  (the conv's output for its BatchNorm and the normalised, rectified output for the next conv),
-  in the compute dtype (bf16 / fp16 on a GPU: 2 bytes, else 4), times the images each replica
-  holds at once (all replicas of a process at once on the CPU: XLA and MXNet run the simulated
-  devices in parallel, and torch-dp's one CPU replica takes the whole global batch); the test
-  pass's forward (two feature maps live) where its batch is the larger;
-- the data: the uint8 training and test images each process keeps, the float32 batches in the
-  prefetch queue, and the training set resident on every device under `--pipeline device`.
-
-Calibrated against measured peaks (peak RSS on a 2-core CPU; torch.cuda.max_memory_allocated
-and JAX's peak_bytes_in_use on one H100: docs/results/h100-20261123), it is a floor, not a
-ceiling: the frameworks' allocators, caches and workspaces come on top (measured peak RSS
-over the estimate plus the framework's own RUNTIME_BYTES: torch 1.04-1.11x, JAX 2.3x, MXNet
-3.1x for ResNet-18 at 32x32; the H100's allocator peaks 1.1x). A run is refused only where the
-floor already exceeds the memory there is, so no run that fits is refused.
-
-What it is held against: on the CPU, the host's available memory (MemAvailable, and the
-cgroup's limit less its usage where one is set), measured when the run's processes have
-started, so the frameworks' own memory is already taken from it; on a GPU, each GPU's total
-memory as nvidia-smi reports it for the GPUs this process may use (CUDA_VISIBLE_DEVICES by
-index or UUID), plus the host's for the data. `check_memory` takes stand-in values for both,
-which is how the tests reach the GPU path; on a real H200 (by hand, once: torch-dp --devices
-cuda) nvidia-smi's answer was read by index, UUID and UUID prefix, a size of 402 GiB a GPU
-was refused in one line and the smoke preset trained.
-"""
+"""Sizes held against memory before a run trains: the run's peak memory estimated from its config
+alone, and a config that cannot fit refused in one line with the size that would (a user's
+mistake: exit 2 before the data loads). The estimate counts the model (float32 weights,
+gradients and optimiser state per replica), the activations each image keeps for the backward
+pass (every conv's output, SAVED times, in the compute dtype) times the images a replica holds
+at once, and the data (uint8 images, the prefetch queue, a training set resident on the
+device). Calibrated against measured peaks (docs/results/h100-20261123; peak RSS on a 2-core
+CPU), it is a floor: a run is refused only where the floor already exceeds the memory there is
+(psutil's available host memory; on a GPU, the smallest GPU's total from nvidia-smi)."""
 
 from __future__ import annotations
 
 import math
 import os
-import re
-import resource
-import shutil
 import subprocess
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+
+import psutil
 
 from common import runtime
 from common.config import DATA_SHAPES, Config, data_dims, image_side, train_size
@@ -58,10 +27,6 @@ from common.pipeline import DEVICE_DATA_LIMIT
 # normalised, rectified output (for the next conv), less where a framework frees or fuses:
 # 7/4 keeps the estimate under every peak measured (torch's eager CPU step held 1.85-2.1).
 SAVED = 1.75
-# A framework's own resident memory per process: the peak RSS of the smoke preset (1 epoch,
-# 2-core CPU). Not held against the memory there is (it is taken when the check runs); `peak`
-# adds it, to compare the estimate with a measured peak RSS.
-RUNTIME_BYTES = {"torch": 820 << 20, "jax": 510 << 20, "mxnet": 240 << 20}
 GIB = 2**30
 
 
@@ -71,7 +36,6 @@ class Need:
     `batch` is what grows with --batch-size there (a replica's share on a GPU, every image a
     process holds at once on the CPU), and `host` what the host holds besides on a GPU run."""
 
-    where: str  # "host" or "gpu"
     fixed: int
     per_image: int
     batch: int
@@ -143,20 +107,13 @@ def estimate(cfg: Config, gpu: bool, world: int = 1) -> Need:
         evaluation = max(0, eval_local * eval_per_image - local * per_image)
         fixed = model + resident + evaluation
         host = here * (data + queued * local * per_process)
-        return Need("gpu", fixed, per_image, local, devices, host=host)
+        return Need(fixed, per_image, local, devices, host=host)
     # CPU: a process's replicas run at once; torch-dp's one CPU replica takes the whole batch
     replicas = 1 if cfg.framework == "torch-dp" else per_process
     held = local * per_process  # the images a process holds at once
     evaluation = max(0, eval_local * per_process * eval_per_image - held * per_image)
     fixed = here * (data + replicas * (model + resident) + evaluation)
-    return Need("host", fixed, per_image + queued, here * held, devices)
-
-
-def peak(cfg: Config, world: int = 1) -> int:
-    """The peak resident memory the estimate predicts for a CPU run of `cfg` on this machine,
-    the frameworks' own memory included (what a measured peak RSS is compared with)."""
-    runtime = RUNTIME_BYTES.get(cfg.framework.split("-")[0], 0)
-    return estimate(cfg, False, world).total + processes_here(cfg, world) * runtime
+    return Need(fixed, per_image + queued, here * held, devices)
 
 
 def processes_here(cfg: Config, world: int) -> int:
@@ -168,137 +125,20 @@ def processes_here(cfg: Config, world: int) -> int:
     return int(local) if local.isdigit() and int(local) >= 1 else max(1, world)
 
 
-def _cgroup_room() -> int | None:
-    """What this process's memory cgroup still allows (limit - usage), None without a limit."""
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # v2
-        (
-            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-        ),  # noqa: E501
-    ):
-        try:
-            limit = Path(limit_file).read_text().strip()
-            usage = int(Path(usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < 1 << 60:  # "max" or the v1 "no limit" sentinel
-            return max(0, int(limit) - usage)
-    return None
-
-
-def address_space_room() -> int | None:
-    """Bytes this process may still map under its address-space limit (`ulimit -v`,
-    RLIMIT_AS) beyond what it maps now; None without a limit. Past it an allocation fails
-    inside a framework's C++ (std::bad_alloc: an abort, no Python error to catch)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft == resource.RLIM_INFINITY:
-        return None
-    try:
-        found = re.search(r"^VmSize:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
-    except OSError:
-        found = None
-    return max(0, soft - (int(found.group(1)) * 1024 if found else 0))
-
-
 def host_available() -> int:
-    """Bytes of host memory a run can still take: MemAvailable, or less where the cgroup's
-    limit or the address-space limit leaves less; 0 where the system does not say (nothing is
-    then checked)."""
-    try:
-        text = Path("/proc/meminfo").read_text()
-    except OSError:
-        return 0
-    found = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE)
-    if not found:
-        return 0
-    limits = (_cgroup_room(), address_space_room())
-    return min([int(found.group(1)) * 1024, *(x for x in limits if x is not None)])
+    """Bytes of host memory a run can still take (psutil: MemAvailable on Linux)."""
+    return int(psutil.virtual_memory().available)
 
 
-def gpu_memory(gpus: int) -> int:
-    """Total bytes of the smallest of the first `gpus` GPUs this process may use, from
-    nvidia-smi (CUDA_VISIBLE_DEVICES by index or UUID); 0 where that cannot be said (no
+def gpu_memory() -> int:
+    """Total bytes of the smallest GPU, from nvidia-smi; 0 where that cannot be said (no
     nvidia-smi, MIG instances, an answer it cannot read): the GPU check is then skipped."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    from common.processes import run_captured
-
-    query = ["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]
+    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
     try:
-        out = run_captured(["nvidia-smi", *query], timeout=20).stdout
-        rows = [[f.strip() for f in line.split(",")] for line in out.splitlines() if line.strip()]
-        table = {(r[0], r[1]): int(r[2]) << 20 for r in rows}
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        out = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout
+        return min(int(v) << 20 for v in out.split())
+    except (OSError, subprocess.SubprocessError, ValueError):
         return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        chosen = list(table.values())
-    else:
-        chosen = []
-        for entry in (e.strip() for e in visible.split(",")):
-            match = [m for (i, u), m in table.items() if entry in (i, u) or u.startswith(entry)]
-            if len(match) != 1:
-                break  # a MIG instance, or an entry CUDA would stop at too
-            chosen += match
-    return min(chosen[:gpus], default=0)
-
-
-# The guard against the kernel's OOM killer (`guard`): the estimate is a floor (a run the check
-# lets through may still take the machine's memory: jax-shard on 64 simulated devices at 512x512
-# grew to 24 GiB here and was killed, no line, no record). It fires when the memory left falls
-# under GUARD_FLOOR (at least 1/25 of the machine's) while this process holds GUARD_SHARE of the
-# machine or more: a small run on a machine that others fill is left alone.
-GUARD_FLOOR = 512 << 20
-GUARD_SHARE = 0.25
-GUARD_EVERY = 0.05  # seconds between two looks (memory can grow by GB/s)
-
-
-def resident_bytes() -> int:
-    """This process's resident memory (0 where the system does not say)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def exhausted() -> str:
-    """Why the run must stop now ("" while there is room; see GUARD_FLOOR)."""
-    total, have = runtime.physical_memory(), host_available()
-    if not total or not have or have >= max(GUARD_FLOOR, total // 25):
-        return ""
-    held = resident_bytes()
-    if held < GUARD_SHARE * total:
-        return ""
-    return (
-        f"out of memory: {have >> 20} MiB left of this machine's {total / GIB:.1f} GiB, "
-        f"{held / GIB:.1f} GiB in this process (stopped before the kernel's OOM killer)"
-    )
-
-
-_GUARDED: list[Callable[[str], None]] = []  # the latest run's end; one thread per process
-
-
-def guard(on_exhausted: Callable[[str], None]) -> None:
-    """Watch the memory left from a daemon thread; call `on_exhausted(why)` (which must end the
-    process) when `exhausted` says so. Any thread: a step that grows in C++ holds no Python.
-    One thread per process, for the latest run (a process that runs several in turn, a test's,
-    does not gather threads)."""
-    started = bool(_GUARDED)
-    _GUARDED[:] = [on_exhausted]
-    if started:
-        return
-
-    def watch() -> None:
-        while True:
-            why = exhausted()
-            if why:
-                _GUARDED[0](why)
-                return
-            time.sleep(GUARD_EVERY)
-
-    threading.Thread(target=watch, name="memory-guard", daemon=True).start()
 
 
 DEVICE_BYTES = 256 << 20  # memory a simulated device (a torch-ddp process) needs at least
@@ -351,21 +191,18 @@ def check_memory(
                 f"needs about {need.host / GIB:.1f} GiB of host memory, this machine has "
                 f"{host / GIB:.1f} GiB available; use a smaller --image-size or --train-limit"
             )
-        have = gpu_memory(cfg.gpus) if gpu_bytes is None else gpu_bytes
+        have = gpu_memory() if gpu_bytes is None else gpu_bytes
         where = f"on each GPU, which has {have / GIB:.1f} GiB"
     else:
         have = host
         where = f"of host memory, this machine has {have / GIB:.1f} GiB available"
-        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if host_bytes is None and limit != resource.RLIM_INFINITY:
-            where += f" under its ulimit -v of {limit / GIB:.1f} GiB"
     if not have or need.total <= have:
         return
     side = image_side(cfg)
     asked = f"--batch-size {cfg.batch_size} at {side}x{side} ({cfg.model}, width {cfg.width:g})"
     raise ConfigError(
         f"{asked} needs about {need.total / GIB:.1f} GiB {where}; {fix(cfg, gpu, world, have)}"
-    )  # noqa: E501
+    )
 
 
 def fix(cfg: Config, gpu: bool, world: int, have: int) -> str:

@@ -24,7 +24,6 @@ import numpy as np
 from common import devices
 from common.config import Config
 from common.errors import WriteFailed
-from common.processes import run_captured
 from common.runtime import atomic_write_bytes
 from common.schedule import lr_table_for
 from common.tensorboard import EventLog
@@ -76,7 +75,8 @@ def host_info() -> dict[str, Any]:
     if shutil.which("nvidia-smi"):
         try:
             query = ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-            out = run_captured(["nvidia-smi", *query], timeout=20).stdout
+            out = subprocess.run(["nvidia-smi", *query], capture_output=True, text=True,
+                                 timeout=20).stdout  # fmt: skip
             rows = [r.split(", ") for r in out.strip().splitlines() if r.strip()]
             info["gpus"] = [r[0] for r in rows]
             if rows:

@@ -26,8 +26,6 @@ functions (`sync`, `load` and `save` of checkpoints, `barrier`) and its profiler
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
@@ -35,11 +33,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from common.checkpoints import save_final_state
-from common.config import Config, image_side
+from common.config import Config
 from common.datasets import load_for
 from common.init import init_record
-from common.interrupts import raise_if_interrupted
-from common.memory import check_memory, guard
+from common.memory import check_memory
 from common.pipeline import (
     DEVICE_DATA_LIMIT,
     EvalLoader,
@@ -51,7 +48,7 @@ from common.profiling import Profiler, ProfileWindow
 from common.results import RunRecorder, timing_summary
 from common.runtime import injected_failure, printer
 from common.timing import PhaseTimer, Timer
-from common.trainer import keep_measured_epochs, prog_name
+from common.trainer import keep_measured_epochs
 
 S = TypeVar("S")  # a framework's train state
 
@@ -94,7 +91,6 @@ class Run:
         self.rank, self.world, self.is_main = rank, world, rank == 0
         self.report, self.barrier = report, barrier
         self.recorder: RunRecorder | None = None
-        guard(self._out_of_memory)  # what the estimate let through: stopped, not OOM-killed
         self.log = printer(self.is_main)  # only process 0 prints
         self.ds = load_for(cfg)
         self.loader = TrainLoader(
@@ -108,7 +104,6 @@ class Run:
             max_steps=cfg.max_steps_per_epoch,
             prefetch=cfg.prefetch,
             on_device=crops_on_device(cfg.pipeline, gpu, self.ds.train_x.nbytes, device_bytes),
-            on_step=raise_if_interrupted,  # a stop signal ends the run at the next step
         )
         self.eval_batch = max(1, cfg.eval_batch_size // world)
         self.evals = EvalLoader(self.ds, self.eval_batch, rank, world, layout=layout, pad_to=pad_to)
@@ -125,21 +120,6 @@ class Run:
         self.phases = PhaseTimer(sync, cfg.phase_timing, annotate)  # --phase-timing
         self.start = 0  # the first epoch this process trains (after --resume: the next one)
         self._save: Callable[[Any, int], None] = lambda state, epoch: None  # see resume()
-
-    def _out_of_memory(self, why: str) -> None:
-        """The memory guard's end of the run (its own thread): the record "failed" with the
-        epochs so far, one line, exit 1 (a spawned rank tells its parent, which writes it)."""
-        cfg = self.cfg
-        error = (f"{why}; --batch-size {cfg.batch_size} at {image_side(cfg)}x{image_side(cfg)} "
-                 f"on --gpus {cfg.gpus} does not fit: use a smaller --batch-size, --image-size "
-                 "or --gpus")  # fmt: skip
-        if self.recorder is not None:
-            self.recorder.fail(error)
-            self.recorder.finish()  # process 0 without a parent writes --output
-        if self.report is not None:
-            self.report.send(("error", error))
-        print(f"{prog_name(self.framework)}: failed: {error}", file=sys.stderr, flush=True)
-        os._exit(1)
 
     def record(
         self,
@@ -253,7 +233,6 @@ class Run:
             if self.barrier is not None:  # the checkpoint on disk before any rank may be killed
                 self.barrier()
         injected_failure(self.framework, epoch + 1)  # DPBENCH_FAIL=<framework>@<epoch> (tests)
-        raise_if_interrupted()  # a stop during the test pass: the last epoch does not end "ok"
         if not stop and epoch == self.start and epoch + 1 < cfg.epochs:
             self.phases.reset()  # phase times exclude the warm-up epoch
         return stop

@@ -15,14 +15,12 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
 from pathlib import Path
 
+import psutil
+
 from common.errors import ConfigError
-from common.processes import process_state
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,10 +74,6 @@ def check_interpreter(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         raise SystemExit(2)
-    if module in ENTRY_POINTS:
-        from common.interrupts import quiet_start_up
-
-        quiet_start_up(f"python -m {module}")  # a Ctrl-C while torch or JAX imports: one line
 
 
 def set_xla_flag(name: str, value: str) -> None:
@@ -193,40 +187,14 @@ def free_port() -> int:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent(
-    parent_pid: int,
-    lifeline: Connection | None = None,
-    sig: int = signal.SIGKILL,
-    kernel: bool = True,
-) -> None:
-    """In a worker process: die (`sig`) as soon as the parent `parent_pid` does, so that a
-    cancelled run (kill -9, the OOM killer, a scheduler) leaves no orphan training on, writing
-    checkpoints or a record. Linux (`kernel`): the kernel's parent-death signal (prctl
-    PR_SET_PDEATHSIG; it fires when the parent THREAD that started this process ends, so only
-    for a process started by the parent's main thread). Everywhere, and as a backstop: a daemon
-    thread waiting on `lifeline`, a pipe whose other end only the parent holds (end of file =
-    the parent is gone), or without one polling the parent's pid twice a second."""
-    if kernel and sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
-        except (OSError, AttributeError):
-            pass  # no prctl: the watchdog below still stops this process
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
+    """In a child process: get `sig` as soon as the parent `parent_pid` dies (kill -9, the OOM
+    killer), so that a cancelled run leaves no orphan training on. The kernel's parent-death
+    signal (Linux prctl; it fires when the parent THREAD that started this process ends)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
     if os.getppid() != parent_pid:  # the parent died before the signal was armed
         os.kill(os.getpid(), sig)
-
-    def watch() -> None:
-        if lifeline is not None:
-            try:
-                while True:
-                    lifeline.recv()  # the parent never sends: this returns at its death only
-            except (EOFError, OSError):
-                pass
-        else:
-            while os.getppid() == parent_pid:
-                time.sleep(0.5)
-        os.kill(os.getpid(), sig)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def env_int(name: str, default: int, minimum: int = 0) -> int:
@@ -325,18 +293,16 @@ def remove_stale_temp_files(directory: str | os.PathLike[str], prefix: str = "")
 
 
 def process_alive(pid: int) -> bool:
-    """True while a process `pid` exists and is not a zombie (another user's counts). A zombie
-    writes nothing: its temp files are debris (a rank killed with its parent stays one until
-    the container's init reaps it, which on a loaded machine took over a second)."""
+    """True while process `pid` runs (a zombie, which writes nothing, does not)."""
+    return process_state(pid) not in ("", psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def process_state(pid: int) -> str:
+    """psutil's status of process `pid` ("running", "stopped", "zombie" ...); "" once gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, ValueError):  # not a pid this system can have
-        return False
-    return process_state(pid) not in ("Z", "X")
+        return str(psutil.Process(pid).status())
+    except (psutil.Error, ValueError, OverflowError):  # gone, or no pid this system can have
+        return ""
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -350,11 +316,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def physical_memory() -> int:
-    """Bytes of physical memory (0 where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
+    """Bytes of physical memory."""
+    return int(psutil.virtual_memory().total)
 
 
 MIN_FREE_BYTES = 1 << 20  # an output file system with less free space than this is "full"
@@ -430,14 +393,12 @@ PARENT_ENV = "DPBENCH_PARENT_PID"
 
 
 def stop_with_harness() -> None:
-    """A trainer started by benchmarks.harness gets SIGTERM when its parent dies, even by
-    kill -9: it then stops its workers and writes an "interrupted" record. The parent is the
-    leader of its process group, common/guard.py, which sets DPBENCH_PARENT_PID to its own pid
-    and itself ends the whole group when the harness dies; this is the backstop should the
-    guard die alone. A watchdog thread, not prctl: it fires on the parent process's death."""
+    """A trainer started by benchmarks.harness (its pid in DPBENCH_PARENT_PID) gets SIGTERM when
+    the harness dies, even by kill -9: it then stops its workers and writes an "interrupted"
+    record."""
     parent = os.environ.get(PARENT_ENV, "")
     if parent.isdigit() and int(parent) == os.getppid():
-        die_with_parent(int(parent), sig=signal.SIGTERM, kernel=False)
+        die_with_parent(int(parent), signal.SIGTERM)
 
 
 FAIL_ENV = "DPBENCH_FAIL"

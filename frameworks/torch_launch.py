@@ -37,7 +37,7 @@ import torch.multiprocessing as mp
 
 from common.config import Config, ConfigError
 from common.errors import BAD_INPUT, RunFailed
-from common.interrupts import Interrupted, raise_if_interrupted, shield_interrupts
+from common.interrupts import Interrupted, shield_interrupts
 from common.results import write_json_atomic
 from common.runtime import (
     die_with_parent,
@@ -249,7 +249,6 @@ def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
         while any(p.exitcode is None for p in workers):
             live = [p.sentinel for p in workers if p.exitcode is None]
             wait([*reports.values(), *live], timeout=1.0)
-            raise_if_interrupted()  # a stop whose raise was swallowed
             read(reports)
             if errors or any(p.exitcode not in (None, 0) for p in workers):
                 break
@@ -314,7 +313,7 @@ def _silent_ranks(
     if "timed out" not in message.lower() and "timeout" not in message.lower():
         return None
     silent = [
-        f"rank {r} (pid {p.pid}{', stopped' if process_state(p.pid) == 'T' else ''})"
+        f"rank {r} (pid {p.pid}{', stopped' if process_state(p.pid) == 'stopped' else ''})"
         for r, p in enumerate(workers)
         if r not in errors and p.exitcode is None
     ]
@@ -369,7 +368,7 @@ def _stop(workers: list, cfg: Config, grace: float = 3.0) -> None:
     alive = [p for p in workers if p.exitcode is None]
     for proc in alive:
         proc.terminate()
-        if process_state(proc.pid) == "T":  # a stopped process acts on SIGTERM only once resumed
+        if process_state(proc.pid) == "stopped":  # acts on SIGTERM only once resumed
             os.kill(proc.pid, signal.SIGCONT)
     deadline = time.monotonic() + grace
     for proc in alive:
@@ -394,7 +393,7 @@ def _spawned(
     argv: list[str],
 ) -> None:
     """One rank of a spawned run: dies with the parent; reports to it; never writes --output."""
-    die_with_parent(parent, lifeline)
+    die_with_parent(parent)
     for s in WORKERS_IGNORE:  # Ctrl-C, the terminal closed: the parent stops the workers
         signal.signal(s, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKERS_IGNORE)  # blocked since the start

@@ -941,38 +941,3 @@ def test_compiled_data_parallel_on_several_gpus_is_refused_before_any_run(
                              str(out)], capsys)  # fmt: skip
     assert code == 2 and stderr.count("\n") == 1 and "cannot trace nn.DataParallel" in stderr
     assert not out.exists()
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
-def test_a_runner_started_in_the_background_stops_on_sigint_and_keeps_nohups_hangup(
-    sig: int, tmp_path: Path
-) -> None:
-    """`nohup python -m benchmarks.compare ... &` from a script starts it with SIGINT and SIGHUP
-    ignored (independent battery for #41, wave 3). SIGINT stopped it only where it came in
-    unignored (`kill -INT` to a background job was lost); SIGHUP, which nohup ignores so that
-    the run outlives its terminal, stopped it all the same. Now the first stops it (130), the
-    second does not (the run goes on to its end)."""
-    pid_file = tmp_path / "worker.pid"
-    python = _stand_in_python(tmp_path, f"sleep 4 &\necho $! > {pid_file}\nwait")
-    out = tmp_path / "out"
-    args = ["--frameworks", PAIR[0], "--gpus", "1", "--preset", "smoke", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
-
-    def background() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.compare", *args], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=background,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    proc.send_signal(sig)
-    stdout, _ = proc.communicate(timeout=60)
-    status = read_json(out / "config.json")["status"]
-    if sig == signal.SIGINT:
-        assert proc.returncode == 130 and status == "interrupted", stdout
-    else:  # the stand-in ends without a record: a failed run, not an interrupted one
-        assert proc.returncode == 1 and status != "interrupted", stdout

@@ -1,9 +1,8 @@
-"""No child outlives its tool (issue #41, item 3): every child a tool starts runs in a process
-group of its own under common/guard.py, and the whole group is killed on a timeout, on an
-interrupt and when the tool dies, kill -9 included; `report` on a sweep whose runner is gone
-says so. The children here are stand-ins (a shell script in place of a framework's interpreter
-that forks a child and hangs): the code under test is the tools' process handling, which runs
-as it is. Cheap: no framework is imported, no training runs."""
+"""No child outlives its tool (benchmarks/harness.py): every child a tool starts runs in a
+process group of its own, killed whole on a timeout and on an interrupt; a trainer gets SIGTERM
+when the tool dies, kill -9 included; `report` on a sweep whose runner is gone says so. The
+children are stand-ins (a shell script in place of a framework's interpreter that forks a child
+and hangs): no framework is imported, no training runs."""
 
 from __future__ import annotations
 
@@ -11,13 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks import harness
-from common import processes
+from common.runtime import process_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,10 +38,9 @@ def stand_in(tmp: Path, probe: str, run: str = "exit 0") -> Path:
     return path
 
 
-def hang(tmp: Path, name: str, on_term: str = "") -> str:
+def hang(tmp: Path, name: str) -> str:
     """Shell that forks a child (`sleep`), writes both pids to `name`.pids and waits."""
-    trap = f"trap '{on_term}' TERM; " if on_term else ""
-    return f"{trap}sleep 300 & echo $$ $! > {tmp / name}.pids; wait"
+    return f"sleep 300 & echo $$ $! > {tmp / name}.pids; wait"
 
 
 def pids_of(tmp: Path, name: str, within: float = 30.0) -> list[int]:
@@ -60,7 +59,7 @@ def running(pids: list[int], within: float = 0.0) -> list[int]:
     does not run)."""
     deadline = time.monotonic() + within
     while True:
-        left = [p for p in pids if processes.process_state(p) not in ("", "Z", "X")]
+        left = [p for p in pids if process_alive(p)]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
@@ -75,31 +74,43 @@ def reap():
         os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("probe", ["interpreter", "device"])
 def test_a_hung_probe_is_killed_with_the_child_it_forked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reap: list[int], probe: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reap: list[int]
 ) -> None:
     python = stand_in(tmp_path, hang(tmp_path, "probe"))
     monkeypatch.setenv("DPBENCH_PYTHON_TORCH_DDP", str(python))
     monkeypatch.setattr(harness, "PROBE_TIMEOUT", 1.0)
-    monkeypatch.setattr(harness, "DEVICE_PROBE_TIMEOUT", 1.0)
     t0 = time.monotonic()
-    if probe == "interpreter":  # compare's start-up check
-        why = harness.unavailable(["torch-ddp"])["torch-ddp"]
-        assert "does not start (TimeoutExpired)" in why, why
-    else:
-        seen = harness.probe_devices(["torch-ddp"])["torch-ddp"]
-        assert seen.gpus == () and "did not answer the device probe" in seen.detail, seen
+    why = harness.unavailable(["torch-ddp"])["torch-ddp"]  # compare's start-up check
+    assert "does not start (TimeoutExpired)" in why, why
     assert time.monotonic() - t0 < 10
     reap += pids_of(tmp_path, "probe")
     assert running(reap, within=1.0) == []  # the interpreter and the child it forked
 
 
+TRAINER = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from common.runtime import stop_with_harness
+def stop(signum, frame):
+    open({told!r}, "w").write("TERM")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+stop_with_harness()
+open({pids!r} + "/trainer.pids", "w").write(f"{{os.getpid()}}\\n")
+time.sleep(300)
+"""
+
+
 def test_compare_killed_9_ends_its_trainer_and_report_says_its_runner_is_gone(
     tmp_path: Path, reap: list[int]
 ) -> None:
+    """The trainer (a stand-in that arms common.runtime.stop_with_harness, as run_main does)
+    gets SIGTERM when compare dies, and writes its record."""
     told = tmp_path / "told"
-    python = stand_in(tmp_path, "exit 0", hang(tmp_path, "trainer", f"echo TERM > {told}"))
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(TRAINER.format(root=str(ROOT), told=str(told), pids=str(tmp_path)))
+    python = stand_in(tmp_path, "exit 0", f"exec {sys.executable} {trainer}")
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
     args = ["--frameworks", "torch-ddp", "--gpus", "1", "--preset", "smoke", "--devices", "cpu"]
@@ -113,8 +124,8 @@ def test_compare_killed_9_ends_its_trainer_and_report_says_its_runner_is_gone(
     finally:
         tool.kill()  # kill -9: compare can do nothing about it
         tool.wait()
-    assert running(reap, within=3.0) == []  # the trainer and its child
-    assert told.read_text() == "TERM\n"  # first told to stop (a trainer writes its record)
+    assert running(reap, within=3.0) == []
+    assert told.read_text() == "TERM"  # told to stop (a trainer writes its record)
 
     report = subprocess.run(
         [sys.executable, "-m", "benchmarks.report", str(out)],
@@ -148,31 +159,29 @@ def test_a_stop_during_the_start_up_checks_kills_their_probes(
     assert running(reap, within=1.0) == []
 
 
-def test_the_guard_leaves_the_childs_exit_its_output_and_its_start_failure_as_they_are() -> None:
-    """What a tool sees of a child through its guard: the same exit code, the same killing
-    signal, the same output, the same error when it cannot start."""
-    shell = ["sh", "-c", 'echo out; echo err >&2; [ "$0" = kill ] && kill -USR1 $$; exit 3']
-    done = processes.run_captured([*shell, "exit"], timeout=30)
-    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
-    assert processes.run_captured([*shell, "kill"], timeout=30).returncode == -signal.SIGUSR1
-    with pytest.raises(FileNotFoundError):
-        processes.run_captured([str(ROOT / "no-such-interpreter")], timeout=30)
+def test_a_stopped_tool_kills_its_childs_whole_group(tmp_path: Path, reap: list[int]) -> None:
+    """SIGTERM to a tool (a cancelled CI job) while a child runs: the child ends "interrupted",
+    its whole group killed, the child it forked too."""
+    result = {}
 
+    def execute(plan: object) -> int:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        script = hang(tmp_path, "child")
+        result["child"] = harness.run_child(["sh", "-c", script], tmp_path / "log", 60, tag="t")
+        return harness.interrupted()
 
-def test_a_child_killed_9_reaches_the_tool_as_killed_without_the_guards_traceback() -> None:
-    """A trainer killed with SIGKILL (the OOM killer, a user's kill -9): the guard dies by the
-    same signal. It used to reset SIGKILL's handler first, which raised OSError (EINVAL) and
-    printed the guard's traceback into the run's log, which compare shows."""
-    shell = ["sh", "-c", "echo out; kill -KILL $$"]
-    done = processes.run_captured(shell, timeout=30)
-    assert done.returncode == -signal.SIGKILL
-    assert "Traceback" not in done.stderr and done.stdout == "out\n"
+    before = signal.getsignal(signal.SIGTERM)
+    assert harness.run_tool("t", [], lambda args: None, execute) == 143
+    reap += pids_of(tmp_path, "child")
+    assert result["child"].ended == "interrupted"
+    assert running(reap, within=5.0) == []  # the whole group, not the leader only
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_the_nvidia_course_ranks_die_with_their_parent(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tutorial's ranks (torch.multiprocessing.spawn) arm common.runtime.die_with_parent with
-    the pid of the process that spawned them, before any work (torch-ddp's ranks: see
-    test_hostile_processes). Run in-process: spawn hands its arguments to one worker here."""
+    the pid of the process that spawned them, before any work. Run in-process: spawn hands its
+    arguments to one worker here."""
     from common.config import preset
     from tutorials import nvidia_course
 
