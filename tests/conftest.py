@@ -80,17 +80,28 @@ FAST = os.environ.get("DPBENCH_TEST_FAST") == "1"
 FAST_SKIP = "starts a process: the full suite runs it (bash scripts/test.sh)"
 
 
+IN_TEST: list[bool] = [False]  # FAST: a test (its fixtures included) is running
+
+
 def only_in_process() -> None:
-    """Under FAST, make every way a test could start a process skip the test instead."""
+    """Under FAST, make every way a test could start a process skip the test instead. Outside
+    a test (collection, imports: torch's import runs `uname -p`) processes start as usual."""
     import multiprocessing.util
 
-    def skip(*args: Any, **kwargs: Any) -> Any:
-        pytest.skip(FAST_SKIP)
+    def guarded(start: Any) -> Any:
+        def start_or_skip(*args: Any, **kwargs: Any) -> Any:
+            if IN_TEST[0]:
+                pytest.skip(FAST_SKIP)
+            return start(*args, **kwargs)
 
-    subprocess.Popen._execute_child = skip  # type: ignore[attr-defined]  # run, check_output...
-    multiprocessing.util.spawnv_passfds = skip  # spawn / forkserver (torch.multiprocessing too)
-    os.fork = skip  # type: ignore[assignment]  # the fork start method
-    os.posix_spawn = os.posix_spawnp = skip  # type: ignore[assignment]
+        return start_or_skip
+
+    popen: Any = subprocess.Popen
+    popen._execute_child = guarded(popen._execute_child)  # run, check_output, Popen
+    multiprocessing.util.spawnv_passfds = guarded(multiprocessing.util.spawnv_passfds)  # spawn
+    os.fork = guarded(os.fork)  # multiprocessing's fork start method
+    os.posix_spawn = guarded(os.posix_spawn)
+    os.posix_spawnp = guarded(os.posix_spawnp)
 
 
 def pin_xdist_worker() -> None:
@@ -244,7 +255,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     CPU time barely moves with the machine's load, wall time does: scripts/test_weights.py
     turns the lines into tests/weights.json, the order in which xdist hands out the files."""
     if not CPU_LOG:
-        yield
+        IN_TEST[0] = FAST
+        try:
+            yield
+        finally:
+            IN_TEST[0] = False
         return
     import resource
     import time
