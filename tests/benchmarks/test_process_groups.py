@@ -165,9 +165,13 @@ def test_a_stopped_tool_kills_its_childs_whole_group(tmp_path: Path, reap: list[
     result = {}
 
     def execute(plan: object) -> int:
-        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
-        script = hang(tmp_path, "child")
-        result["child"] = harness.run_child(["sh", "-c", script], tmp_path / "log", 60, tag="t")
+        stop = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+        stop.start()
+        try:
+            script = hang(tmp_path, "child")
+            result["child"] = harness.run_child(["sh", "-c", script], tmp_path / "log", 60, tag="t")
+        finally:
+            stop.cancel()  # a child that never started: no SIGTERM for this process later
         return harness.interrupted()
 
     before = signal.getsignal(signal.SIGTERM)
