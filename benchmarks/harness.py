@@ -61,7 +61,6 @@ from common.config import (
 from common.devices import CHOICES as DEVICE_CHOICES
 from common.interrupts import kept_ignored
 from common.json_input import Required, Whole
-from common.launch_env import check_launch_env
 from common.processes import end_groups, run_captured, start_group, wait_group
 from common.results import RECORD_SCHEMA
 from common.runtime import (
@@ -800,8 +799,7 @@ def run_tool(
         stops[signal.SIGINT] = signal.default_int_handler
     previous = {s: signal.signal(s, h) for s, h in stops.items() if not kept_ignored(s)}
     try:
-        try:  # before any work: RANK, JAX_*, cache dirs, DPBENCH_* (common/launch_env.py)
-            check_launch_env()
+        try:
             plan = make_plan(args)
             for out, marker in _CLAIMS:
                 locks.append((claim(out, marker), out))

@@ -30,7 +30,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,9 +64,8 @@ class Run:
     devices are GPUs (--pipeline auto then keeps the training set on them). `sync`: waits for
     the framework's queued device work (the timers' boundaries). `pad_to`: test batches padded
     to a multiple of it (static shapes). `device_bytes`: the most training-set bytes the
-    framework's device arrays hold. torch-ddp's spawned ranks give the parent's `report` pipe
-    (rank 0 sends its record after every epoch, and the parent writes --output) and a `barrier`
-    (every rank waits until rank 0's checkpoint is on disk). `profiler`: what makes the
+    framework's device arrays hold. torch-ddp gives a `barrier` (every rank waits until rank
+    0's checkpoint is on disk). `profiler`: what makes the
     framework's profiler (frameworks/profilers.py), which records a few steps under --profile
     (common/profiling.py; `batches` wraps that epoch's batches, the phases become ranges)."""
 
@@ -84,7 +82,6 @@ class Run:
         world: int = 1,
         pad_to: int = 0,
         device_bytes: int = DEVICE_DATA_LIMIT,
-        report: Connection | None = None,
         barrier: Callable[[], Any] | None = None,
         profiler: Callable[[], Profiler] | None = None,
     ):
@@ -92,7 +89,7 @@ class Run:
         check_memory(cfg, gpu, world)  # sizes against memory, before the data and the model
         self.cfg, self.framework, self.packages = cfg, framework, packages
         self.rank, self.world, self.is_main = rank, world, rank == 0
-        self.report, self.barrier = report, barrier
+        self.barrier = barrier
         self.recorder: RunRecorder | None = None
         guard(self._out_of_memory)  # what the estimate let through: stopped, not OOM-killed
         self.log = printer(self.is_main)  # only process 0 prints
@@ -128,7 +125,7 @@ class Run:
 
     def _out_of_memory(self, why: str) -> None:
         """The memory guard's end of the run (its own thread): the record "failed" with the
-        epochs so far, one line, exit 1 (a spawned rank tells its parent, which writes it)."""
+        epochs so far, one line, exit 1."""
         cfg = self.cfg
         error = (f"{why}; --batch-size {cfg.batch_size} at {image_side(cfg)}x{image_side(cfg)} "
                  f"on --gpus {cfg.gpus} does not fit: use a smaller --batch-size, --image-size "
@@ -136,8 +133,6 @@ class Run:
         if self.recorder is not None:
             self.recorder.fail(error)
             self.recorder.finish()  # process 0 without a parent writes --output
-        if self.report is not None:
-            self.report.send(("error", error))
         print(f"{prog_name(self.framework)}: failed: {error}", file=sys.stderr, flush=True)
         os._exit(1)
 
@@ -171,8 +166,6 @@ class Run:
         rec.threads, rec.execution, rec.float32_precision = threads, execution, precision
         rec.ran = dict(ran)
         rec.pipeline = pipeline_record(self.loader.on_device)
-        if self.report is not None:  # a spawned rank: the parent writes --output
-            rec.output = ""
         self.recorder = rec
         return rec
 
@@ -214,9 +207,9 @@ class Run:
         """Around the epoch loop: a crash keeps the epochs measured so far in a "failed"
         record; a rank of a multi-process run then exits, so that the others are stopped."""
         assert self.recorder is not None
-        report = self.report
-        to_parent = None if report is None else lambda tb: report.send(("traceback", tb))
-        with keep_measured_epochs(self.recorder, reraise=self.world > 1, on_traceback=to_parent):
+        # One line per rank of several (no traceback): a rank's crash is often another's echo
+        quiet = None if self.world == 1 else lambda traceback: None
+        with keep_measured_epochs(self.recorder, reraise=self.world > 1, on_traceback=quiet):
             try:
                 yield
             finally:
@@ -245,8 +238,6 @@ class Run:
         train_loss = float(train["loss_sum"]) / float(train["count"])
         stop = rec.end_epoch(epoch, sec, images, train_loss, float(test["correct"]),
                              float(test["count"]), float(test["loss_sum"]))  # fmt: skip
-        if self.is_main and self.report is not None:  # to the parent: the epochs so far
-            self.report.send(("record", rec.result()))
         if cfg.checkpoint_dir:
             if self.is_main:
                 self._save(state, epoch)

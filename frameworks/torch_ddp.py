@@ -20,7 +20,6 @@ Known differences from the other frameworks (BN variance, test loss): docs/fairn
 from __future__ import annotations
 
 from contextlib import nullcontext
-from multiprocessing.connection import Connection
 
 import torch
 import torch.distributed as dist
@@ -37,7 +36,7 @@ from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from common.trainer import run_main, should_log
 from frameworks.profilers import TorchProfiler
-from frameworks.torch_launch import Launch, launch_env, process_group, single_process, spawn
+from frameworks.torch_launch import Launch, launch_env, rendezvous, single_process, spawn
 from frameworks.torch_models import CpuSyncBatchNorm, count_params, create_model
 from frameworks.torch_support import (
     CompileMeter,
@@ -229,7 +228,7 @@ def select_device(launch: Launch) -> torch.device:
 # ---- train: where time is measured ---------------------------------------------------------
 
 
-def train(cfg: Config, report: Connection | None = None) -> dict:
+def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     launch = launch_env()
     if launch is None and cfg.gpus > 1:
@@ -245,11 +244,12 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
     fp32 = use_device_plan(plan)
     # One process group per run: NCCL between GPUs, gloo between CPU processes. Its timeout
     # (--collective-timeout) bounds the rendezvous and every collective.
-    with process_group(plan.process_group, launch, cfg.collective_timeout):
+    dist.init_process_group(**rendezvous(plan.process_group, launch, cfg.collective_timeout))
+    try:
         # The data is sharded here: this rank reads only its contiguous part of every global
         # batch (the sharding DistributedSampler + set_epoch gives, minus padding).
         run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
-                  sync=sync, report=report, barrier=dist.barrier,
+                  sync=sync, barrier=dist.barrier,
                   profiler=TorchProfiler)  # fmt: skip
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = build_model(cfg, run.ds.channels, run.ds.num_classes)
@@ -310,6 +310,8 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
             lambda: canonical_state(state),  # --save-state
             **(compiles.record() if compiled else {}),  # compile_sec, compile_cache
         )
+    finally:
+        dist.destroy_process_group()
 
 
 # ---- main ----------------------------------------------------------------------------------
