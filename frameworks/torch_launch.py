@@ -25,6 +25,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,9 @@ def rendezvous(backend: str, launch: Launch, timeout: float) -> dict[str, Any]:
                 world_size=launch.world, timeout=datetime.timedelta(seconds=timeout))  # fmt: skip
 
 
+RANKS_IGNORE = {signal.SIGINT, signal.SIGHUP}  # a spawned rank's: its parent stops it
+
+
 def spawn(cfg: Config, train: Callable[[Config], dict]) -> dict:
     """Start `cfg.gpus` processes on this node (torch.multiprocessing), each running
     `train(cfg)` as one rank with the environment torchrun would give it, and wait for them.
@@ -96,7 +100,15 @@ def spawn(cfg: Config, train: Callable[[Config], dict]) -> dict:
         Path(cfg.output).unlink(missing_ok=True)
     args = (cfg, train, str(free_port()), os.getpid(), sys.argv)
     logging.getLogger(mp.spawn.__module__).setLevel(logging.ERROR)  # "Terminating process": ours
-    job = mp.start_processes(_rank, args, nprocs=cfg.gpus, join=False, start_method="spawn")
+    # Ctrl-C reaches every process of the group, ranks still importing torch too (a traceback
+    # each): they start with SIGINT and SIGHUP blocked (a mask survives exec) until _rank
+    # ignores them; this process stops them. (The resource tracker unblocks them as it starts.)
+    resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, RANKS_IGNORE)
+    try:
+        job = mp.start_processes(_rank, args, nprocs=cfg.gpus, join=False, start_method="spawn")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
         while not job.join():
             pass
@@ -144,7 +156,7 @@ def spawn(cfg: Config, train: Callable[[Config], dict]) -> dict:
 def _rank(local_rank: int, cfg: Config, train: Callable[[Config], dict], port: str,
           parent: int, argv: list[str]) -> None:  # fmt: skip
     """One rank of a spawned run: dies with its parent (kill -9 leaves no orphan), stops as a
-    trainer does on SIGTERM / SIGINT, and exits non-zero where its run did not end "ok"."""
+    trainer does on SIGTERM, and exits non-zero where its run did not end "ok"."""
     die_with_parent(parent)
     sys.argv = argv  # the record's "command"
     rank, world = str(local_rank), str(cfg.gpus)
@@ -152,6 +164,9 @@ def _rank(local_rank: int, cfg: Config, train: Callable[[Config], dict], port: s
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port)  # fmt: skip
     try:
         with interruptible():
+            for s in RANKS_IGNORE:
+                signal.signal(s, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, RANKS_IGNORE)
             record = train(cfg)
     except Interrupted as exc:
         sys.exit(128 + exc.signum)
