@@ -30,6 +30,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,8 +65,10 @@ class Run:
     devices are GPUs (--pipeline auto then keeps the training set on them). `sync`: waits for
     the framework's queued device work (the timers' boundaries). `pad_to`: test batches padded
     to a multiple of it (static shapes). `device_bytes`: the most training-set bytes the
-    framework's device arrays hold. torch-ddp gives a `barrier` (every rank waits until rank
-    0's checkpoint is on disk). `profiler`: what makes the
+    framework's device arrays hold. torch-ddp's spawned ranks give the parent's `report` pipe
+    (rank 0 sends its record after every epoch: the parent keeps the epochs of a rank 0 that
+    dies) and a `barrier` (every rank waits until rank 0's checkpoint is on disk). `profiler`:
+    what makes the
     framework's profiler (frameworks/profilers.py), which records a few steps under --profile
     (common/profiling.py; `batches` wraps that epoch's batches, the phases become ranges)."""
 
@@ -82,6 +85,7 @@ class Run:
         world: int = 1,
         pad_to: int = 0,
         device_bytes: int = DEVICE_DATA_LIMIT,
+        report: Connection | None = None,
         barrier: Callable[[], Any] | None = None,
         profiler: Callable[[], Profiler] | None = None,
     ):
@@ -89,7 +93,7 @@ class Run:
         check_memory(cfg, gpu, world)  # sizes against memory, before the data and the model
         self.cfg, self.framework, self.packages = cfg, framework, packages
         self.rank, self.world, self.is_main = rank, world, rank == 0
-        self.barrier = barrier
+        self.report, self.barrier = report, barrier
         self.recorder: RunRecorder | None = None
         guard(self._out_of_memory)  # what the estimate let through: stopped, not OOM-killed
         self.log = printer(self.is_main)  # only process 0 prints
@@ -238,6 +242,8 @@ class Run:
         train_loss = float(train["loss_sum"]) / float(train["count"])
         stop = rec.end_epoch(epoch, sec, images, train_loss, float(test["correct"]),
                              float(test["count"]), float(test["loss_sum"]))  # fmt: skip
+        if self.is_main and self.report is not None:  # to the parent: the epochs so far
+            self.report.send(rec.result())
         if cfg.checkpoint_dir:
             if self.is_main:
                 self._save(state, epoch)

@@ -20,6 +20,7 @@ Known differences from the other frameworks (BN variance, test loss): docs/fairn
 from __future__ import annotations
 
 from contextlib import nullcontext
+from multiprocessing.connection import Connection
 
 import torch
 import torch.distributed as dist
@@ -228,7 +229,7 @@ def select_device(launch: Launch) -> torch.device:
 # ---- train: where time is measured ---------------------------------------------------------
 
 
-def train(cfg: Config) -> dict:
+def train(cfg: Config, report: Connection | None = None) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     launch = launch_env()
     if launch is None and cfg.gpus > 1:
@@ -249,7 +250,7 @@ def train(cfg: Config) -> dict:
         # The data is sharded here: this rank reads only its contiguous part of every global
         # batch (the sharding DistributedSampler + set_epoch gives, minus padding).
         run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
-                  sync=sync, barrier=dist.barrier,
+                  sync=sync, report=report, barrier=dist.barrier,
                   profiler=TorchProfiler)  # fmt: skip
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = build_model(cfg, run.ds.channels, run.ds.num_classes)

@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +90,27 @@ def rendezvous(backend: str, launch: Launch, timeout: float) -> dict[str, Any]:
 RANKS_IGNORE = {signal.SIGINT, signal.SIGHUP}  # a spawned rank's: its parent stops it
 
 
-def spawn(cfg: Config, train: Callable[[Config], dict]) -> dict:
-    """Start `cfg.gpus` processes on this node (torch.multiprocessing), each running
-    `train(cfg)` as one rank with the environment torchrun would give it, and wait for them.
+def spawn(cfg: Config, train: Callable[..., dict]) -> dict:
+    """Start `cfg.gpus` processes on this node (torch.multiprocessing), each running `train`
+    as one rank with the environment torchrun would give it, and wait for them.
 
-    Rank 0 writes `--output`, as a run alone does. A rank that dies ends the job: torch stops
-    the others, and the run fails with one line naming the rank and how it died, which the
-    record also says. SIGTERM / SIGINT: the ranks are stopped, rank 0 records "interrupted"."""
+    Rank 0 writes `--output`, as a run alone does, and sends its record after every epoch
+    (`report`). A rank that dies ends the job: torch stops the others, and the run fails with
+    one line naming the rank and how it died, which the record (the epochs rank 0 measured)
+    also says. SIGTERM / SIGINT: the ranks are stopped, rank 0 records "interrupted"."""
     if cfg.output:  # rank 0 writes it: a record here after the run is this run's
         Path(cfg.output).unlink(missing_ok=True)
-    args = (cfg, train, str(free_port()), os.getpid(), sys.argv)
+    reports, report = mp.get_context("spawn").Pipe(duplex=False)
+    reported: list[dict] = []  # rank 0's record after each epoch
+
+    def read() -> None:
+        while reports.poll():
+            try:
+                reported[:] = [reports.recv()]
+            except EOFError:
+                return
+
+    args = (cfg, train, report, str(free_port()), os.getpid(), sys.argv)
     logging.getLogger(mp.spawn.__module__).setLevel(logging.ERROR)  # "Terminating process": ours
     # Ctrl-C reaches every process of the group, ranks still importing torch too (a traceback
     # each): they start with SIGINT and SIGHUP blocked (a mask survives exec) until _rank
@@ -109,9 +121,10 @@ def spawn(cfg: Config, train: Callable[[Config], dict]) -> dict:
         job = mp.start_processes(_rank, args, nprocs=cfg.gpus, join=False, start_method="spawn")
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        report.close()  # the ranks hold it
     try:
-        while not job.join():
-            pass
+        while not job.join(1.0):
+            read()
     except Interrupted as exc:
         shield_interrupts()  # a scheduler signals every process of the job
         for proc in job.processes:
@@ -132,29 +145,32 @@ def spawn(cfg: Config, train: Callable[[Config], dict]) -> dict:
         if code < 0:
             error = f"rank {rank} (pid {pid}) was killed by {signal.Signals(-code).name}"
         elif isinstance(exc, mp.ProcessRaisedException):
-            trace = str(exc).strip()
-            if trace.count("Traceback") > 1 or "RunFailed:" not in trace.splitlines()[-1]:
-                print(trace, file=sys.stderr)  # a crash: its traceback (a failed run: its line)
+            if str(exc).count("Traceback") > 1:  # a crash in the loop (RunFailed from it)
+                print(str(exc).strip(), file=sys.stderr)  # its traceback, as a run alone's
             error = f"rank {rank}: {describe(exc)}"
         else:
             error = f"rank {rank} (pid {pid}) exited with {code}"
-        if not (cfg.output and os.path.exists(cfg.output)):  # run_main writes the record
+        read()
+        written = bool(cfg.output) and os.path.exists(cfg.output)
+        if not (written or reported):  # run_main writes the record
             if code < 0 or not isinstance(exc, mp.ProcessRaisedException):
                 raise RuntimeError(error) from None
             raise  # what the rank raised (bad input found in a rank: exit 2)
-        record = json.loads(Path(cfg.output).read_text())  # rank 0's: the epochs measured
-        if rank != 0 or record["status"] in ("ok", "interrupted"):  # rank 0's error: an echo
+        record = json.loads(Path(cfg.output).read_text()) if written else reported[0]
+        if not written or rank != 0 or record["status"] in ("ok", "interrupted"):  # an echo
             record.update(status="failed", error=error)
-            write_json_atomic(cfg.output, record)
+            if cfg.output:
+                write_json_atomic(cfg.output, record)
         raise RunFailed(record["error"]) from None
     finally:
+        reports.close()
         for name in job.error_files:  # torch's (left where a rank raised)
             Path(name).unlink(missing_ok=True)
     return json.loads(Path(cfg.output).read_text()) if cfg.output else {"status": "ok"}
 
 
-def _rank(local_rank: int, cfg: Config, train: Callable[[Config], dict], port: str,
-          parent: int, argv: list[str]) -> None:  # fmt: skip
+def _rank(local_rank: int, cfg: Config, train: Callable[..., dict], report: Connection,
+          port: str, parent: int, argv: list[str]) -> None:  # fmt: skip
     """One rank of a spawned run: dies with its parent (kill -9 leaves no orphan), stops as a
     trainer does on SIGTERM, and exits non-zero where its run did not end "ok"."""
     die_with_parent(parent)
@@ -167,7 +183,7 @@ def _rank(local_rank: int, cfg: Config, train: Callable[[Config], dict], port: s
             for s in RANKS_IGNORE:
                 signal.signal(s, signal.SIG_IGN)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, RANKS_IGNORE)
-            record = train(cfg)
+            record = train(cfg, report=report)
     except Interrupted as exc:
         sys.exit(128 + exc.signum)
     if record.get("status") != "ok":
