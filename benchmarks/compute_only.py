@@ -34,7 +34,6 @@ import numpy as np
 from benchmarks import harness
 from common import devices
 from common.config import FRAMEWORKS, Config, ConfigError, image_side
-from common.launch_env import check_launch_env
 from common.runtime import (
     cpu_threads,
     free_port,
@@ -521,7 +520,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        check_launch_env()  # before any work: RANK, JAX_*, cache dirs, DPBENCH_* (one line)
         check_installed(family_of(ns.framework))
         harness.check_options(ns)
         if ns.steps < 1 or ns.warmup < 1 or ns.batch_size < 1 or ns.interleave < 0:

@@ -63,7 +63,6 @@ from common.config import (
     preset,
 )
 from common.devices import CHOICES as DEVICE_CHOICES
-from common.launch_env import check_launch_env
 from common.runtime import (
     ENTRY_POINTS,
     MIN_FREE_BYTES,
@@ -784,8 +783,7 @@ def run_tool(
     _STOPPED_BY[0] = signal.SIGINT
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _interrupt)}
     try:
-        try:  # before any work: RANK, JAX_*, cache dirs, DPBENCH_* (common/launch_env.py)
-            check_launch_env()
+        try:
             plan = make_plan(args)
             for out, marker in _CLAIMS:
                 locks.append((claim(out, marker), out))

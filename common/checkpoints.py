@@ -26,9 +26,8 @@ from typing import Any
 from common.config import Config, check_same_run, data_dims
 from common.errors import ConfigError, WriteFailed, first_line
 from common.init import parameter_spec, state_bytes
-from common.launch_env import process_rank
 from common.results import RunRecorder, versions, write_json_atomic
-from common.runtime import atomic_write_bytes, remove_stale_temp_files
+from common.runtime import atomic_write_bytes, process_rank, remove_stale_temp_files
 from common.safe_io import open_regular, read_regular, regular_file, weights_problem
 from common.sealed import SEAL_BYTES, machine_key, seal, seal_arrays, seal_json, unseal, unseal_json
 

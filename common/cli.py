@@ -17,7 +17,6 @@ from typing import Any, NoReturn
 from common import devices
 from common.config import PRESETS, Config, preset
 from common.errors import ConfigError
-from common.launch_env import check_launch_env
 from common.memory import check_machine
 from common.runtime import ENTRY_POINTS, module_command
 
@@ -141,7 +140,6 @@ def parse_args(argv: Sequence[str] | None, framework: str, prog: str | None = No
     parser = build_parser(prog)
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        check_launch_env()  # before any work: RANK, JAX_*, cache dirs, DPBENCH_* (one line)
         return resolved(ns, framework)
     except ConfigError as exc:
         parser.error(str(exc))

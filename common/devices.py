@@ -58,7 +58,7 @@ def user_env() -> dict[str, str | None]:
     """CUDA_VISIBLE_DEVICES and JAX_PLATFORMS as the user set them (None: unset), also in a
     process started after `pin` changed them."""
     saved = os.environ.get(SAVED_ENV)
-    if saved and saved_env_ok(saved):  # (a bad value is refused by common/launch_env.py)
+    if saved and saved_env_ok(saved):  # (a value not of `pin`'s making: ignored)
         return dict(json.loads(saved))
     return {k: os.environ.get(k) for k in USER_ENV}
 

@@ -63,8 +63,9 @@ class Run:
     the framework's queued device work (the timers' boundaries). `pad_to`: test batches padded
     to a multiple of it (static shapes). `device_bytes`: the most training-set bytes the
     framework's device arrays hold. torch-ddp's spawned ranks give the parent's `report` pipe
-    (rank 0 sends its record after every epoch, and the parent writes --output) and a `barrier`
-    (every rank waits until rank 0's checkpoint is on disk). `profiler`: what makes the
+    (rank 0 sends its record after every epoch: the parent keeps the epochs of a rank 0 that
+    dies) and a `barrier` (every rank waits until rank 0's checkpoint is on disk). `profiler`:
+    what makes the
     framework's profiler (frameworks/profilers.py), which records a few steps under --profile
     (common/profiling.py; `batches` wraps that epoch's batches, the phases become ranges)."""
 
@@ -151,8 +152,6 @@ class Run:
         rec.threads, rec.execution, rec.float32_precision = threads, execution, precision
         rec.ran = dict(ran)
         rec.pipeline = pipeline_record(self.loader.on_device)
-        if self.report is not None:  # a spawned rank: the parent writes --output
-            rec.output = ""
         self.recorder = rec
         return rec
 
@@ -194,9 +193,9 @@ class Run:
         """Around the epoch loop: a crash keeps the epochs measured so far in a "failed"
         record; a rank of a multi-process run then exits, so that the others are stopped."""
         assert self.recorder is not None
-        report = self.report
-        to_parent = None if report is None else lambda tb: report.send(("traceback", tb))
-        with keep_measured_epochs(self.recorder, reraise=self.world > 1, on_traceback=to_parent):
+        # One line per rank of several (no traceback): a rank's crash is often another's echo
+        quiet = None if self.world == 1 else lambda traceback: None
+        with keep_measured_epochs(self.recorder, reraise=self.world > 1, on_traceback=quiet):
             try:
                 yield
             finally:
@@ -226,7 +225,7 @@ class Run:
         stop = rec.end_epoch(epoch, sec, images, train_loss, float(test["correct"]),
                              float(test["count"]), float(test["loss_sum"]))  # fmt: skip
         if self.is_main and self.report is not None:  # to the parent: the epochs so far
-            self.report.send(("record", rec.result()))
+            self.report.send(rec.result())
         if cfg.checkpoint_dir:
             if self.is_main:
                 self._save(state, epoch)

@@ -216,22 +216,13 @@ def env_int(name: str, default: int, minimum: int = 0) -> int:
     return value
 
 
-def stale_launch_env() -> str | None:
-    """Why the SLURM variables of this environment do not describe a launch of this process
-    (None: they do, or there are none). srun gives every task SLURM_PROCID and SLURM_STEP_ID;
-    SLURM_NTASKS > 1 without them (a salloc shell, variables copied from another job) would make
-    the run wait for tasks that never start."""
-    env = os.environ
-    ntasks = env_int("SLURM_NTASKS", 1)
-    if ntasks <= 1:
-        return None
-    if "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
-        return None
-    return (
-        f"SLURM_NTASKS={ntasks} is set but this process was not started by srun (no "
-        "SLURM_PROCID/SLURM_STEP_ID): start it with srun, or `unset SLURM_NTASKS` for a run "
-        "on this machine alone"
-    )
+def process_rank() -> int:
+    """This process's rank from the launcher's environment (torchrun, jax.distributed, SLURM);
+    0 when none is set. Used where the framework has not started yet (failure records)."""
+    for var in ("RANK", "JAX_PROCESS_ID", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
 
 
 def printer(is_main: bool) -> Callable[..., None]:

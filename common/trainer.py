@@ -32,10 +32,9 @@ from common.checkpoints import lock_checkpoint_dir
 from common.config import Config
 from common.errors import BAD_INPUT, RunFailed, WriteFailed
 from common.interrupts import Interrupted, interruptible
-from common.launch_env import process_rank
 from common.preflight import check_outputs
 from common.results import RunRecorder
-from common.runtime import stop_with_harness
+from common.runtime import process_rank, stop_with_harness
 
 
 def prog_name(framework: str) -> str:

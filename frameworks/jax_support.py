@@ -3,7 +3,7 @@ state, the Optax optimiser, the loss, prefetching to the devices and the device 
 evaluation, checkpoint I/O, the XLA and compilation-cache set-up, device selection, and a run's
 set-up around the trainer's own functions (`start_run`). The trainers keep their model, state,
 step, mesh, parallel transform and epoch loop: what differs between pmap, jit+sharding and
-shard_map. Joining a multi-process run: frameworks/jax_launch.py."""
+shard_map. Joining a multi-process run: `setup_process`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +49,7 @@ from common.run import Run
 from common.runtime import (
     available_cores,
     check_xla_flags,
+    env_int,
     simulate_host_devices,
     threads_record,
     use_xla_cpu_ynn,
@@ -56,7 +58,7 @@ from common.runtime import (
 )
 from common.schedule import lr_table_for
 from common.timing import PhaseTimer
-from frameworks.jax_launch import gave_up_joining, init_distributed
+from common.trainer import failure_record, prog_name
 from frameworks.jax_models import compute_dtype, count_params, decay_mask
 from frameworks.profilers import JaxProfiler
 
@@ -409,10 +411,38 @@ def setup_xla(cfg: Config) -> None:
 def setup_process(cfg: Config) -> None:
     """What a JAX trainer's process does before JAX starts: `setup_xla` (simulated devices,
     XLA:CPU's kernels), then the persistent compilation cache on (or off), then joining a
-    multi-process run if one is configured (jax_launch.py)."""
+    multi-process run if the launch environment asks for one: JAX_COORDINATOR_ADDRESS=host:port
+    with JAX_NUM_PROCESSES and JAX_PROCESS_ID (one process per host, all its devices), or srun's
+    SLURM_NTASKS > 1 (JAX's own cluster detection: one task per GPU, its SLURM_LOCALID)."""
     setup_xla(cfg)
     use_compile_cache(cfg)
-    init_distributed(cfg.collective_timeout, lambda why: gave_up_joining(cfg, why))
+    coordinator = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if not coordinator and env_int("SLURM_NTASKS", 1) <= 1:
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes
+    # XLA ends a process whose peers never join with SIGABRT and no record: before it does,
+    # `gave_up_joining` writes this process's failed record, one line, exit 1.
+    timeout = cfg.collective_timeout
+    why = (f"the JAX processes did not all join within {timeout:g} s (--collective-timeout): "
+           "start every one of them, with the same JAX_COORDINATOR_ADDRESS")  # fmt: skip
+    watchdog = threading.Timer(timeout, gave_up_joining, (cfg, why))
+    watchdog.daemon = True
+    watchdog.start()
+    n, i = (env_int(name, -1) for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID"))  # -1: unset
+    jax.distributed.initialize(coordinator, num_processes=None if n < 0 else n,
+                               process_id=None if i < 0 else i,
+                               initialization_timeout=int(timeout) + 30)  # fmt: skip
+    watchdog.cancel()
+
+
+def gave_up_joining(cfg: Config, why: str) -> None:
+    """The processes did not all join: one line, this process's failed record (it never joined
+    the others, so it writes its own), exit 1, now (XLA holds the main thread)."""
+    print(f"{prog_name(cfg.framework)}: failed: {why}", file=sys.stderr, flush=True)
+    try:
+        failure_record(cfg, why, ("jax", "jaxlib", "flax", "optax"), alone=True)
+    finally:
+        os._exit(1)
 
 
 def use_compile_cache(cfg: Config) -> str | None:

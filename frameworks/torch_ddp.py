@@ -37,7 +37,7 @@ from common.schedule import lr_table_for
 from common.timing import PhaseTimer
 from common.trainer import run_main, should_log
 from frameworks.profilers import TorchProfiler
-from frameworks.torch_launch import Launch, launch_env, process_group, single_process, spawn
+from frameworks.torch_launch import Launch, launch_env, rendezvous, single_process, spawn
 from frameworks.torch_models import CpuSyncBatchNorm, count_params, create_model
 from frameworks.torch_support import (
     CompileMeter,
@@ -245,7 +245,8 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
     fp32 = use_device_plan(plan)
     # One process group per run: NCCL between GPUs, gloo between CPU processes. Its timeout
     # (--collective-timeout) bounds the rendezvous and every collective.
-    with process_group(plan.process_group, launch, cfg.collective_timeout):
+    dist.init_process_group(**rendezvous(plan.process_group, launch, cfg.collective_timeout))
+    try:
         # The data is sharded here: this rank reads only its contiguous part of every global
         # batch (the sharding DistributedSampler + set_epoch gives, minus padding).
         run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
@@ -310,6 +311,8 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
             lambda: canonical_state(state),  # --save-state
             **(compiles.record() if compiled else {}),  # compile_sec, compile_cache
         )
+    finally:
+        dist.destroy_process_group()
 
 
 # ---- main ----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""torch-ddp on CPU (gloo): evaluation at any process count, torchrun on two "nodes", launcher
-environments, --bn local's per-rank BN statistics.
+"""torch-ddp on CPU (gloo): evaluation at any process count, --bn local's per-rank BN
+statistics (launching its ranks, torchrun: tests/trainers/test_launch.py).
 The N-process step = 1-process step and the phase-timed step = the DDP step, kill-and-resume
 (the same trajectory from one seed, bitwise), bad input, failures:
 tests/trainers/test_contract.py."""
@@ -95,46 +95,6 @@ def test_evaluation_identical_at_1_and_3_processes(tmp_path):
         )
 
 
-def test_torchrun_two_nodes_one_process_each_on_loopback(tmp_path):
-    port = free_port()
-    out = tmp_path / "rec.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    procs = [
-        subprocess.Popen(
-            [
-                str(ROOT / ".venv" / "bin" / "torchrun"),
-                "--nnodes=2",
-                "--nproc-per-node=1",
-                f"--node-rank={node}",
-                f"--rdzv-endpoint=127.0.0.1:{port}",
-                "-m",
-                MODULE,
-                *SMALL,
-                "--epochs",
-                "1",
-                "--max-steps-per-epoch",
-                "2",
-                "--output",
-                str(out),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for node in (0, 1)
-    ]
-    results = [p.communicate(timeout=300) for p in procs]
-    for p, (stdout, stderr) in zip(procs, results):
-        assert p.returncode == 0, stdout + stderr[-4000:]
-    rec = read_json(out)
-    assert rec["status"] == "ok" and rec["devices"] == 2
-    assert rec["config"]["gpus"] == 2  # the launcher's world size, not --gpus
-    assert rec["test_examples"] == 10
-    assert results[1][0].strip() == ""  # only rank 0 prints
-
-
 def test_nesterov_without_momentum_is_the_parsers_one_line():
     # (Bad input in general, and start-up failures: tests/trainers/test_contract.py.)
     bad = run("--nesterov", "--momentum", "0")
@@ -142,42 +102,6 @@ def test_nesterov_without_momentum_is_the_parsers_one_line():
     assert bad.stderr.strip().splitlines() == [
         "python -m frameworks.torch_ddp: error: --nesterov needs --momentum > 0 (see --help)"
     ]
-
-
-def test_launcher_environments(monkeypatch):
-    from common.config import ConfigError
-    from frameworks.torch_launch import Launch, launch_env
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        env.pop(var, None)
-    monkeypatch.setattr(os, "environ", env)  # launch_env writes RANK etc.: keep it in here
-    assert launch_env() is None  # plain `python -m`: --gpus spawns the processes
-    env.update(RANK="", WORLD_SIZE="")
-    assert launch_env() is None  # empty is unset (was a world of 1 waiting at None:None)
-    del env["RANK"], env["WORLD_SIZE"]
-    env.update(SLURM_PROCID="0", SLURM_NTASKS="1")
-    assert launch_env() is None  # a 1-task SLURM job is not a multi-process launch
-    env.update(SLURM_PROCID="5", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_NTASKS_PER_NODE="4(x2)")
-    with pytest.raises(ConfigError, match="not started by srun"):
-        launch_env()  # no SLURM_STEP_ID: stale variables (a salloc shell), not an srun task
-    env.update(SLURM_STEP_ID="0")
-    with pytest.raises(ConfigError, match="MASTER_ADDR"):
-        launch_env()
-    env.update(MASTER_ADDR="no-such-host.invalid", MASTER_PORT="29500")
-    with pytest.raises(ConfigError, match="does not resolve"):
-        launch_env()
-    env.update(MASTER_ADDR="127.0.0.1")
-    assert launch_env() == Launch(rank=5, world=8, local_rank=1, local_world=4)
-    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("5", "8", "1")  # for env://
-    env.clear()
-    env.update(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")  # torchrun's
-    assert launch_env() == Launch(rank=3, world=4, local_rank=1, local_world=2)
-    env.update(MASTER_ADDR="no-such-host.invalid", MASTER_PORT="29500")  # at once, not after
-    with pytest.raises(ConfigError, match="does not resolve; a stale value"):  # the timeout
-        launch_env()
-    env.update(MASTER_ADDR="localhost")
-    assert launch_env() == Launch(rank=3, world=4, local_rank=1, local_world=2)
 
 
 if __name__ == "__main__":
