@@ -74,7 +74,6 @@ from common.runtime import (
     cpu_threads,
     unwritable,
 )
-from common.safe_io import read_regular
 
 PYTHON_ENV = "DPBENCH_PYTHON_{}"
 TOOL = "python -m benchmarks.{}"  # how each runner is started (the analysis tools: prog=)
@@ -1105,12 +1104,10 @@ RECORD_LIMIT = 64 << 20  # a run record or a config.json: far above any the tool
 def read_json_file(
     path: Path, what: str, fix: str, limit: int = RECORD_LIMIT, schema: Any = object
 ) -> Any:
-    """The JSON in `path`, read only if it is a regular file (links followed) of at most
-    `limit` bytes (common/safe_io.py): a FIFO, a device or an oversized file is UsageError at
-    once, not a hang or a read of gigabytes. JSON a reader cannot use (nesting, a number out of
+    """The JSON in `path`. JSON a reader cannot use (nesting, a number out of
     range, a field not of `schema`'s type: common/json_input.py) is UsageError naming the file
     and the field. OSError (missing) and ValueError (no JSON) pass."""
-    raw = read_regular(path, limit, what, fix, UsageError)
+    raw = Path(path).read_bytes()
     try:
         return json_input.load(raw, schema, f"{what} {path}".strip())
     except json_input.Refused as exc:

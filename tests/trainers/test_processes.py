@@ -6,14 +6,13 @@ a resume, a stuck rank is named, and nothing is left behind.
   scancel or the harness sends it): the record says "interrupted", nothing is left running;
   SIGTERM / SIGINT in a trainer: its epochs are kept as "interrupted";
 - a SIGSTOPped rank: the run fails after --collective-timeout, naming the stopped rank;
-- `--checkpoint-dir` is locked: a second run on it is refused (one line, exit 2);
-- `--resume` with other hyper-parameters, or `--epochs` below the checkpoint's epoch: refused;
-  a resumed record keeps every epoch's LR, counts its epochs right, and times no warm-up epoch;
 - stale SLURM / MASTER_ADDR variables: one line instead of a hang;
 - the harness kills its children's process groups on SIGHUP, and a trainer whose harness is
   killed -9 stops itself.
 
-Each mechanism is also shown to matter: the same check run with it disabled (injected) fails.
+Resume (the checkpoint directory's lock, a checkpoint of another run, a resumed record):
+tests/trainers/test_resume.py. Each mechanism is also shown to matter: the same check run with
+it disabled (injected) fails.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ import pytest
 
 from common.config import ConfigError, preset
 from common.runtime import process_state
-from tests.conftest import MAIN_PYTHON, ROOT, SMOKE, ok, one_line_error, read_json, run_trainer
+from tests.conftest import MAIN_PYTHON, ROOT, SMOKE, one_line_error, read_json, run_trainer
 
 PY = str(MAIN_PYTHON)
 # torch-ddp at 2 CPU processes on the smoke preset, running long enough to be cancelled.
@@ -432,112 +431,6 @@ with interrupts.interruptible():
     threading.Thread(target=lambda: (pool.terminate(), done.set()), daemon=True).start()
     print("terminated" if done.wait(30) else "pool.terminate() did not return", flush=True)
 """
-
-
-# ---- one run per checkpoint directory -------------------------------------------------------
-
-
-def test_a_second_run_on_a_locked_checkpoint_dir_is_refused(tmp_path, monkeypatch):
-    from common.checkpoints import lock_checkpoint_dir
-
-    cfg = preset("smoke", checkpoint_dir=str(tmp_path / "ck"), resume=True)
-    held = lock_checkpoint_dir(cfg)
-    try:
-        with pytest.raises(ConfigError, match=f"in use by another run \\(pid {os.getpid()} "):
-            lock_checkpoint_dir(cfg)
-        out = tmp_path / "run.json"
-        bad = run_trainer(
-            "torch-dp", *SMOKE, "--checkpoint-dir", str(tmp_path / "ck"), "--resume",
-            "--output", str(out),
-        )  # fmt: skip
-        one_line_error(bad, "is in use by another run", "use another --checkpoint-dir")
-        assert not out.exists() and sorted(p.name for p in (tmp_path / "ck").iterdir()) == [".lock"]
-        import fcntl
-
-        monkeypatch.setattr(fcntl, "flock", lambda *a: None)  # injected: no lock at all
-        lock_checkpoint_dir(cfg).close()  # the race the lock prevents goes unnoticed
-    finally:
-        held.close()
-    lock_checkpoint_dir(cfg).close()  # released: the next run may take it
-
-
-# ---- resume: same run, true records ---------------------------------------------------------
-
-
-def test_resume_refuses_other_hyper_parameters_and_fewer_epochs(tmp_path):
-    from common.checkpoints import CHECKPOINT_FORMAT, check_resume
-
-    ck = tmp_path / "ck.pt"
-    ck.write_text("")
-    base = preset("smoke", checkpoint_dir=str(tmp_path), resume=True, epochs=4)
-    saved = json.loads(json.dumps(base.to_dict()))  # as a JSON checkpoint keeps it: lists
-    rows = [{"epoch": e, "images": 96} for e in (1, 2)]  # 4 steps of 24 per epoch
-    meta = {"format": CHECKPOINT_FORMAT, "config": saved, "epoch": 2, "step": 8,
-            "recorder": {"epochs": rows}}  # fmt: skip
-    check_resume(base, ck, lambda p, limit: meta)  # the same run (tuples as lists): accepted
-    check_resume(base.replace(epochs=7), ck, lambda p, limit: meta)  # constant: may grow
-    for change, flag in [
-        (dict(lr=0.5), "--lr 0.05 (now 0.5)"),
-        (dict(momentum=0.0), "--momentum"),
-        (dict(weight_decay=0.0), "--weight-decay"),
-        (dict(lr_schedule="step"), "--lr-schedule"),
-        (dict(warmup_epochs=1.0), "--warmup-epochs"),
-        (dict(label_smoothing=0.1), "--label-smoothing"),
-        (dict(max_steps_per_epoch=1), "--max-steps-per-epoch"),
-        (dict(batch_size=48, lr_base_batch=48), "--batch-size"),
-        (dict(gpus=2), "--gpus 1 (now 2)"),  # the record would mix two device counts' timings
-        (dict(precision="bf16"), "--precision"),
-        (dict(prefetch=3), "--prefetch"),
-        (dict(framework="jax-shard"), "--framework"),
-    ]:
-        with pytest.raises(ConfigError, match=f"is from another run: .*{re.escape(flag)}"):
-            check_resume(base.replace(**change), ck, lambda p, limit: meta)
-    with pytest.raises(
-        ConfigError, match="after epoch 2 but --epochs is 1; resume with --epochs 2"
-    ):
-        check_resume(base.replace(epochs=1), ck, lambda p, limit: meta)
-    cosine = base.replace(lr_schedule="cosine")
-    cos_meta = {**meta, "config": {**saved, "lr_schedule": "cosine"}}
-    check_resume(cosine, ck, lambda p, limit: cos_meta)
-    with pytest.raises(ConfigError, match="--epochs 4 \\(now 6\\)"):  # cosine spans --epochs
-        check_resume(cosine.replace(epochs=6), ck, lambda p, limit: cos_meta)
-
-
-def test_a_resumed_record_is_true(tmp_path, capsys):
-    """torch-dp runs 2 epochs, then a resume with --epochs 1 is refused (one line, nothing
-    written), then one with --epochs 3 ends with a record that counts 3 epochs, keeps every
-    epoch's LR (a step schedule, read from the schedule) and times neither process's first
-    epoch. The trainings run in processes of their own (tests/trainers/test_resume_checks.py's
-    torch_ckpt says why); the refusal, which trains nothing, in-process."""
-    from common.schedule import lr_table_for
-    from frameworks.torch_dp import main
-
-    ck, out = str(tmp_path / "ck"), tmp_path / "run.json"
-    sched = ("--lr-schedule", "step", "--lr-step-epochs", "1,2", "--lr-step-factor", "0.5")
-    args = [*SMOKE, *sched, "--checkpoint-dir", ck, "--output", str(out)]
-    ok(run_trainer("torch-dp", *args, "--epochs", "2"))
-    first = read_json(out)
-    files = lambda: {p.name: p.stat().st_mtime_ns for p in Path(ck).iterdir() if p.name != ".lock"}  # noqa: E731
-    before = files()
-    capsys.readouterr()
-    assert main([*args, "--epochs", "1", "--resume"]) == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "is after epoch 2 but --epochs is 1; resume with --epochs 2 or more" in line
-    assert read_json(out) == first  # nothing written, the checkpoint untouched
-    assert files() == before
-    ok(run_trainer("torch-dp", *args, "--epochs", "3", "--resume"))
-    rec = read_json(out)
-    assert rec["config"]["epochs"] == 3 and [e["epoch"] for e in rec["epochs"]] == [1, 2, 3]
-    assert rec["epochs"][:2] == first["epochs"]  # the first process's rows, kept as they were
-    assert [e["timed"] for e in rec["epochs"]] == [False, True, False]
-    assert rec["sec_per_epoch"] == pytest.approx(rec["epochs"][1]["sec"])
-    cfg = preset("smoke", lr_schedule="step", lr_step_epochs=(1, 2), lr_step_factor=0.5)
-    steps = rec["epochs"][0]["images"] // cfg.batch_size
-    table = lr_table_for(cfg.replace(epochs=3), steps)
-    assert [e["lr"] for e in rec["epochs"]] == pytest.approx([0.05, 0.025, 0.0125])
-    for e in rec["epochs"]:
-        assert e["lr"] == pytest.approx(table[(e["epoch"] - 1) * steps])
-        assert e["lr_last"] == pytest.approx(table[e["epoch"] * steps - 1])
 
 
 # ---- stale launch variables -----------------------------------------------------------------
