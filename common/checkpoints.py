@@ -7,8 +7,9 @@ and reads its own format through these, and hands its trainers one `Checkpoints`
   count, device kind, library versions) or past `--epochs` is refused with one line before any
   work.
 - `write_checkpoint` / `read_checkpoint`: the file and the sha256 of its content, in one atomic
-  write; the digest is checked before anything is loaded, so a file cut short or with flipped
-  bytes is one line (exit 2). A full disk is one line too (`writing_checkpoint`).
+  write (MXNet's JSON index: `write_index` / `read_index`, the digest of its fields); the digest
+  is checked before anything is loaded, so a file cut short or with flipped bytes is one line
+  (exit 2). A full disk is one line too (`writing_checkpoint`).
 - `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir` (an exclusive flock held for
   the whole process); a second is refused with one line.
 - `save_final_state` / `load_saved_state`: `--save-state`, the final weights as one .npz whose
@@ -38,7 +39,7 @@ from common.config import Config, check_same_run
 from common.errors import ConfigError, WriteFailed, first_line
 from common.init import digest
 from common.launch_env import process_rank
-from common.results import RunRecorder, versions
+from common.results import RunRecorder, versions, write_json_atomic
 from common.runtime import atomic_write_bytes, remove_stale_temp_files
 
 CHECKPOINT_FORMAT = 2  # what checkpoint_meta writes; a checkpoint without it predates the checks
@@ -127,7 +128,7 @@ def sha256_hex(data: bytes) -> str:
 
 
 def write_checkpoint(path: Path, payload: bytes) -> None:
-    """A checkpoint file: `payload` (torch's .pt, JAX's .msgpack, MXNet's index) and its sha256,
+    """A checkpoint file: `payload` (torch's .pt, JAX's .msgpack) and its sha256,
     in one atomic write; a full disk is one line, no temp file left."""
     with writing_checkpoint(path):
         atomic_write_bytes(path, payload + DIGEST + sha256_hex(payload).encode() + b"\n")
@@ -147,12 +148,41 @@ def read_checkpoint(path: Path) -> bytes:
 
 
 def check_digest(path: Path, want: Any) -> None:
-    """A file a checkpoint names (MXNet's weights and optimiser states) has the sha256 `want`."""
+    """A file a checkpoint index names (MXNet's weights and optimiser states) has the sha256
+    `want`."""
     if sha256_hex(Path(path).read_bytes()) != want:
         raise ConfigError(
             f"cannot read checkpoint {path} (damaged: its content does not match the sha256 "
             f"its index holds); {CHECKPOINT_FIX}"
         )
+
+
+def json_digest(obj: dict[str, Any]) -> str:
+    """sha256 of `obj` without its "sha256" field, as canonical JSON."""
+    rest = {k: v for k, v in obj.items() if k != "sha256"}
+    return sha256_hex(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode())
+
+
+def write_index(path: Path, obj: dict[str, Any]) -> None:
+    """A checkpoint index (MXNet's: JSON, the files it names and the metadata) with the sha256
+    of its fields, in one atomic write."""
+    with writing_checkpoint(path):
+        write_json_atomic(path, {**obj, "sha256": json_digest(obj)})
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """A `write_index` file once its fields match its sha256, else one line (exit 2)."""
+    try:
+        obj = json.loads(Path(path).read_bytes())
+        intact = isinstance(obj, dict) and obj.get("sha256") == json_digest(obj)
+    except ValueError:
+        intact = False
+    if not intact:
+        raise ConfigError(
+            f"cannot read checkpoint {path} (damaged or cut short: its fields do not match the "
+            f"sha256 written with them); {CHECKPOINT_FIX}"
+        )
+    return obj
 
 
 def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:

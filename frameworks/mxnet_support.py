@@ -18,7 +18,6 @@ OpenMP thread count, which MXNet reads once, when it is loaded.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +31,11 @@ from common.checkpoints import (
     Checkpoints,
     check_digest,
     checkpoint_meta,
-    read_checkpoint,
+    read_index,
     reading_checkpoint,
     restore_meta,
     sha256_hex,
-    write_checkpoint,
+    write_index,
     writing_checkpoint,
 )
 from common.config import Config, ConfigError
@@ -263,7 +262,7 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
     write that fails (a full disk) removes this epoch's files, so that none is left that no
     index names, and is one line (`writing_checkpoint`). Both files are MXNet's NDArray
     format (`mx.nd.save`), never a pickle: `--resume` reads nothing that can run code. The
-    index holds the sha256 of each file, and its own (common/checkpoints.write_checkpoint)."""
+    index holds the sha256 of each file and of its own fields (common/checkpoints.py)."""
     index = checkpoint_path(cfg)
     tag = f"{cfg.framework}-epoch{epoch + 1}"
     # Context 0's copy of the (identical) replicas, in save_parameters' format. Gluon's own
@@ -285,7 +284,7 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
                 atomic_write_with(f, lambda tmp, a=arrays: mx.nd.save(tmp, a))  # type: ignore[misc]
             named = {key: f.name for key, f in zip(("params", "states"), files)}
             digests = {f"{key}_sha256": sha256_hex(f.read_bytes()) for key, f in zip(named, files)}
-            write_checkpoint(index, json.dumps({**named, **digests, **meta}, indent=1).encode())
+            write_index(index, {**named, **digests, **meta})
     except BaseException:  # the index still names the last complete checkpoint's files
         for f in new:
             f.unlink(missing_ok=True)
@@ -396,7 +395,7 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
 def checkpoint_meta_of(path: Path) -> dict[str, Any]:
     """The metadata saved in a checkpoint's index: config, epoch ... (for check_resume), once
     the index and the weights and optimiser files it names match their sha256."""
-    ckpt = json.loads(read_checkpoint(path))
+    ckpt = read_index(path)
     for key in ("params", "states"):
         check_digest(path.with_name(ckpt[key]), ckpt[f"{key}_sha256"])
     return ckpt

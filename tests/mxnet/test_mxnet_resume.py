@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SMOKE, one_line_error, payload, run_trainer
+from tests.conftest import SMOKE, one_line_error, run_trainer
 
 INDEX = "mxnet-gluon.json"
 
@@ -23,7 +23,7 @@ def test_a_damaged_checkpoint_is_one_line_and_nothing_trained(
     ck = tmp_path / "ck"
     shutil.copytree(mxnet_ckpt, ck)
     index = ck / INDEX
-    path = index if what == "index" else ck / json.loads(payload(index))[what]
+    path = index if what == "index" else ck / json.loads(index.read_text())[what]
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x10
     path.write_bytes(bytes(data))
