@@ -1,19 +1,14 @@
-"""What every framework's checkpoint holds besides its tensors, and how a checkpoint file is
-written, read and checked: the same in every trainer (each framework's support module writes
-and reads its own format through these, and hands its trainers one `Checkpoints`).
+"""What every framework's checkpoint holds besides its tensors, and how it is written, read and
+checked; each framework's support module hands its trainers one `Checkpoints`.
 
-- `checkpoint_meta` / `restore_meta`: its format, epoch, step, the recorder's state, the config,
-  how the run executed; `check_resume`: a checkpoint of another run (other settings, device
-  count, device kind, library versions) or past `--epochs` is refused with one line before any
-  work.
-- `write_checkpoint` / `read_checkpoint`: the file and the sha256 of its content, in one atomic
-  write (MXNet's JSON index: `write_index` / `read_index`, the digest of its fields); the digest
-  is checked before anything is loaded, so a file cut short or with flipped bytes is one line
-  (exit 2). A full disk is one line too (`writing_checkpoint`).
-- `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir` (an exclusive flock held for
-  the whole process); a second is refused with one line.
-- `save_final_state` / `load_saved_state`: `--save-state`, the final weights as one .npz whose
-  zip comment holds the sha256 of its arrays.
+- `checkpoint_meta` / `restore_meta` / `check_resume`: a checkpoint of another run (settings,
+  device count and kind, library versions) or past `--epochs` is one line, before any work.
+- `write_checkpoint` / `read_checkpoint` (MXNet's JSON index: `write_index` / `read_index`): the
+  content and its sha256 in one atomic write, the digest checked before anything is loaded (a
+  file damaged or cut short is one line, exit 2); a full disk is one line (`writing_checkpoint`).
+- `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir`.
+- `save_final_state` / `load_saved_state`: `--save-state`'s .npz, the sha256 of its arrays as its
+  zip comment.
 
 Not defended: someone who can write the checkpoint directory (a digest rewritten with the
 content loads). No checkpoint runs code: torch.load(weights_only=True), msgpack, NDArray files.
@@ -90,9 +85,8 @@ def run_binding(recorder: RunRecorder) -> dict[str, Any]:
 
 
 def restore_meta(meta: dict[str, Any], recorder: RunRecorder, path: Path) -> tuple[int, int]:
-    """Check the metadata of checkpoint `path` against this run (`check_meta`, and
-    `run_binding`: the same devices, versions, execution), restore the recorder from it;
-    return (epoch to continue from, step)."""
+    """Check checkpoint `path`'s metadata against this run (`check_meta`; `run_binding`: the
+    same devices, versions, execution), restore the recorder; return (next epoch, step)."""
     where = f"checkpoint {path}"
     check_meta(recorder.cfg, meta, where)
     now, saved = run_binding(recorder), meta.get("run") or {}
@@ -127,34 +121,32 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def damaged(where: str, fix: str = CHECKPOINT_FIX) -> ConfigError:
+    return ConfigError(
+        f"cannot read {where} (damaged or cut short: its content does not match the sha256 "
+        f"written with it); {fix}"
+    )
+
+
 def write_checkpoint(path: Path, payload: bytes) -> None:
-    """A checkpoint file: `payload` (torch's .pt, JAX's .msgpack) and its sha256,
-    in one atomic write; a full disk is one line, no temp file left."""
+    """A checkpoint file: `payload` (torch's .pt, JAX's .msgpack) and its sha256, in one atomic
+    write; a full disk is one line, no temp file left."""
     with writing_checkpoint(path):
         atomic_write_bytes(path, payload + DIGEST + sha256_hex(payload).encode() + b"\n")
 
 
 def read_checkpoint(path: Path) -> bytes:
-    """The payload of a `write_checkpoint` file once its content matches its sha256: a file cut
-    short or damaged is one line naming it (exit 2) before anything is loaded."""
-    data = Path(path).read_bytes()
-    payload, _, tail = data.rpartition(DIGEST)
+    """The payload of a `write_checkpoint` file once it matches its sha256."""
+    payload, _, tail = Path(path).read_bytes().rpartition(DIGEST)
     if tail != sha256_hex(payload).encode() + b"\n":
-        raise ConfigError(
-            f"cannot read checkpoint {path} (damaged or cut short: its content does not match "
-            f"the sha256 written with it); {CHECKPOINT_FIX}"
-        )
+        raise damaged(f"checkpoint {path}")
     return payload
 
 
 def check_digest(path: Path, want: Any) -> None:
-    """A file a checkpoint index names (MXNet's weights and optimiser states) has the sha256
-    `want`."""
+    """A file a checkpoint index names (MXNet's weights, optimiser states) has sha256 `want`."""
     if sha256_hex(Path(path).read_bytes()) != want:
-        raise ConfigError(
-            f"cannot read checkpoint {path} (damaged: its content does not match the sha256 "
-            f"its index holds); {CHECKPOINT_FIX}"
-        )
+        raise damaged(f"checkpoint {path}")
 
 
 def json_digest(obj: dict[str, Any]) -> str:
@@ -164,31 +156,25 @@ def json_digest(obj: dict[str, Any]) -> str:
 
 
 def write_index(path: Path, obj: dict[str, Any]) -> None:
-    """A checkpoint index (MXNet's: JSON, the files it names and the metadata) with the sha256
-    of its fields, in one atomic write."""
+    """A checkpoint index (JSON) with the sha256 of its fields, in one atomic write."""
     with writing_checkpoint(path):
         write_json_atomic(path, {**obj, "sha256": json_digest(obj)})
 
 
 def read_index(path: Path) -> dict[str, Any]:
-    """A `write_index` file once its fields match its sha256, else one line (exit 2)."""
+    """A `write_index` file once its fields match its sha256."""
     try:
         obj = json.loads(Path(path).read_bytes())
-        intact = isinstance(obj, dict) and obj.get("sha256") == json_digest(obj)
     except ValueError:
-        intact = False
-    if not intact:
-        raise ConfigError(
-            f"cannot read checkpoint {path} (damaged or cut short: its fields do not match the "
-            f"sha256 written with them); {CHECKPOINT_FIX}"
-        )
+        obj = None
+    if not (isinstance(obj, dict) and obj.get("sha256") == json_digest(obj)):
+        raise damaged(f"checkpoint {path}")
     return obj
 
 
 def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
-    """`--save-state PATH`: the final parameters and BN statistics (numpy arrays in torch's
-    names and layouts, from the framework's support module) as one .npz, written atomically
-    with the sha256 of its arrays as its zip comment (np.load sees the arrays alone)."""
+    """`--save-state PATH`: the final parameters and BN statistics (numpy, torch's names and
+    layouts) as one .npz, written atomically, the sha256 of its arrays as its zip comment."""
     if not cfg.save_state:
         return
     plain = {k: np.asarray(v) for k, v in arrays.items()}
@@ -207,8 +193,7 @@ def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
 
 
 def load_saved_state(path: Path, fix: str) -> dict[str, np.ndarray]:
-    """The arrays of a `save_final_state` file once they are the ones its sha256 names; a
-    damaged file, or one that is no saved state, is ConfigError naming it and `fix`."""
+    """The arrays of a `save_final_state` file once they match its sha256, else ConfigError."""
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
@@ -216,10 +201,7 @@ def load_saved_state(path: Path, fix: str) -> dict[str, np.ndarray]:
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise ConfigError(f"cannot read saved state {path} ({first_line(exc)}); {fix}") from None
     if digest(arrays) != want:
-        raise ConfigError(
-            f"cannot read saved state {path} (damaged: its arrays do not match the sha256 "
-            f"written with them); {fix}"
-        )
+        raise damaged(f"saved state {path}", fix)
     return arrays
 
 
@@ -227,9 +209,8 @@ def load_saved_state(path: Path, fix: str) -> dict[str, np.ndarray]:
 def writing_checkpoint(
     path: Path, errors: tuple[type[BaseException], ...] = (OSError,)
 ) -> Iterator[None]:
-    """Around a checkpoint write: an OSError (ENOSPC, EFBIG, EDQUOT, EROFS; or one of the
-    framework's `errors` that its C++ writer raises instead) is `WriteFailed`, one line naming
-    the file, what failed and the fix."""
+    """Around a checkpoint write: an OSError (a full disk; or one of the framework's `errors`
+    that its C++ writer raises instead) is `WriteFailed`, one line."""
     try:
         yield
     except errors as exc:
@@ -243,8 +224,7 @@ def writing_checkpoint(
 
 @contextmanager
 def reading_checkpoint(path: Path) -> Iterator[None]:
-    """Around the load of a checkpoint: whatever the framework's loader raised (a file of
-    another kind) is bad input, one line, exit 2."""
+    """Around the load of a checkpoint: whatever the loader raised is one line, exit 2."""
     try:
         yield
     except ConfigError:
@@ -271,10 +251,9 @@ LOCK_NAME = ".lock"
 
 
 def lock_checkpoint_dir(cfg: Config) -> Any:
-    """Hold an exclusive lock on `--checkpoint-dir` for the life of this process (rank 0 only:
-    the other ranks of a job write no checkpoint), so that two runs, a `--resume` and a run it
-    races with say, never write the same checkpoint. A second run is refused with one line.
-    Returns the open lock file (closing it, or the process ending, releases the lock)."""
+    """Hold an exclusive lock on `--checkpoint-dir` for the life of this process (rank 0: the
+    others write no checkpoint), so that two runs never write the same checkpoint; a second is
+    refused with one line. Returns the open lock file (closing it releases the lock)."""
     if not cfg.checkpoint_dir or process_rank() != 0:
         return None
     directory = Path(cfg.checkpoint_dir)

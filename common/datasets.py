@@ -182,35 +182,31 @@ def ensure_files(
     """Return the paths of `name`'s official files, downloading missing ones if allowed, each
     (`verify`) checked against its published MD5."""
     root = Path(data_dir) / name
-    with dataset_io(name, root):
-        return _ensure_files(name, root, download, verify)
-
-
-def _ensure_files(name: str, root: Path, download: bool, verify: bool) -> dict[str, Path]:
     paths: dict[str, Path] = {}
     missing = []
-    for filename, (url, md5) in SOURCES[name].items():
-        path = root / filename
-        if not path.exists() and download:
-            try:
-                fetch(url, md5, path)
-            except DatasetError:
-                raise
-            except OSError as exc:  # offline, DNS failure, HTTP error
-                missing.append((filename, url, f"download failed: {exc}"))
+    with dataset_io(name, root):
+        for filename, (url, md5) in SOURCES[name].items():
+            path = root / filename
+            if not path.exists() and download:
+                try:
+                    fetch(url, md5, path)
+                except DatasetError:
+                    raise
+                except OSError as exc:  # offline, DNS failure, HTTP error
+                    missing.append((filename, url, f"download failed: {exc}"))
+                    continue
+            if not path.exists():
+                missing.append((filename, url, "not downloaded (--no-download)"))
                 continue
-        if not path.exists():
-            missing.append((filename, url, "not downloaded (--no-download)"))
-            continue
-        paths[filename] = path
-    if missing:
-        names = ", ".join(m[0] for m in missing)
-        raise DatasetError(
-            f"dataset {name!r} is not on disk: put {names} in {root}/ "
-            f"(from {missing[0][1].rsplit('/', 1)[0]}/); {missing[0][2]}"
-        )
-    if verify:
-        verify_files(name, paths)
+            paths[filename] = path
+        if missing:
+            names = ", ".join(m[0] for m in missing)
+            raise DatasetError(
+                f"dataset {name!r} is not on disk: put {names} in {root}/ "
+                f"(from {missing[0][1].rsplit('/', 1)[0]}/); {missing[0][2]}"
+            )
+        if verify:
+            verify_files(name, paths)
     return paths
 
 
@@ -525,12 +521,6 @@ def check_available(cfg) -> None:  # type: ignore[no-untyped-def]
     that they were not verified."""
     if cfg.dataset in SOURCES:
         root = Path(cfg.data_dir) / cfg.dataset
-        with dataset_io(cfg.dataset, root):
-            missing = [f for f in SOURCES[cfg.dataset] if not (root / f).exists()]
-        if missing and not cfg.download:
-            raise DatasetError(
-                f"dataset {cfg.dataset!r} is not on disk: put {', '.join(missing)} in {root}/"
-            )
         ensure_files(cfg.dataset, cfg.data_dir, cfg.download, cfg.verify)
         if not cfg.verify:
             load(cfg.dataset, cfg.data_dir, cfg.download, verify=False)  # then freed
