@@ -29,12 +29,10 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.harness import REGISTRY, UsageError
-from common.config import BN_MODES, FRAMEWORKS, MODELS, ConfigError, data_dims, preset, train_size
-from common.init import parameter_spec, state_bytes
+from common.checkpoints import load_saved_state
+from common.config import BN_MODES, FRAMEWORKS, MODELS, ConfigError, preset, train_size
 from common.results import host_info, write_json_atomic
 from common.runtime import ROOT
-from common.safe_io import open_regular
-from common.sealed import unseal_arrays
 
 PROG = "python -m benchmarks.parity"
 REFERENCE = "torch-ddp"
@@ -286,22 +284,10 @@ def run_all(plan: Plan, rows: list[dict[str, Any]], say: Any) -> dict[str, dict[
 # -- the comparison -----------------------------------------------------------------------------
 
 
-def state_limit(config: dict[str, Any]) -> int:
-    """The most bytes a saved state (or the init cache) of a run's `config` can need."""
-    cfg = preset(BASE, model=config["model"], width=float(config["width"]))
-    return 4 * state_bytes(parameter_spec(cfg.model, cfg.width, *data_dims(cfg))) + (16 << 20)
-
-
-def load_state(path: Path, limit: int) -> dict[str, np.ndarray]:
-    """A saved state: a regular file of at most `limit` bytes, no member inflating past it
-    (common/safe_io.py; a FIFO or a link to /dev/zero is a ConfigError, not a hang), whose
-    arrays are the ones its digest names (common/sealed.py; damaged: a ConfigError)."""
-    with open_regular(path, limit, "saved state", "rerun parity") as raw, np.load(raw) as f:
-        inflated = sum(i.file_size for i in f.zip.infolist())  # all members together
-        if inflated > limit:
-            raise ConfigError(f"saved state {path}: its content inflates past {limit} bytes")
-        arrays = {k: f[k] for k in f.files}
-        unseal_arrays(arrays, f.zip.comment, f"saved state {path}", "rerun parity")  # its sha256
+def load_state(path: Path) -> dict[str, np.ndarray]:
+    """A saved state whose arrays are the ones its sha256 names (common/checkpoints.py;
+    damaged: a ConfigError), as float64."""
+    arrays = load_saved_state(path, "rerun parity")
     return {
         k: a.astype(np.float64) for k, a in arrays.items() if not k.endswith("num_batches_tracked")
     }
@@ -345,9 +331,9 @@ def evaluate(plan: Plan, rows: list[dict[str, Any]], runs: dict[str, dict[str, A
     """Fill every planned row from its run and its reference run."""
     states: dict[str, dict[str, np.ndarray]] = {}
 
-    def state(tag: str, limit: int) -> dict[str, np.ndarray]:
+    def state(tag: str) -> dict[str, np.ndarray]:
         if tag not in states:
-            states[tag] = load_state(plan.out / "runs" / f"{tag}.npz", limit)
+            states[tag] = load_state(plan.out / "runs" / f"{tag}.npz")
         return states[tag]
 
     for r in rows:
@@ -366,9 +352,8 @@ def evaluate(plan: Plan, rows: list[dict[str, Any]], runs: dict[str, dict[str, A
             r.update(status="failed", ok=False, note="not the reference's initial state")
             continue
         try:
-            limit = state_limit(rec["config"])
-            init = load_state(ROOT / init_info["file"], limit)
-            numbers = compare(init, state(r["run"], limit), state(r["ref_run"], limit),
+            init = load_state(ROOT / init_info["file"])
+            numbers = compare(init, state(r["run"]), state(r["ref_run"]),
                               rec["config"]["bn_momentum"], r["steps"])  # fmt: skip
         except (OSError, KeyError, ValueError) as exc:
             r.update(status="failed", ok=False, note=f"cannot compare: {exc}")

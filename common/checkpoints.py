@@ -1,38 +1,57 @@
-"""What every framework's checkpoint holds besides its tensors, and how a checkpoint file is
-written, read and checked: the same in every trainer (the framework's support module writes and
-reads its own format through these).
+"""What every framework's checkpoint holds besides its tensors, and how it is written, read and
+checked; each framework's support module hands its trainers one `Checkpoints`.
 
-- `checkpoint_meta` / `restore_meta`: its format, epoch, step, the recorder's state, the config,
-  how the run executed; `check_resume`: a checkpoint of another run (other settings, device
-  count, device kind, library versions), past `--epochs`, or whose counters disagree with its
-  record, is refused with one line before any work. Checkpoint files are opened bounded
-  (`open_checkpoint`, common/safe_io.py) and carry the sha256 of their content, checked before
-  anything is loaded (common/sealed.py); a full disk is one line (`writing_checkpoint`).
-- `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir` (an exclusive flock held for
-  the whole process); a second is refused with one line.
-- `save_final_state`: `--save-state`, the final weights as one sealed .npz.
+- `checkpoint_meta` / `restore_meta` / `check_resume`: a checkpoint of another run (settings,
+  device count and kind, library versions) or past `--epochs` is one line, before any work.
+- `write_checkpoint` / `read_checkpoint` (MXNet's JSON index: `write_index` / `read_index`): the
+  content and its sha256 in one atomic write, the digest checked before anything is loaded (a
+  file damaged or cut short is one line, exit 2); a full disk is one line (`writing_checkpoint`).
+- `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir`.
+- `save_final_state` / `load_saved_state`: `--save-state`'s .npz, the sha256 of its arrays as its
+  zip comment.
+
+Not defended: someone who can write the checkpoint directory (a digest rewritten with the
+content loads). No checkpoint runs code: torch.load(weights_only=True), msgpack, NDArray files.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import io
 import json
 import os
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.config import Config, check_same_run, data_dims
+import numpy as np
+
+from common.config import Config, check_same_run
 from common.errors import ConfigError, WriteFailed, first_line
-from common.init import parameter_spec, state_bytes
+from common.init import digest
 from common.results import RunRecorder, versions, write_json_atomic
 from common.runtime import atomic_write_bytes, process_rank, remove_stale_temp_files
-from common.safe_io import open_regular, read_regular, regular_file, weights_problem
-from common.sealed import SEAL_BYTES, machine_key, seal, seal_arrays, seal_json, unseal, unseal_json
 
 CHECKPOINT_FORMAT = 2  # what checkpoint_meta writes; a checkpoint without it predates the checks
 CHECKPOINT_FIX = "delete it or drop --resume"
+DIGEST = b"\n#dp-bench sha256 "  # a checkpoint file: its payload, DIGEST, 64 hex digits, "\n"
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """A framework's checkpoint I/O (its support module's `CHECKPOINTS`): `path(cfg)`, the file
+    (MXNet: the index naming its weights and optimiser files); `save(cfg, state, recorder,
+    epoch)`; `load(cfg, state, recorder) -> (state, epoch to continue from)`; `meta_of(path)`,
+    the `checkpoint_meta` saved in it (for `check_resume`)."""
+
+    path: Callable[[Config], Path]
+    save: Callable[[Config, Any, RunRecorder, int], None]
+    load: Callable[[Config, Any, RunRecorder], tuple[Any, int]]
+    meta_of: Callable[[Path], dict[str, Any]]
 
 
 def checkpoint_meta(cfg: Config, recorder: RunRecorder, epoch: int, step: int) -> dict[str, Any]:
@@ -65,13 +84,11 @@ def run_binding(recorder: RunRecorder) -> dict[str, Any]:
 
 
 def restore_meta(meta: dict[str, Any], recorder: RunRecorder, path: Path) -> tuple[int, int]:
-    """Check the metadata of checkpoint `path` against this run (`check_meta`, and
-    `run_binding`: the same devices, versions, execution), restore the recorder from it;
-    return (epoch to continue from, step)."""
+    """Check checkpoint `path`'s metadata against this run (`check_meta`; `run_binding`: the
+    same devices, versions, execution), restore the recorder; return (next epoch, step)."""
     where = f"checkpoint {path}"
     check_meta(recorder.cfg, meta, where)
-    now, saved = run_binding(recorder), meta.get("run")
-    saved = saved if isinstance(saved, dict) else {}
+    now, saved = run_binding(recorder), meta.get("run") or {}
     diff = [f"{k} {saved.get(k)!r} (now {v!r})" for k, v in now.items() if saved.get(k) != v]
     if diff:
         raise ConfigError(
@@ -84,115 +101,88 @@ def restore_meta(meta: dict[str, Any], recorder: RunRecorder, path: Path) -> tup
 
 def check_meta(cfg: Config, meta: Any, where: str) -> None:
     """Checkpoint metadata that belongs to this run: the current format, the same settings
-    (check_same_run), an epoch counter in 0..--epochs that agrees with the record's rows
-    (numbered 1..epoch) and a step counter that agrees with their steps. ConfigError (one line)
-    otherwise."""
+    (check_same_run), an epoch within --epochs. ConfigError (one line) otherwise."""
     if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
         got = f"format {meta['format']!r}" if isinstance(meta, dict) and "format" in meta else None
         raise ConfigError(
             f"{where} has {got or 'no format'}, not checkpoint format {CHECKPOINT_FORMAT} (written "
             "by another version of dp-bench, or not a checkpoint); use a new --checkpoint-dir"
         )
-    if not isinstance(meta.get("config"), dict):
-        raise ConfigError(f"{where} holds no run configuration; {CHECKPOINT_FIX}")
-    epoch, step, record = meta.get("epoch"), meta.get("step"), meta.get("recorder")
-    if type(epoch) is not int or not 0 <= epoch <= cfg.epochs:
-        if type(epoch) is int and epoch > cfg.epochs:
-            raise ConfigError(
-                f"{where} is after epoch {epoch} but --epochs is {cfg.epochs}; resume with "
-                f"--epochs {epoch} or more, or use a new --checkpoint-dir"
-            )
-        raise ConfigError(
-            f"{where}: its epoch counter {epoch!r} is outside 0..{cfg.epochs}; {CHECKPOINT_FIX}"
-        )
     check_same_run(meta["config"], cfg, where.removeprefix("checkpoint "))
-    rows = record.get("epochs") if isinstance(record, dict) else None
-    rows = rows if isinstance(rows, list) and all(isinstance(r, dict) for r in rows) else []
-    numbers = [r.get("epoch") for r in rows]
-    if numbers != list(range(1, epoch + 1)):
+    if meta["epoch"] > cfg.epochs:
         raise ConfigError(
-            f"{where}: its epoch counter {epoch} disagrees with the epochs its record holds "
-            f"({', '.join(map(str, numbers[:8])) or 'none'}): edited or damaged; {CHECKPOINT_FIX}"
-        )
-    images = [r.get("images") for r in rows]
-    steps = sum(n // cfg.batch_size for n in images if type(n) is int)
-    if type(step) is not int or step != steps or any(type(n) is not int for n in images):
-        raise ConfigError(
-            f"{where}: its step counter {step!r} disagrees with the {steps} steps of its "
-            f"{epoch} epochs: edited or damaged; {CHECKPOINT_FIX}"
+            f"{where} is after epoch {meta['epoch']} but --epochs is {cfg.epochs}; resume with "
+            f"--epochs {meta['epoch']} or more, or use a new --checkpoint-dir"
         )
 
 
-def checkpoint_limit(cfg: Config) -> int:
-    """The most bytes one checkpoint file of `cfg` can need: the weights and BN statistics, an
-    optimiser state of at most twice as much (SGD's momentum; NovoGrad's moments), the
-    framework's framing and the metadata (a record row per epoch, the config)."""
-    weights = state_bytes(parameter_spec(cfg.model, cfg.width, *data_dims(cfg)))
-    return 4 * weights + (16 << 20) + cfg.epochs * (4 << 10)
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
-def open_checkpoint(path: Path, limit: int | None) -> Any:
-    """A checkpoint file open for reading: a regular file of at most `limit` bytes (None: as
-    checked before, `check_resume`), else one line (common/safe_io.py)."""
-    return open_regular(path, limit, "checkpoint", CHECKPOINT_FIX)
+def damaged(where: str, fix: str = CHECKPOINT_FIX) -> ConfigError:
+    return ConfigError(
+        f"cannot read {where} (damaged or cut short: its content does not match the sha256 "
+        f"written with it); {fix}"
+    )
 
 
-def read_checkpoint(path: Path, limit: int | None) -> bytes:
-    """The bytes of a checkpoint file (`open_checkpoint`)."""
-    return read_regular(path, limit, "checkpoint", CHECKPOINT_FIX)
-
-
-def write_sealed_checkpoint(path: Path, payload: bytes) -> None:
-    """A checkpoint file (torch's .pt, JAX's .msgpack): `payload` and the sha256 that binds it
-    (common/sealed.py), in one atomic write; a full disk is one line, no temp file left."""
+def write_checkpoint(path: Path, payload: bytes) -> None:
+    """A checkpoint file: `payload` (torch's .pt, JAX's .msgpack) and its sha256, in one atomic
+    write; a full disk is one line, no temp file left."""
     with writing_checkpoint(path):
-        atomic_write_bytes(path, seal(payload))
+        atomic_write_bytes(path, payload + DIGEST + sha256_hex(payload).encode() + b"\n")
 
 
-def read_sealed_checkpoint(path: Path, limit: int | None) -> bytes:
-    """The payload of a `write_sealed_checkpoint` file, read bounded, once its content matches
-    its sha256: a damaged file is one line naming it (exit 2) before anything is loaded."""
-    data = read_checkpoint(path, None if limit is None else limit + SEAL_BYTES)
-    return unseal(data, f"checkpoint {path}", CHECKPOINT_FIX, trust=str(path))
+def read_checkpoint(path: Path) -> bytes:
+    """The payload of a `write_checkpoint` file once it matches its sha256."""
+    payload, _, tail = Path(path).read_bytes().rpartition(DIGEST)
+    if tail != sha256_hex(payload).encode() + b"\n":
+        raise damaged(f"checkpoint {path}")
+    return payload
 
 
-def trust_checkpoint(path: Path) -> None:
-    """`python -m benchmarks.trust`: re-seal a checkpoint file (torch's .pt, JAX's .msgpack, MXNet's
-    index .json) with this machine's key once its content matches its sha256: a checkpoint
-    written on another machine, which `--resume` refuses until the user says it is theirs."""
-    where, fix = f"checkpoint {path}", "it cannot be trusted as it is"
-    data = read_checkpoint(path, None)
-    if path.suffix == ".json":
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            obj = None  # unseal_json: "no content digest"
-        write_json_atomic(path, seal_json(unseal_json(obj, where, fix, keyed=False)))
-    else:
-        atomic_write_bytes(path, seal(unseal(data, where, fix, keyed=False)))
+def check_digest(path: Path, want: Any) -> None:
+    """A file a checkpoint index names (MXNet's weights, optimiser states) has sha256 `want`."""
+    if sha256_hex(Path(path).read_bytes()) != want:
+        raise damaged(f"checkpoint {path}")
 
 
-def check_checkpoint_file(path: Path, limit: int | None) -> None:
-    """A checkpoint file is a regular file of at most `limit` bytes (stat only: nothing opened)."""
-    regular_file(path, limit, "checkpoint", CHECKPOINT_FIX)
+def json_digest(obj: dict[str, Any]) -> str:
+    """sha256 of `obj` without its "sha256" field, as canonical JSON."""
+    rest = {k: v for k, v in obj.items() if k != "sha256"}
+    return sha256_hex(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode())
 
 
-def check_weights(arrays: dict[str, Any], path: Path) -> None:
-    """A checkpoint's weights (numpy, any framework's names and layouts) as training leaves
-    them: finite, no weight tensor all zeros (common/safe_io.weights_problem)."""
-    why = weights_problem(arrays)
-    if why:
-        raise ConfigError(f"checkpoint {path} cannot be a trained model: {why}; {CHECKPOINT_FIX}")
+def write_index(path: Path, obj: dict[str, Any]) -> None:
+    """A checkpoint index (JSON) with the sha256 of its fields, in one atomic write."""
+    with writing_checkpoint(path):
+        write_json_atomic(path, {**obj, "sha256": json_digest(obj)})
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """A `write_index` file once its fields match its sha256."""
+    try:
+        obj = json.loads(Path(path).read_bytes())
+    except ValueError:
+        obj = None
+    if not (isinstance(obj, dict) and obj.get("sha256") == json_digest(obj)):
+        raise damaged(f"checkpoint {path}")
+    return obj
 
 
 def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
-    """`--save-state PATH`: the final parameters and BN statistics (numpy arrays in torch's
-    names and layouts, from the framework's support module) as one .npz, written atomically
-    with the sha256 of its arrays (its zip comment, common/sealed.py)."""
+    """`--save-state PATH`: the final parameters and BN statistics (numpy, torch's names and
+    layouts) as one .npz, written atomically, the sha256 of its arrays as its zip comment."""
     if not cfg.save_state:
         return
+    plain = {k: np.asarray(v) for k, v in arrays.items()}
+    buf = io.BytesIO()
+    np.savez(buf, **plain)  # type: ignore[arg-type]  # numpy's stub: allow_pickle in **kwds
+    with zipfile.ZipFile(buf, "a") as archive:
+        archive.comment = json.dumps({"sha256": digest(plain)}).encode()
     try:
-        atomic_write_bytes(cfg.save_state, seal_arrays(arrays))
+        atomic_write_bytes(cfg.save_state, buf.getvalue())
     except OSError as exc:  # a full disk: one line, the record says failed
         raise WriteFailed(
             f"cannot write --save-state {cfg.save_state} ({exc.strerror or exc}): free some "
@@ -201,13 +191,25 @@ def save_final_state(cfg: Config, arrays: dict[str, Any]) -> None:
         ) from None
 
 
+def load_saved_state(path: Path, fix: str) -> dict[str, np.ndarray]:
+    """The arrays of a `save_final_state` file once they match its sha256, else ConfigError."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+            want = json.loads(f.zip.comment or b"{}").get("sha256")
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise ConfigError(f"cannot read saved state {path} ({first_line(exc)}); {fix}") from None
+    if digest(arrays) != want:
+        raise damaged(f"saved state {path}", fix)
+    return arrays
+
+
 @contextmanager
 def writing_checkpoint(
     path: Path, errors: tuple[type[BaseException], ...] = (OSError,)
 ) -> Iterator[None]:
-    """Around a checkpoint write: an OSError (ENOSPC, EFBIG, EDQUOT, EROFS; or one of the
-    framework's `errors` that its C++ writer raises instead) is `WriteFailed`, one line naming
-    the file, what failed and the fix."""
+    """Around a checkpoint write: an OSError (a full disk; or one of the framework's `errors`
+    that its C++ writer raises instead) is `WriteFailed`, one line."""
     try:
         yield
     except errors as exc:
@@ -221,8 +223,7 @@ def writing_checkpoint(
 
 @contextmanager
 def reading_checkpoint(path: Path) -> Iterator[None]:
-    """Around the load of a checkpoint: a corrupt, truncated or foreign file is bad input (one
-    line, exit 2), whatever the framework's loader raised."""
+    """Around the load of a checkpoint: whatever the loader raised is one line, exit 2."""
     try:
         yield
     except ConfigError:
@@ -230,23 +231,18 @@ def reading_checkpoint(path: Path) -> Iterator[None]:
     except Exception as exc:
         raise ConfigError(
             f"cannot read checkpoint {path} ({type(exc).__name__}: {first_line(exc)}); "
-            "delete it or drop --resume"
+            f"{CHECKPOINT_FIX}"
         ) from None
 
 
-def check_resume(
-    cfg: Config, path: Path, read_meta: Callable[[Path, int | None], dict[str, Any]]
-) -> None:
-    """Refuse to resume from checkpoint `path` unless it belongs to this run (`check_meta`:
-    format, settings, counters; one clear error). `path` must be a regular file no larger than
-    the configuration can need; `read_meta(path, limit)` returns the metadata saved in it
-    (`checkpoint_meta`; the framework knows the format)."""
+def check_resume(cfg: Config, checkpoints: Checkpoints) -> None:
+    """Refuse to resume from a checkpoint that does not belong to this run (`check_meta`:
+    format, settings, epochs; one line) before any work."""
+    path = checkpoints.path(cfg)
     if not (cfg.resume and path.exists()):
         return
-    limit = checkpoint_limit(cfg)
-    check_checkpoint_file(path, limit)  # a FIFO would block the read
     with reading_checkpoint(path):
-        meta = read_meta(path, limit)
+        meta = checkpoints.meta_of(path)
     check_meta(cfg, meta, f"checkpoint {path}")
 
 
@@ -254,13 +250,11 @@ LOCK_NAME = ".lock"
 
 
 def lock_checkpoint_dir(cfg: Config) -> Any:
-    """Hold an exclusive lock on `--checkpoint-dir` for the life of this process (rank 0 only:
-    the other ranks of a job write no checkpoint), so that two runs, a `--resume` and a run it
-    races with say, never write the same checkpoint. A second run is refused with one line.
-    Returns the open lock file (closing it, or the process ending, releases the lock)."""
+    """Hold an exclusive lock on `--checkpoint-dir` for the life of this process (rank 0: the
+    others write no checkpoint), so that two runs never write the same checkpoint; a second is
+    refused with one line. Returns the open lock file (closing it releases the lock)."""
     if not cfg.checkpoint_dir or process_rank() != 0:
         return None
-    machine_key()  # made or read now: a home folder where it cannot be kept is one line at start
     directory = Path(cfg.checkpoint_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)

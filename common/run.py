@@ -7,7 +7,7 @@ transform and the epoch loop with its sync points. `Run` holds the rest, written
               sync=sync, profiler=TorchProfiler)  # the data: run.ds, run.loader, run.evals
     state = create_train_state(cfg, model, ..., len(run.loader))
     run.record(devices=..., kind=..., params=..., execution=..., precision=..., ran=...)
-    state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
+    state, start = run.resume(state, CHECKPOINTS)
     with run.measured():                     # a crash keeps the epochs measured so far
         for epoch in range(start, cfg.epochs):
             run.timer.start()
@@ -20,8 +20,8 @@ transform and the epoch loop with its sync points. `Run` holds the rest, written
     return run.finish(lambda: canonical_state(state), **extra)
 
 Framework-neutral (numpy and the standard library): the framework's own calls come in as
-functions (`sync`, `load` and `save` of checkpoints, `barrier`) and its profiler as a class
-(`profiler`, frameworks/profilers.py).
+functions (`sync`, `barrier`), its checkpoint I/O as one `Checkpoints` (common/checkpoints.py)
+and its profiler as a class (`profiler`, frameworks/profilers.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any, TypeVar
 
-from common.checkpoints import save_final_state
+from common.checkpoints import Checkpoints, save_final_state
 from common.config import Config
 from common.datasets import load_for
 from common.init import init_record
@@ -158,22 +157,21 @@ class Run:
     def resume(
         self,
         state: S,
-        path: Path,
-        load: Callable[[Config, Any, RunRecorder], tuple[Any, int]],
-        save: Callable[[Config, Any, RunRecorder, int], None],
+        checkpoints: Checkpoints,
         to_host: Callable[[S], Any] = lambda s: s,
         to_device: Callable[[Any], S] = lambda s: s,
     ) -> tuple[S, int]:
-        """The framework's checkpoints at `path`: `save(cfg, state, recorder, epoch)` writes one
-        after every epoch (end_epoch); --resume reads one where it exists (`load(cfg, state,
-        recorder)`, which gives the recorder the checkpoint's epochs). Both see the host state
-        `to_host` gives; `to_device` puts a loaded one back. Returns the state to train and the
-        epochs done (the state given and 0 without a checkpoint)."""
+        """The framework's `checkpoints` (its support module's CHECKPOINTS): one is saved after
+        every epoch (end_epoch); --resume loads one where it exists, which gives the recorder
+        the checkpoint's epochs. Both see the host state `to_host` gives; `to_device` puts a
+        loaded one back. Returns the state to train and the epochs done (the state given and 0
+        without a checkpoint)."""
         assert self.recorder is not None, "record() first: the checkpoint holds its epochs"
-        recorder = self.recorder
+        recorder, path = self.recorder, checkpoints.path(self.cfg)
+        save = checkpoints.save
         self._save = lambda state, epoch: save(self.cfg, to_host(state), recorder, epoch)
         if self.cfg.resume and path.exists():
-            host_state, self.start = load(self.cfg, to_host(state), self.recorder)
+            host_state, self.start = checkpoints.load(self.cfg, to_host(state), self.recorder)
             self.log(f"resumed from {path} after epoch {self.start}")
             return to_device(host_state), self.start
         if self.cfg.resume:

@@ -236,17 +236,17 @@ def printer(is_main: bool) -> Callable[..., None]:
 
 
 def file_mode() -> int:
-    """The mode a plain `open(path, "w")` gives a new file (0666 less the umask): results,
-    checkpoints and logs all get it (mkstemp's 0600 made results unreadable where logs were not)."""
+    """The mode a plain `open(path, "w")` gives a new file (0666 less the umask), for files
+    written through mkstemp (whose 0600 made results unreadable where logs were not)."""
     mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
     os.umask(mask)
     return 0o666 & ~mask
 
 
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
-    """`write(tmp)` fills a temporary file beside `path`, which is then synced and renamed onto
-    `path`: a reader sees the old complete file or the new one. A write that fails (a full disk,
-    ENOSPC; a read-only file system) removes its temporary file and re-raises."""
+    """`write(tmp)` fills a temporary file beside `path`, synced and renamed onto `path`: a
+    reader sees the old complete file or the new one. A write that fails (a full disk) removes
+    its temporary file and re-raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # <file>.<random>.tmp<pid>: the pid tells whose it is (torch-ddp's parent removes the
@@ -266,11 +266,10 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]
 
 
 def remove_stale_temp_files(directory: str | os.PathLike[str], prefix: str = "") -> list[Path]:
-    """Remove the temporary files `atomic_write_with` left in `directory` when a process was
-    killed mid-write (SIGKILL, the OOM killer: nothing can clean up after it), i.e. those whose
-    writer (the pid in `.tmp<pid>`) no longer runs, and whose name starts with `prefix`; return
-    them. Only for a directory whose writers are known to be gone or locked out (a checkpoint
-    directory once its lock is held; a writer on another host would look dead here)."""
+    """Remove the temporary files `atomic_write_with` left in `directory` (names starting with
+    `prefix`) when a process was killed mid-write: those whose writer (the pid in `.tmp<pid>`)
+    no longer runs; return them. Only where the writers are known to be this host's (a
+    checkpoint directory once its lock is held)."""
     removed = []
     for tmp in Path(directory).glob(f"{prefix}*.tmp*"):
         # <file>.<random>.tmp<pid>, mkstemp's name; anything else is not ours to remove
@@ -317,12 +316,10 @@ MIN_FREE_BYTES = 1 << 20  # an output file system with less free space than this
 def unwritable(
     path: str | os.PathLike[str], kind: str = "file", need: int = MIN_FREE_BYTES
 ) -> str | None:
-    """Why `path` (a file, or a directory with kind="dir") cannot be written, or None when it
-    can: it is the wrong kind of thing, its nearest existing directory is not writable (a
-    read-only file system included) or that file system has less than `need` bytes free
-    (the line says both numbers). Checked before a run starts,
-    so that a run does not train for an hour and then lose its result. Creates nothing. A
-    name the file system cannot hold (a component over 255 bytes, a loop of links) says so."""
+    """Why `path` (a file, or a directory with kind="dir") cannot be written, or None: the
+    wrong kind of thing, its nearest existing directory not writable, a file system with less
+    than `need` bytes free, a name the file system cannot hold. Checked before a run starts (a
+    run must not train for an hour and then lose its result); creates nothing."""
     last = os.fspath(path).replace(os.sep, "/").rpartition("/")[2]
     if kind == "file" and last in ("", ".", ".."):  # Path() would drop a trailing slash
         return f"{os.fspath(path)} names a directory (a trailing '/', '.' or '..'), not a file"
@@ -372,8 +369,6 @@ def _unwritable_dir(d: Path, need: int) -> str | None:
         st = os.statvfs(d)
     except OSError:
         return None
-    if getattr(st, "f_blocks", 1) == 0:  # /proc, /sys: no storage, whatever the permissions
-        return f"{d} is on a virtual file system (no storage for files)"
     free = st.f_bavail * st.f_frsize
     if free < need:
         return f"the file system of {d} is full ({free} bytes free, {need} needed)"

@@ -30,15 +30,13 @@ from flax.training import train_state
 from jax.sharding import Mesh
 
 from common.checkpoints import (
-    CHECKPOINT_FIX,
+    Checkpoints,
     check_resume,
-    check_weights,
-    checkpoint_limit,
     checkpoint_meta,
-    read_sealed_checkpoint,
+    read_checkpoint,
     reading_checkpoint,
     restore_meta,
-    write_sealed_checkpoint,
+    write_checkpoint,
 )
 from common.config import Config, ConfigError, image_side, per_device
 from common.datasets import check_available
@@ -208,53 +206,26 @@ def checkpoint_path(cfg: Config) -> Path:
 
 
 def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
-    """Write the state after `epoch` (0-based) atomically: msgpack bytes, temp file, rename.
-    `state` is the host copy (the trainer's unreplicate)."""
+    """Write the state after `epoch` (0-based) with its sha256, atomically: msgpack bytes, temp
+    file, rename. `state` is the host copy (the trainer's unreplicate)."""
     meta = checkpoint_meta(cfg, recorder, epoch, int(state.step))
     payload = {"state": serialization.to_state_dict(state), "meta": json.dumps(meta)}
-    write_sealed_checkpoint(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
+    write_checkpoint(checkpoint_path(cfg), serialization.msgpack_serialize(payload))
 
 
 def load_checkpoint(
     cfg: Config, state: TrainState, recorder: RunRecorder
 ) -> tuple[TrainState, int]:
-    """Restore the latest checkpoint (msgpack holds arrays and plain values only; the file read
-    bounded) into the host template `state`; return the host state (the trainer replicates it)
-    and the epoch to continue from. Refused (one line): another run's metadata, arrays of other
-    shapes or dtypes than the template's, weights no training leaves, a step counter that is
-    not the optimiser's."""
+    """Restore the latest checkpoint (its sha256 checked first; msgpack holds arrays and plain
+    values only) into the host template `state`; return the host state (the trainer
+    replicates it) and the epoch to continue from. Another run's metadata is refused (one
+    line)."""
     path = checkpoint_path(cfg)
-    with reading_checkpoint(path):  # corrupt or foreign: one line, exit 2
-        ckpt = serialization.msgpack_restore(read_sealed_checkpoint(path, checkpoint_limit(cfg)))
+    with reading_checkpoint(path):  # damaged or foreign: one line, exit 2
+        ckpt = serialization.msgpack_restore(read_checkpoint(path))
+        epoch, _ = restore_meta(json.loads(ckpt["meta"]), recorder, path)
         restored = serialization.from_state_dict(state, ckpt["state"])
-        want, got = leaf_types(state), leaf_types(restored)
-        for name in want:
-            if got.get(name) != want[name]:
-                kind, shape = got.get(name, ("nothing", ()))
-                raise ConfigError(
-                    f"checkpoint {path}: {name} is {kind}{list(shape)} where this model has "
-                    f"{want[name][0]}{list(want[name][1])}; {CHECKPOINT_FIX}"
-                )
-        weights = {**traverse_util.flatten_dict(restored.params, sep="/"),
-                   **traverse_util.flatten_dict(restored.batch_stats or {}, sep="/")}  # fmt: skip
-        check_weights({k: np.asarray(v) for k, v in weights.items()}, path)
-        epoch, step = restore_meta(json.loads(ckpt["meta"]), recorder, path)
-        if int(restored.step) != step:
-            raise ConfigError(
-                f"checkpoint {path}: its step counter {step} is not its optimiser's "
-                f"({int(restored.step)}): edited or damaged; {CHECKPOINT_FIX}"
-            )
     return restored, epoch
-
-
-def leaf_types(tree: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{path: (dtype, shape)} of every array of a state (flax's checkpoint restores any dtype
-    into the template: a float16 or int32 parameter would train, or fail inside the step)."""
-    return {
-        jax.tree_util.keystr(p): (np.dtype(getattr(x, "dtype", None) or np.asarray(x).dtype).name,
-                                  tuple(np.shape(x)))
-        for p, x in jax.tree_util.tree_leaves_with_path(tree)
-    }  # fmt: skip
 
 
 def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
@@ -274,10 +245,12 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return out
 
 
-def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
-    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
-    the file read bounded: at most `limit` bytes, and checked against its sha256."""
-    return json.loads(serialization.msgpack_restore(read_sealed_checkpoint(path, limit))["meta"])
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for check_resume)."""
+    return json.loads(serialization.msgpack_restore(read_checkpoint(path))["meta"])
+
+
+CHECKPOINTS = Checkpoints(checkpoint_path, save_checkpoint, load_checkpoint, checkpoint_meta_of)
 
 
 # -- devices ------------------------------------------------------------------------------------
@@ -539,7 +512,7 @@ def check_config(cfg: Config) -> None:
     """The JAX trainers' checks before training starts (ConfigError / DatasetError)."""
     check_devices(cfg)
     check_available(cfg)
-    check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
+    check_resume(cfg, CHECKPOINTS)
 
 
 def check_devices(cfg: Config) -> None:
@@ -677,6 +650,5 @@ def start_run(
     put_train = train_put(
         run.loader, put, lambda a: replicate(a, mesh), lambda f: parallel_batches(f, mesh)
     )
-    state, _ = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint,
-                          unreplicate, lambda s: replicate(s, mesh))  # fmt: skip
+    state, _ = run.resume(state, CHECKPOINTS, unreplicate, lambda s: replicate(s, mesh))
     return run, plan, state, put, put_train

@@ -271,11 +271,9 @@ def train(cfg: Config) -> dict:
 
     from frameworks.mxnet_models import count_params
     from frameworks.mxnet_support import (
+        CHECKPOINTS,
         MAX_ELEMENTS,
         canonical_state,
-        checkpoint_path,
-        load_checkpoint,
-        save_checkpoint,
         seed_for,
         sync,
         what_ran,
@@ -305,7 +303,7 @@ def train(cfg: Config) -> dict:
     )
     if not gpu and cfg.compile:
         run.log("note: --compile applies to torch only; this run is hybridized")
-    state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
+    state, start = run.resume(state, CHECKPOINTS)
     put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
     state.phases = run.phases
     with run.measured():
@@ -352,7 +350,7 @@ def setup(cfg: Config) -> None:
 
 def check_config(cfg: Config) -> None:
     """MXNet-specific checks before training starts (ConfigError / DatasetError)."""
-    from frameworks.mxnet_support import check_devices, checkpoint_meta_of, checkpoint_path
+    from frameworks.mxnet_support import CHECKPOINTS, check_devices
 
     check_devices(cfg)  # --devices cuda needs an MXNet that sees a GPU
     ctx, _ = select_devices(cfg.gpus)
@@ -367,7 +365,7 @@ def check_config(cfg: Config) -> None:
             "AMP is not wired here); use --precision fp32"
         )
     check_available(cfg)
-    check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
+    check_resume(cfg, CHECKPOINTS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ OpenMP thread count, which MXNet reads once, when it is loaded.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,21 +28,21 @@ import numpy as np
 from mxnet import gluon
 
 from common.checkpoints import (
-    CHECKPOINT_FIX,
-    check_weights,
-    checkpoint_limit,
+    Checkpoints,
+    check_digest,
     checkpoint_meta,
-    read_checkpoint,
+    read_index,
     reading_checkpoint,
     restore_meta,
+    sha256_hex,
+    write_index,
     writing_checkpoint,
 )
 from common.config import Config, ConfigError
 from common.devices import need_gpus
 from common.pipeline import TrainLoader
-from common.results import RunRecorder, write_json_atomic
+from common.results import RunRecorder
 from common.runtime import atomic_write_with
-from common.sealed import check_digest, seal_json, sha256_hex, unseal_json
 from common.timing import PhaseTimer
 from frameworks.mxnet_models import structural_params, torch_key
 
@@ -263,7 +262,7 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
     write that fails (a full disk) removes this epoch's files, so that none is left that no
     index names, and is one line (`writing_checkpoint`). Both files are MXNet's NDArray
     format (`mx.nd.save`), never a pickle: `--resume` reads nothing that can run code. The
-    index holds the sha256 of each file and of its own fields (common/sealed.py)."""
+    index holds the sha256 of each file and of its own fields (common/checkpoints.py)."""
     index = checkpoint_path(cfg)
     tag = f"{cfg.framework}-epoch{epoch + 1}"
     # Context 0's copy of the (identical) replicas, in save_parameters' format. Gluon's own
@@ -285,7 +284,7 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
                 atomic_write_with(f, lambda tmp, a=arrays: mx.nd.save(tmp, a))  # type: ignore[misc]
             named = {key: f.name for key, f in zip(("params", "states"), files)}
             digests = {f"{key}_sha256": sha256_hex(f.read_bytes()) for key, f in zip(named, files)}
-            write_json_atomic(index, seal_json({**named, **digests, **meta}))
+            write_index(index, {**named, **digests, **meta})
     except BaseException:  # the index still names the last complete checkpoint's files
         for f in new:
             f.unlink(missing_ok=True)
@@ -373,42 +372,17 @@ def load_checkpoint(
     cfg: Config, state: TrainState, recorder: RunRecorder
 ) -> tuple[TrainState, int]:
     """Restore the latest checkpoint into every context; return the state and the epoch to
-    continue from. A corrupt or foreign file is bad input (one line, exit 2), as are another
-    run's metadata, weights of other shapes or dtypes (Gluon's load_parameters refuses them)
-    and weights no training leaves; every file is read bounded and checked against its sha256
-    before MXNet opens it."""
-    index, limit = checkpoint_path(cfg), checkpoint_limit(cfg)
+    continue from. Every file is checked against its sha256 before MXNet opens it; another
+    run's metadata, and weights of other shapes (Gluon's load_parameters refuses them), are
+    one line (exit 2)."""
+    index = checkpoint_path(cfg)
     with reading_checkpoint(index):
-        ckpt = read_index(index, limit)
+        ckpt = checkpoint_meta_of(index)
         epoch, state.step = restore_meta(ckpt, recorder, index)
-        params, states_file = (named_file(index, ckpt, key, limit) for key in ("params", "states"))
-        state.model.load_parameters(str(params), ctx=state.ctx)
-        weights = structural_params(state.model)
-        check_weights({n: p.data(state.ctx[0]).asnumpy() for n, p in weights.items()}, index)
-        states = mx.nd.load(str(states_file))
-        if not isinstance(states, dict):
-            raise ValueError("the optimiser states are not named arrays")
+        state.model.load_parameters(str(index.with_name(ckpt["params"])), ctx=state.ctx)
+        states = mx.nd.load(str(index.with_name(ckpt["states"])))
         load_optimizer_arrays(state.trainer, state.model, states)
     return state, epoch
-
-
-def read_index(index: Path, limit: int | None) -> dict[str, Any]:
-    """A checkpoint's index (JSON, read bounded) once its fields match its sha256."""
-    return unseal_json(json.loads(read_checkpoint(index, limit)), f"checkpoint {index}",
-                       CHECKPOINT_FIX, trust=str(index))  # fmt: skip
-
-
-def named_file(index: Path, ckpt: Any, key: str, limit: int | None) -> Path:
-    """The weights or optimiser file a checkpoint's index names: beside the index, a regular
-    file of at most `limit` bytes whose content has the sha256 the index holds (MXNet then
-    opens it by name)."""
-    name = Path(str(ckpt[key]))
-    if name.name != str(name):
-        raise ValueError(f"{key} file {name} is not beside the index")
-    path = index.with_name(name.name)
-    data = read_checkpoint(path, limit)
-    check_digest(data, ckpt.get(f"{key}_sha256"), f"checkpoint {path}", CHECKPOINT_FIX)
-    return path
 
 
 def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
@@ -418,11 +392,13 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return {torch_key(n): p.data(state.ctx[0]).asnumpy() for n, p in params.items()}
 
 
-def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
-    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
-    the weights and optimiser files it names must parse too, so that a corrupt one is refused
-    before the run. Every file read bounded: at most `limit` bytes."""
-    ckpt = read_index(path, limit)
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint's index: config, epoch ... (for check_resume), once
+    the index and the weights and optimiser files it names match their sha256."""
+    ckpt = read_index(path)
     for key in ("params", "states"):
-        mx.nd.load(str(named_file(path, ckpt, key, limit)))
+        check_digest(path.with_name(ckpt[key]), ckpt[f"{key}_sha256"])
     return ckpt
+
+
+CHECKPOINTS = Checkpoints(checkpoint_path, save_checkpoint, load_checkpoint, checkpoint_meta_of)

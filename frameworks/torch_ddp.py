@@ -40,24 +40,21 @@ from frameworks.profilers import TorchProfiler
 from frameworks.torch_launch import Launch, launch_env, rendezvous, single_process, spawn
 from frameworks.torch_models import CpuSyncBatchNorm, count_params, create_model
 from frameworks.torch_support import (
+    CHECKPOINTS,
     CompileMeter,
     DevicePlan,
     TrainState,
     autocast,
     canonical_state,
     check_devices,
-    checkpoint_meta_of,
-    checkpoint_path,
     device_plan,
     evaluate,
     execution,
     host_sums,
     initialize,
-    load_checkpoint,
     loss_fn,
     make_optimizer,
     no_forward_buffer_sync,
-    save_checkpoint,
     seed_for,
     sync,
     train_put,
@@ -275,7 +272,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
         if cuda and cfg.compile and world > 1 and cfg.compile_mode in CUDA_GRAPH_MODES:
             run.log(f"note: --compile-mode {cfg.compile_mode} (CUDA graphs) with DDP over "
                     f"{world} GPUs is unmeasured here (measured on one GPU)")  # fmt: skip
-        state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
+        state, start = run.resume(state, CHECKPOINTS)
         put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
         state.phases = run.phases
         with run.measured():
@@ -323,7 +320,7 @@ def check_config(cfg: Config) -> None:
     launched = launch_env()  # under srun: MASTER_ADDR / MASTER_PORT must be set
     check_devices(cfg, count=launched is None)  # a launcher's world sets the device count
     check_available(cfg)
-    check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
+    check_resume(cfg, CHECKPOINTS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,23 +34,20 @@ from common.trainer import run_main, should_log
 from frameworks.profilers import TorchProfiler
 from frameworks.torch_models import count_params, create_model
 from frameworks.torch_support import (
+    CHECKPOINTS,
     CompileMeter,
     DevicePlan,
     TrainState,
     autocast,
     canonical_state,
     check_devices,
-    checkpoint_meta_of,
-    checkpoint_path,
     device_plan,
     evaluate,
     execution,
     host_sums,
     initialize,
-    load_checkpoint,
     loss_fn,
     make_optimizer,
-    save_checkpoint,
     seed_for,
     sync,
     train_put,
@@ -208,7 +205,7 @@ def train(cfg: Config) -> dict:
         run.log("note: --compile applies on CUDA only; this run is eager")
     if cuda and cfg.compile and len(device_ids) > 1:
         run.log("note: --compile is not applied: torch.compile cannot trace nn.DataParallel")
-    state, start = run.resume(state, checkpoint_path(cfg), load_checkpoint, save_checkpoint)
+    state, start = run.resume(state, CHECKPOINTS)
     put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
     state.phases = run.phases
     with run.measured():
@@ -251,7 +248,7 @@ def check_config(cfg: Config) -> None:
                 "own slice); use --bn local, or torch-ddp for synchronised BatchNorm"
             )
     check_available(cfg)
-    check_resume(cfg, checkpoint_path(cfg), checkpoint_meta_of)
+    check_resume(cfg, CHECKPOINTS)
 
 
 def main(argv: list[str] | None = None) -> int:

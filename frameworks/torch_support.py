@@ -425,7 +425,7 @@ def checkpoint_path(cfg: Config) -> Path:
 
 
 def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
-    """Write the state after `epoch` (0-based) atomically: temp file, then rename."""
+    """Write the state after `epoch` (0-based) with its sha256, atomically."""
     buf = io.BytesIO()
     torch.save(
         {
@@ -436,41 +436,23 @@ def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch
         },
         buf,
     )
-    checkpoints.write_sealed_checkpoint(checkpoint_path(cfg), buf.getvalue())  # with its sha256
+    checkpoints.write_checkpoint(checkpoint_path(cfg), buf.getvalue())
 
 
 def load_checkpoint(
     cfg: Config, state: TrainState, recorder: RunRecorder
 ) -> tuple[TrainState, int]:
-    """Restore the latest checkpoint (tensors and plain containers only: weights_only=True; the
-    file read bounded); return the state and the epoch to continue from. Refused (one line):
-    another run's metadata, tensors of other dtypes or shapes than the model's (load_state_dict
-    would cast them), weights no training leaves."""
+    """Restore the latest checkpoint (its sha256 checked first; tensors and plain containers
+    only: weights_only=True); return the state and the epoch to continue from. Another run's
+    metadata is refused (one line)."""
     path = checkpoint_path(cfg)
-    with checkpoints.reading_checkpoint(path):  # corrupt or foreign: one line, exit 2
-        # the content's sha256 first: a tensor changed with its zip CRCs rewritten is refused
-        payload = checkpoints.read_sealed_checkpoint(path, checkpoints.checkpoint_limit(cfg))
-        ckpt = load_tensors(io.BytesIO(payload), state.device)
-        epoch, step = checkpoints.restore_meta(ckpt, recorder, path)
-        weights = ckpt["model"]
-        for name, want in state.module.state_dict().items():
-            got = weights.get(name)
-            if tensor_type(got) != tensor_type(want):
-                raise ConfigError(
-                    f"checkpoint {path}: {name} is {tensor_type(got)} where this model has "
-                    f"{tensor_type(want)}; {checkpoints.CHECKPOINT_FIX}"
-                )
-        checkpoints.check_weights({k: v.detach().cpu().numpy() for k, v in weights.items()}, path)
-        state.module.load_state_dict(weights)
+    with checkpoints.reading_checkpoint(path):  # damaged or foreign: one line, exit 2
+        ckpt = load_tensors(io.BytesIO(checkpoints.read_checkpoint(path)), state.device)
+        epoch, state.step = checkpoints.restore_meta(ckpt, recorder, path)
+        state.module.load_state_dict(ckpt["model"])
         state.optimizer.load_state_dict(ckpt["optimizer"])
         state.scaler.load_state_dict(ckpt["scaler"])
-        state.step = step
     return state, epoch
-
-
-def tensor_type(t: Any) -> str:
-    """dtype and shape, for comparing a checkpoint's tensor with the model's ("nothing": none)."""
-    return f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else "nothing"
 
 
 def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
@@ -478,10 +460,14 @@ def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() for k, v in state.module.state_dict().items()}
 
 
-def checkpoint_meta_of(path: Path, limit: int | None = None) -> dict[str, Any]:
-    """The metadata saved in a checkpoint: config, epoch ... (for common.trainer.check_resume);
-    the file read bounded: at most `limit` bytes, and checked against its sha256."""
-    return load_tensors(io.BytesIO(checkpoints.read_sealed_checkpoint(path, limit)), "cpu")
+def checkpoint_meta_of(path: Path) -> dict[str, Any]:
+    """The metadata saved in a checkpoint: config, epoch ... (for check_resume)."""
+    return load_tensors(io.BytesIO(checkpoints.read_checkpoint(path)), "cpu")
+
+
+CHECKPOINTS = checkpoints.Checkpoints(
+    checkpoint_path, save_checkpoint, load_checkpoint, checkpoint_meta_of
+)
 
 
 def load_tensors(path: Path | IO[bytes], device: Any) -> Any:

@@ -423,31 +423,10 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 
 def payload(path: Path) -> bytes:
-    """The content of a sealed checkpoint file (torch's .pt, JAX's .msgpack), its sha256 checked
-    (common/sealed.py)."""
-    from common.sealed import unseal
+    """The content of a checkpoint file (torch's .pt, JAX's .msgpack), its sha256 checked."""
+    from common.checkpoints import read_checkpoint
 
-    return unseal(path.read_bytes(), f"checkpoint {path}", "a test's checkpoint")
-
-
-def reseal(path: Path, content: bytes) -> None:
-    """Write `content` as a sealed checkpoint file with a matching sha256: a test's tampered
-    checkpoint then reaches the checks behind the digest."""
-    from common.sealed import seal
-
-    path.write_bytes(seal(content))
-
-
-def reseal_index(index: Path, **fields: Any) -> None:
-    """Rewrite MXNet checkpoint index `index` with `fields` changed and the sha256 of the files
-    it names and of its own fields recomputed (a tampered checkpoint that passes the digests)."""
-    from common.sealed import seal_json, sha256_hex
-
-    ckpt = {**json.loads(index.read_text()), **fields}
-    for key in ("params", "states"):
-        if isinstance(ckpt.get(key), str) and index.with_name(ckpt[key]).is_file():
-            ckpt[f"{key}_sha256"] = sha256_hex(index.with_name(ckpt[key]).read_bytes())
-    index.write_text(json.dumps(seal_json(ckpt)))
+    return read_checkpoint(path)
 
 
 def relative_update_difference(

@@ -64,10 +64,14 @@ def test_cache_is_used_and_a_wrong_file_is_replaced(tmp_path) -> None:
     assert init_record(cfg.replace(init="native"), 3, 10)["sha256"] is None
     path = tmp_path / "init" / info["file"].rsplit("/", 1)[-1]
     assert path.exists()
-    np.savez(path, **{"fc.weight": np.zeros((10, 64), np.float32)})  # another model's file
-    init_module._initial_state.cache_clear()  # a new process would read the file
-    _, info2 = initial_state(cfg, 3, 10)
-    assert info2["sha256"] == info["sha256"]  # redrawn, not the wrong file's contents
+    good = path.read_bytes()
+    other = init_module.cache_path(cfg.replace(seed=4), 3, 10)
+    initial_state(cfg.replace(seed=4), 3, 10)
+    for wrong in (other.read_bytes(), good[: len(good) // 2]):  # another seed's; cut short
+        path.write_bytes(wrong)
+        init_module._initial_state.cache_clear()  # a new process would read the file
+        _, info2 = initial_state(cfg, 3, 10)
+        assert info2["sha256"] == info["sha256"]  # redrawn, not the wrong file's contents
 
 
 @pytest.mark.parametrize("model", MODELS)
