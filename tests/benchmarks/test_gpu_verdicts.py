@@ -1,9 +1,7 @@
-"""benchmarks/analysis/gpu_verdicts.py, the judge of a GPU check (scripts/gpu_check.sh's archive):
-on the real H200 archive where it is at hand (../shared/gpu-runs/h200-20261127/, not in a fresh
-clone), and always on tests/fixtures/gpu_check/, three of that run's rows cut down to a few kB
-(tests/make_gpu_verdicts_fixture.py), packed the way gpu_check.sh packs. Each failure the judge
-must see is shown passing once the fixture is made right (test_a_right_run_passes_every_check),
-so no FAIL it reports is one it reports whatever the input."""
+"""benchmarks/analysis/gpu_verdicts.py, the judge of a GPU check (scripts/gpu_check.sh's
+archive): on the real H200 archive where it is at hand (../shared/gpu-runs/h200-20261127/), and
+always on tests/fixtures/gpu_check/ (tests/make_gpu_verdicts_fixture.py). The fixture made right
+passes every check, so no FAIL is one the judge reports whatever the input."""
 
 from __future__ import annotations
 
@@ -97,9 +95,7 @@ def test_the_fixture_archive_is_judged_as_the_run_it_was_cut_from(tmp_path: Path
 
 
 def test_a_right_run_passes_every_check(tmp_path: Path) -> None:
-    """The fixture made right: JAX's kernels bf16 (as cuDNN names them on an H200), its loop at
-    0.95, no failed GPU test: every judged check passes, exit 0. So each FAIL above is the
-    input's, not the judge's."""
+    """JAX's kernels bf16, its loop at 0.95, no failed GPU test: every check passes, exit 0."""
     out = copy(tmp_path)
     trace = out / TABLE / JAX_TRACE
     events = json.loads(gzip.decompress(trace.read_bytes()))
@@ -125,30 +121,21 @@ def test_a_right_run_passes_every_check(tmp_path: Path) -> None:
     assert proc.stdout.splitlines()[-1] == "gpu_verdicts: 10 of 10 checks pass"
 
 
-def test_a_record_that_says_float32_ran_under_bf16_fails(tmp_path: Path) -> None:
+def test_a_wrong_dtype_or_device_in_a_record_fails(tmp_path: Path) -> None:
+    """float32 said to run under bf16; fp32 asked with bf16 kernels in the trace; a CPU record."""
     out = copy(tmp_path)
     edit_json(out / TABLE / f"{TORCH_RO}.json",
               lambda r: r["ran"].update(activation_dtype="float32"))  # fmt: skip
+    edit_json(out / TABLE / "runs/torch-ddp-1dev.json",
+              lambda r: r["config"].update(precision="fp32"))  # fmt: skip
+    edit_json(out / TABLE / "runs/jax-pmap-1dev.json", lambda r: r.update(device_kind="cpu"))
     proc = judge(out)  # a folder is read as the archive is
     assert proc.returncode == 1
     got = verdict(proc.stdout, "precision torch-ddp+reduce-overhead x1")
     assert got == "FAIL record says float32 ran, bfloat16 was asked"
-
-
-def test_a_float32_run_with_bf16_kernels_fails(tmp_path: Path) -> None:
-    """fp32 asked and said (no `ran`: the config's), bf16 kernels in the trace."""
-    out = copy(tmp_path)
-    edit_json(out / TABLE / "runs/torch-ddp-1dev.json",
-              lambda r: r["config"].update(precision="fp32"))  # fmt: skip
-    got = verdict(judge(out).stdout, "precision torch-ddp x1")
+    got = verdict(proc.stdout, "precision torch-ddp x1")
     assert got.startswith("FAIL bf16 0.96") and "want 0 bf16 for float32" in got
-
-
-def test_a_cpu_record_fails_the_gpu_check(tmp_path: Path) -> None:
-    out = copy(tmp_path)
-    edit_json(out / TABLE / "runs/jax-pmap-1dev.json", lambda r: r.update(device_kind="cpu"))
-    got = verdict(judge(out).stdout, "saw the GPU jax-pmap x1")
-    assert got == "FAIL cpu, cuda:NVIDIA H200"
+    assert verdict(proc.stdout, "saw the GPU jax-pmap x1") == "FAIL cpu, cuda:NVIDIA H200"
 
 
 def test_what_did_not_run_or_is_missing_is_a_fail_not_a_crash(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks import parity
-from tests.conftest import MAIN_PYTHON, MXNET_PYTHON, ok, one_line_error, read_json, run_module
+from tests.conftest import MAIN_PYTHON, MXNET_PYTHON, ok, read_json, run_module
 
 
 def run_parity(tmp_path, *args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -26,13 +26,8 @@ def run_parity(tmp_path, *args: str, env: dict[str, str] | None = None):  # type
 
 
 def test_reduced_grid_agrees(tmp_path):
-    """Both BN modes at 2 devices, against torch-ddp at 1 device (sync) and at 2 (local): the
-    rows that hold a collective. The 1-device rows are the same maths as the 2-device sync rows
-    and are left to the tests that compare each trainer's N-device step with its 1-device step
-    (test_trainer_contract.py; MXNet's in tests/mxnet): six runs fewer, four of them JAX
-    compiles. One framework of each family: jax-shard's step equals jax-pmap's in both BN
-    modes, in float64 and float32 (tests/trainers/test_jax_shard.py), so its rows would repeat
-    jax-pmap's at two more JAX compiles; `python -m benchmarks.parity` runs them all."""
+    """Both BN modes at 2 devices (the rows that hold a collective), one framework per family:
+    the 1-device rows and jax-shard's are the N-device-equals-1-device tests' (tests/trainers)."""
     frameworks = "torch-ddp,jax-pmap" + (",mxnet-gluon" if MXNET_PYTHON.exists() else "")
     proc, out = run_parity(
         tmp_path, "--models", "resnet18", "--frameworks", frameworks, "--gpus", "2,"
@@ -145,10 +140,14 @@ def test_rounding_noise_stays_far_below_tolerance():
         (["--tolerance", "-1"], "--tolerance"),
     ],
 )
-def test_bad_input_is_one_line(tmp_path, args, fragment):
-    proc = run_module("benchmarks.parity", "--out", str(tmp_path / "p"), *args, python=MAIN_PYTHON)
-    one_line_error(proc, "parity: error:", fragment)
-    assert not (tmp_path / "p").exists()
+def test_bad_input_is_one_line(tmp_path, capsys, args, fragment):
+    try:
+        code = parity.main(["--out", str(tmp_path / "p"), *args])
+    except SystemExit as exc:  # refused by the flag parser
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("parity: error:"), err
+    assert fragment in err and not (tmp_path / "p").exists()
 
 
 def test_reference_per_row():

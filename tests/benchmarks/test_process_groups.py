@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -157,29 +156,6 @@ def test_a_stop_during_the_start_up_checks_kills_their_probes(
     assert tool.returncode == 143, said  # 128 + SIGTERM
     assert said.strip().splitlines()[-1] == "compare: interrupted before any run started"
     assert running(reap, within=1.0) == []
-
-
-def test_a_stopped_tool_kills_its_childs_whole_group(tmp_path: Path, reap: list[int]) -> None:
-    """SIGTERM to a tool (a cancelled CI job) while a child runs: the child ends "interrupted",
-    its whole group killed, the child it forked too."""
-    result = {}
-
-    def execute(plan: object) -> int:
-        stop = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
-        stop.start()
-        try:
-            script = hang(tmp_path, "child")
-            result["child"] = harness.run_child(["sh", "-c", script], tmp_path / "log", 60, tag="t")
-        finally:
-            stop.cancel()  # a child that never started: no SIGTERM for this process later
-        return harness.interrupted()
-
-    before = signal.getsignal(signal.SIGTERM)
-    assert harness.run_tool("t", [], lambda args: None, execute) == 143
-    reap += pids_of(tmp_path, "child")
-    assert result["child"].ended == "interrupted"
-    assert running(reap, within=5.0) == []  # the whole group, not the leader only
-    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_the_nvidia_course_ranks_die_with_their_parent(monkeypatch: pytest.MonkeyPatch) -> None:
