@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import os
 import signal
 import stat
@@ -213,7 +212,6 @@ def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path
     assert statuses == ["interrupted", "not run"]
     assert not list(out.rglob("*.tmp"))
     assert _ended(int(pid_file.read_text()))
-
 
 
 @pytest.mark.parametrize(
