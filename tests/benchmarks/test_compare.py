@@ -15,7 +15,6 @@ import stat
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -151,18 +150,6 @@ def assert_report_rebuilds_the_same_files(out: Path) -> None:
     assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "5 of 5 planned runs have records" in printed.getvalue()
     assert not (out / harness.LOCK_NAME).exists() and not list(out.rglob("*.tmp"))
-
-
-def test_report_rebuild_sees_a_different_plan(tmp_path: Path) -> None:
-    """The byte-for-byte check above can fail: a config.json that planned one run more for a
-    cell gives that cell "not run 1" and a different table."""
-    sweep = report.Sweep("t", "c", ["a"], [1], {("a", 1): 1})
-    records = [_record("a", 1, 0, 100.0, 0.9)]
-    report.write_tables(tmp_path, sweep, records)
-    first = (tmp_path / "results.csv").read_text()
-    report.write_tables(tmp_path, replace(sweep, planned={("a", 1): 2}), records)
-    assert (tmp_path / "results.csv").read_text() != first
-    assert "ok 1, not run 1" in (tmp_path / "results.csv").read_text()
 
 
 def _stand_in_python(tmp_path: Path, body: str) -> Path:
@@ -444,16 +431,6 @@ def test_a_per_device_preset_defaults_to_weak_scaling(
     assert strong.scaling == "strong" and [s.cfg.batch_size for s in strong.runs] == [128, 128]
 
 
-def test_on_cuda_torch_dp_runs_every_count(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(harness, "unavailable", lambda names: {})
-    monkeypatch.setattr(harness, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
-    monkeypatch.delenv("DPBENCH_DEVICES")  # the test session's pin to the CPU
-    _frameworks_see(monkeypatch, ["NVIDIA H100"] * 2)
-    plan = compare.make_plan(["--frameworks", "torch-dp", "--out", str(tmp_path)])
-    assert [s.devices for s in plan.runs] == [1, 2] and not plan.not_applicable
-    assert plan.expected_kind == "cuda:NVIDIA H100"
-
-
 # -- reporting ----------------------------------------------------------------------------------
 
 
@@ -596,11 +573,6 @@ def test_repeats_give_median_range_noise_marks_and_load_warning(tmp_path: Path) 
     assert "a x1" not in busy and "b x1" not in busy
     report.write_tables(tmp_path, sweep, records)
     table = read_csv(tmp_path / "results.csv")
-    for column in (
-        "images_per_sec_min", "images_per_sec_max", "sec_per_epoch_min", "sec_per_epoch_max",
-        "test_accuracy_std", "within_noise_of", "load_avg_max", "cores",
-    ):  # fmt: skip
-        assert column in table[0]
     assert (table[0]["images_per_sec"], table[0]["images_per_sec_min"]) == ("110.0", "100.0")
     assert table[0]["within_noise_of"] == "b" and table[4]["load_avg_max"] == "3.5"
     runs = read_csv(tmp_path / "runs.csv")
@@ -615,21 +587,6 @@ def test_repeats_give_median_range_noise_marks_and_load_warning(tmp_path: Path) 
     text = printed.getvalue()
     assert "110 (100-130) †" in text and "a ~ b" in text and "c x1 (3.5 on 2 cores)" in text
     assert "one run" in text  # b x2 lost a run: "Some cells are one run"
-
-
-def test_one_run_per_cell_says_spread_is_unmeasured_and_marks_nothing() -> None:
-    sweep = _repeat_sweep(["a", "b"], repeat=1)
-    records = [_record(fw, n, 0, 100.0 + n, 0.9) for fw in ("a", "b") for n in (1, 2)]
-    table = report.rows(sweep, records)
-    assert not any(r.get("within_noise_of") for r in table)  # equal values, but no ranges
-    assert report.spread_notes(table) == [
-        "Every cell is one run, so the run-to-run spread is not measured: differences smaller "
-        "than that spread are noise (use --repeat 3 to measure it)."
-    ]
-    assert "x1" not in report.load_note(sweep, table)  # load <= 1.5 on 2 cores at 1 device
-    headers, body = report.table_cells(sweep, table)
-    ips = headers.index("images/s")
-    assert [line[ips] for line in body] == ["101", "102", "101", "102"]
 
 
 def test_epoch_line_contract_with_the_recorder(capsys: pytest.CaptureFixture[str]) -> None:
@@ -858,8 +815,8 @@ def test_one_framework_in_two_modes_is_two_rows_of_its_own(no_probe: None, tmp_p
 def test_compiled_data_parallel_on_several_gpus_is_refused_before_any_run(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """torch.compile cannot trace nn.DataParallel's replicas (torch-dp would run eager): a
-    torch-dp compile variant at 2+ GPUs is n/a with the reason, and alone it is bad input."""
+    """On CUDA torch-dp runs every count, but its compile variant at 2+ GPUs is n/a (compile
+    cannot trace nn.DataParallel's replicas), and alone it is bad input."""
     monkeypatch.setattr(harness, "unavailable", lambda names: {})
     monkeypatch.setattr(harness, "detect_gpus", lambda: ["NVIDIA H100"] * 2)
     monkeypatch.delenv("DPBENCH_DEVICES")  # the test session's pin to the CPU
@@ -869,6 +826,7 @@ def test_compiled_data_parallel_on_several_gpus_is_refused_before_any_run(
     assert [(s.framework, s.devices) for s in plan.runs] == [
         ("torch-dp", 1), ("torch-dp", 2), ("torch-dp+reduce-overhead", 1),
     ]  # fmt: skip
+    assert plan.expected_kind == "cuda:NVIDIA H100"
     why = plan.not_applicable[("torch-dp+reduce-overhead", 2)]
     assert "cannot trace nn.DataParallel" in why and "torch-ddp+reduce-overhead" in why
     out = tmp_path / "alone"

@@ -180,12 +180,3 @@ def test_a_prediction_made_without_an_unusable_breakdown_is_not_called_no_predic
     lines = P.section(records, report._busy)
     assert any(ln.startswith("- jax-pmap x2: note: breakdown without step_ms") for ln in lines)
     assert not any("no prediction" in ln for ln in lines), lines
-
-
-def test_a_non_finite_images_per_sec_is_dropped_as_the_report_drops_it():
-    """A non-finite images/s counts in neither median, as in the report's own table."""
-    records = [*weak_sweep(), record("jax-pmap", 2, float("nan"), 128)]
-    records.append(record("jax-pmap", 1, float("inf"), 64))
-    (row,) = P.measured_vs_predicted(records, link=LINK)
-    assert (row["runs"], row["runs_one_device"]) == (1, 1)
-    assert row["measured_efficiency"] == pytest.approx(3600 / (2 * 2000))

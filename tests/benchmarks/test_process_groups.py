@@ -1,8 +1,7 @@
-"""No child outlives its tool (benchmarks/harness.py): every child a tool starts runs in a
-process group of its own, killed whole on a timeout and on an interrupt; a trainer gets SIGTERM
-when the tool dies, kill -9 included; `report` on a sweep whose runner is gone says so. The
-children are stand-ins (a shell script in place of a framework's interpreter that forks a child
-and hangs): no framework is imported, no training runs."""
+"""No child outlives its tool (benchmarks/harness.py): a hung or interrupted probe is killed
+with its group; a trainer gets SIGTERM when the tool dies, kill -9 included; `report` on a sweep
+whose runner is gone says so. The children are stand-ins: no training runs. (A run's group
+killed on a timeout or a stop: tests/benchmarks/test_compare.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import harness
+from benchmarks import harness, report
 from common.runtime import process_alive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +101,7 @@ time.sleep(300)
 
 
 def test_compare_killed_9_ends_its_trainer_and_report_says_its_runner_is_gone(
-    tmp_path: Path, reap: list[int]
+    tmp_path: Path, reap: list[int], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The trainer (a stand-in that arms common.runtime.stop_with_harness, as run_main does)
     gets SIGTERM when compare dies, and writes its record."""
@@ -126,13 +125,9 @@ def test_compare_killed_9_ends_its_trainer_and_report_says_its_runner_is_gone(
     assert running(reap, within=3.0) == []
     assert told.read_text() == "TERM"  # told to stop (a trainer writes its record)
 
-    report = subprocess.run(
-        [sys.executable, "-m", "benchmarks.report", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert report.returncode == 0, report.stderr
+    assert report.main([str(out)]) == 0
     said = f"report: the comparison in {out} stopped: its runner (pid {tool.pid}) is gone"
-    assert said in report.stdout, report.stdout
+    assert said in capsys.readouterr().out
 
 
 def test_a_stop_during_the_start_up_checks_kills_their_probes(
