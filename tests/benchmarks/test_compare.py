@@ -23,7 +23,14 @@ from benchmarks import compare, harness, report
 from benchmarks.progress import RichProgress, parse_epoch_line
 from common.config import preset
 from common.results import RunRecorder
-from tests.conftest import ROOT, TENSORBOARD_MISSING, fake_nvidia_smi, read_json, run_module
+from tests.conftest import (
+    FRAMEWORKS,
+    ROOT,
+    TENSORBOARD_MISSING,
+    fake_nvidia_smi,
+    read_json,
+    run_module,
+)
 from tests.trainers.test_tensorboard import assert_events_match_record
 
 # Two real frameworks of different families, each at 1 and 2 simulated devices.
@@ -370,30 +377,18 @@ def test_default_plan_is_every_framework_at_1_and_2_on_digits(
     no_probe: None, tmp_path: Path
 ) -> None:
     plan = compare.make_plan(["--out", str(tmp_path / "out")])
-    assert plan.frameworks == [
-        "torch-dp",
-        "torch-ddp",
-        "jax-pmap",
-        "jax-shard",
-        "jax-shardmap",
-        "mxnet-gluon",
-    ]
+    assert plan.frameworks == list(FRAMEWORKS)
     assert plan.counts == [1, 2] and plan.base.preset == "digits" and plan.base.width == 0.25
     assert plan.scaling == "strong" and plan.expected_kind == "cpu-simulated"
     # torch-dp without CUDA: only the 1-device cell, and the table says why
     assert plan.not_applicable == {
         ("torch-dp", 2): "nn.DataParallel needs CUDA; on CPU it runs one replica"
     }
-    assert [(s.framework, s.devices) for s in plan.runs][:3] == [
-        ("torch-dp", 1),
-        ("torch-ddp", 1),
-        ("torch-ddp", 2),
-    ]
+    cells = [(s.framework, s.devices) for s in plan.runs]
+    assert cells[:3] == [("torch-dp", 1), ("torch-ddp", 1), ("torch-ddp", 2)]
     mx = next(s for s in plan.runs if s.framework == "mxnet-gluon")
-    assert mx.command[0].endswith(".venv-mxnet/bin/python") and mx.command[1:3] == (
-        "-m",
-        "frameworks.mxnet_gluon",
-    )
+    assert mx.command[0].endswith(".venv-mxnet/bin/python")
+    assert mx.command[1:3] == ("-m", "frameworks.mxnet_gluon")
     for spec in plan.runs:  # the trainers' default (--init shared); native only when asked
         assert "--init" not in spec.command and spec.cfg.init == "shared"
     assert not (tmp_path / "out").exists()  # planning writes nothing

@@ -1,12 +1,6 @@
-"""benchmarks.parity: the cross-framework one-step check passes, can fail, is robust to rounding.
-
-- a reduced grid (ResNet-18, both BN modes, 2 devices, torch-ddp + jax-pmap + mxnet-gluon)
-  exits 0 with every row far below the tolerance;
-- an injected off-by-one LR index (DPBENCH_INJECT=lr-shift@jax-pmap) makes those rows fail;
-- in-process (torch), rounding-level noise on the batch of the tool's own configuration moves
-  the update far less than the tolerance;
-- bad input: one line, exit 2.
-"""
+"""benchmarks.parity: the cross-framework one-step check passes on a reduced grid, fails on an
+injected off-by-one LR index, stays far below its tolerance under rounding-level noise, and
+refuses bad input in one line."""
 
 from __future__ import annotations
 
@@ -99,11 +93,9 @@ def torch_update(cfg, ds, images: np.ndarray, labels: np.ndarray, devices: int) 
 
 
 def test_rounding_noise_stays_far_below_tolerance():
-    """The tool's configuration, one step in torch (1 device and 2 devices' per-device BN): the
-    batch multiplied by 1 + 3e-7 N(0, 1) (a few float32 ulps, the size of the differences between
-    frameworks' arithmetic) moves the update by <= 2.2e-6 (measured), far below 1e-4.
-    (Noise of 1e-6 can flip a ReLU whose input lies within 1e-6 of 0, which moves the update by
-    ~1e-3: why the default seed keeps every ReLU input >= 2e-6 from 0, see parity.SEED.)"""
+    """One torch step of the tool's configuration (1 and 2 devices): the batch times
+    1 + 3e-7 N(0, 1), a few float32 ulps, moves the update by <= 2.2e-6 (measured), far below
+    the tolerance (parity.SEED keeps every ReLU input >= 2e-6 from 0)."""
     torch = pytest.importorskip("torch")
     from common.config import preset
     from common.datasets import load_for
