@@ -59,7 +59,8 @@ def test_the_suite_never_touches_the_users_cache(tmp_path: Path) -> None:
     (cache / "jit_train_step-0123-cache").write_bytes(b"an entry cut short")
     (tmp_path / "inner").mkdir()
     (tmp_path / "inner" / "test_inner.py").write_text(INNER)
-    env = {"HOME": str(home), "XDG_CACHE_HOME": None, "JAX_COMPILATION_CACHE_DIR": None}
+    env = {"HOME": str(home), "XDG_CACHE_HOME": None, "JAX_COMPILATION_CACHE_DIR": None,
+           "DPBENCH_TEST_CPU_LOG": None}  # fmt: skip
     # HOME read-only (root writes anyway: the digests decide), no session folder of the caller's
     before = snapshot(home)
     temp = tmp_path / "temp"
