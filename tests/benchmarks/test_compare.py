@@ -10,11 +10,6 @@ import contextlib
 import csv
 import io
 import os
-import signal
-import stat
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +20,6 @@ from common.config import preset
 from common.results import RunRecorder
 from tests.conftest import (
     FRAMEWORKS,
-    ROOT,
     TENSORBOARD_MISSING,
     fake_nvidia_smi,
     read_json,
@@ -50,7 +44,7 @@ def test_end_to_end_two_frameworks_a_failed_one_and_a_missing_one(tmp_path: Path
     """One sweep: two frameworks at 1 and 2 devices, one that fails at start-up (its log tail
     reported, the others keep their results, exit 1) and one whose interpreter is missing."""
     out = tmp_path / "out"
-    frameworks = ",".join([*PAIR, "torch-dp", "mxnet-gluon"])
+    frameworks = ",".join(["torch-dp", *PAIR, "mxnet-gluon"])  # the failed run first
     args = ["--frameworks", frameworks, "--gpus", "2", "--preset", "smoke", "--out", str(out)]
     args += ["--no-tensorboard"] if TENSORBOARD_MISSING else []  # its checks below left out
     env = {**MISSING_PYTHON, "DPBENCH_FAIL": "torch-dp"}
@@ -59,17 +53,17 @@ def test_end_to_end_two_frameworks_a_failed_one_and_a_missing_one(tmp_path: Path
 
     rows = read_csv(out / "results.csv")
     assert [(r["framework"], r["devices"], r["status"]) for r in rows] == [
+        ("torch-dp", "1", "failed"),
+        ("torch-dp", "2", "n/a"),
         (PAIR[0], "1", "ok"),
         (PAIR[0], "2", "ok"),
         (PAIR[1], "1", "ok"),
         (PAIR[1], "2", "ok"),
-        ("torch-dp", "1", "failed"),
-        ("torch-dp", "2", "n/a"),
         ("mxnet-gluon", "-", "skipped"),
     ]
-    assert "failure injected" in rows[4]["note"]
+    assert "failure injected" in rows[0]["note"]
     assert "bash scripts/setup.sh mxnet" in rows[-1]["note"]
-    for r in rows[:4]:
+    for r in rows[2:6]:
         assert r["device_kind"] == "cpu-simulated"
         assert int(r["test_examples"]) == int(r["test_set_size"]) == SMOKE_TEST_SET
         assert r["global_batch_size"] == "24"  # strong scaling: the same global batch
@@ -159,55 +153,6 @@ def assert_report_rebuilds_the_same_files(out: Path) -> None:
     assert not (out / harness.LOCK_NAME).exists() and not list(out.rglob("*.tmp"))
 
 
-def _stand_in_python(tmp_path: Path, body: str) -> Path:
-    """An executable that answers the runner's package probe (`-c ...`) like a Python that has
-    every package, and otherwise runs `body` instead of the framework module."""
-    path = tmp_path / "python"
-    path.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then exit 0; fi\n{body}\n')
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
-
-def _ended(pid: int, within: float = 10.0) -> bool:
-    """True once `pid` is gone or a zombie (killed, waiting for init to reap it)."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def test_interrupted_sweep_kills_the_run_and_keeps_complete_files(tmp_path: Path) -> None:
-    pid_file = tmp_path / "worker.pid"
-    python = _stand_in_python(tmp_path, f"sleep 120 &\necho $! > {pid_file}\nwait")
-    out = tmp_path / "out"
-    args = ["--frameworks", PAIR[0], "--gpus", "2", "--preset", "smoke", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.compare", *args], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)  # e.g. a cancelled CI job
-    stdout, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 143, stdout  # 128 + SIGTERM, as a trainer
-    assert "interrupted; 0 of 2 runs finished" in stdout
-    assert read_json(out / "config.json")["status"] == "interrupted"
-    record = read_json(out / "runs" / f"{PAIR[0]}-1dev.json")
-    assert record["status"] == "interrupted" and record["runner"]["ended"] == "interrupted"
-    statuses = [r["status"] for r in read_csv(out / "results.csv")]
-    assert statuses == ["interrupted", "not run"]
-    assert not list(out.rglob("*.tmp"))
-    assert _ended(int(pid_file.read_text()))
-
-
 @pytest.mark.parametrize(
     "config, says",
     [
@@ -225,35 +170,6 @@ def test_report_bad_directory_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("report: error: ") and says in err
     assert sorted(p.name for p in tmp_path.iterdir()) == (["config.json"] if config else [])
-
-
-def test_hung_run_is_killed_at_the_timeout_with_its_workers(tmp_path: Path) -> None:
-    pid_file = tmp_path / "worker.pid"
-    python = _stand_in_python(
-        tmp_path,
-        "echo 'epoch 1/3 sec=1.0 images_per_sec=10.0 train_loss=2.3 test_accuracy=0.25 "
-        f"test_loss=2.2'\nsleep 120 &\necho $! > {pid_file}\nwait",
-    )
-    out = tmp_path / "out"
-    args = ["--frameworks", PAIR[0], "--gpus", "1", "--preset", "smoke", "--timeout", "3"]
-    t0 = time.monotonic()
-    proc = run_module(
-        "benchmarks.compare",
-        *args,
-        "--out",
-        str(out),
-        env={"DPBENCH_PYTHON_TORCH_DDP": str(python)},
-    )
-    assert time.monotonic() - t0 < 60
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    record = read_json(out / "runs" / f"{PAIR[0]}-1dev.json")
-    assert record["status"] == "timeout" and record["runner"]["ended"] == "timeout"
-    assert record["epochs"][0]["test_accuracy"] == 0.25  # progress parsed from the log
-    assert (
-        "[compare] still running after 3 s (--timeout): killed"
-        in (out / record["runner"]["log"]).read_text()
-    )
-    assert _ended(int(pid_file.read_text()))  # the run's own child went with it
 
 
 # -- bad input: one line, exit code 2, nothing started --------------------------------------------

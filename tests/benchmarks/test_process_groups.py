@@ -1,10 +1,11 @@
-"""No child outlives its tool (benchmarks/harness.py): a hung or interrupted probe is killed
-with its group; a trainer gets SIGTERM when the tool dies, kill -9 included; `report` on a sweep
-whose runner is gone says so. The children are stand-ins: no training runs. (A run's group
-killed on a timeout or a stop: tests/benchmarks/test_compare.py.)"""
+"""No child outlives its tool (benchmarks/harness.py): a hung or stopped probe or run is killed
+with its whole group, and the files written so far are complete; a trainer gets SIGTERM when the
+tool dies, kill -9 included; `report` on a sweep whose runner is gone says so. The children are
+stand-ins (a shell script in place of a framework's interpreter): no training runs."""
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 from benchmarks import harness, report
 from common.runtime import process_alive
+from tests.conftest import read_json, run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,6 +153,54 @@ def test_a_stop_during_the_start_up_checks_kills_their_probes(
     assert tool.returncode == 143, said  # 128 + SIGTERM
     assert said.strip().splitlines()[-1] == "compare: interrupted before any run started"
     assert running(reap, within=1.0) == []
+
+
+def test_a_stopped_compare_kills_its_run_whole_and_keeps_complete_files(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    python = stand_in(tmp_path, "exit 0", hang(tmp_path, "run"))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
+    args = ["--frameworks", "torch-ddp", "--gpus", "2", "--preset", "smoke", "--out", str(out)]
+    tool = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.compare", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        reap += pids_of(tmp_path, "run")
+        tool.send_signal(signal.SIGTERM)  # a cancelled CI job
+        said, _ = tool.communicate(timeout=60)
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+    assert tool.returncode == 143, said  # 128 + SIGTERM, as a trainer
+    assert "interrupted; 0 of 2 runs finished" in said
+    assert running(reap, within=5.0) == []  # the run and the child it forked
+    assert read_json(out / "config.json")["status"] == "interrupted"
+    record = read_json(out / "runs" / "torch-ddp-1dev.json")
+    assert record["status"] == "interrupted" and record["runner"]["ended"] == "interrupted"
+    with open(out / "results.csv") as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["interrupted", "not run"]
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_a_hung_run_is_killed_at_the_timeout_with_its_child(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    epoch = "epoch 1/3 sec=1.0 images_per_sec=10.0 train_loss=2.3 test_accuracy=0.25 test_loss=2.2"
+    python = stand_in(tmp_path, "exit 0", f"echo '{epoch}'; " + hang(tmp_path, "run"))
+    out = tmp_path / "out"
+    args = ["--frameworks", "torch-ddp", "--gpus", "1", "--preset", "smoke", "--timeout", "3"]
+    proc = run_module("benchmarks.compare", *args, "--out", str(out),
+                      env={"DPBENCH_PYTHON_TORCH_DDP": str(python)}, timeout=60)  # fmt: skip
+    reap += pids_of(tmp_path, "run")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert running(reap, within=5.0) == []
+    record = read_json(out / "runs" / "torch-ddp-1dev.json")
+    assert record["status"] == "timeout" and record["runner"]["ended"] == "timeout"
+    assert record["epochs"][0]["test_accuracy"] == 0.25  # progress parsed from the log
+    said = (out / record["runner"]["log"]).read_text()
+    assert "[compare] still running after 3 s (--timeout): killed" in said
 
 
 def test_the_nvidia_course_ranks_die_with_their_parent(monkeypatch: pytest.MonkeyPatch) -> None:
