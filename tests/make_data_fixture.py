@@ -4,19 +4,11 @@ it feeds MXNet the same data the main environment feeds torch and JAX.
 
     .venv/bin/python -m tests.make_data_fixture     # rewrites tests/fixtures/data_fixture.json
 
-Every record is {dtype, shape, sha256, head}: the digest covers dtype.str, shape and the C-order
-bytes; `head` holds the first few values so a mismatch message is readable. Records:
-
-- dataset/{train,test}_{x,y}: the arrays `load_for(preset("digits"))` returns (16x16 uint8).
-- dataset/mean, dataset/std: the normalisation statistics (exact float reprs).
-- epoch{e}/order, epoch{e}/aug_{dy,dx,flip}: `epoch_permutation` and `augmentation_params` of
-  epochs 0 and 1 over the whole training set.
-- train/w{W}r{R}/epoch{e}/step{s}/{indices,uint8,y,NHWC,NCHW}: the real `TrainLoader`'s first two
-  batches of epochs 0 and 1 for world 1 and ranks 0 and 1 of world 2: the dataset indices, the
-  augmented uint8 images (the loader's own generator with the normaliser replaced by identity),
-  the labels and the normalised float32 batches in both layouts.
-- eval/w{W}r{R}/{uint8,y,w,NHWC,NCHW}: the `EvalLoader`'s first batch, same worlds and ranks.
-
+Every record is {dtype, shape, sha256, head} (the digest covers dtype.str, shape and the C-order
+bytes; `head`, the first values, makes a mismatch readable), for: the dataset's arrays and
+normalisation statistics; epochs 0 and 1's order and augmentation parameters; the TrainLoader's
+first two batches of those epochs and the EvalLoader's first batch, for world 1 and ranks 0 and
+1 of world 2 (indices, augmented uint8 images, labels, normalised NHWC and NCHW batches).
 Imports numpy, the standard library and common/ only: it runs in both environments.
 """
 

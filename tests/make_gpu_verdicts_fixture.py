@@ -1,5 +1,6 @@
-"""The GPU-check fixture: a small, real-shaped gpu_check.sh OUT_DIR for tests/benchmarks/test_gpu_verdicts.py,
-cut from the H200 run of 2026-11-27 (../shared/gpu-runs/h200-20261127/gpu-steps-1-8.tar.xz):
+"""The GPU-check fixture: a small, real-shaped gpu_check.sh OUT_DIR for
+tests/benchmarks/test_gpu_verdicts.py, cut from the H200 run of 2026-11-27
+(../shared/gpu-runs/h200-20261127/gpu-steps-1-8.tar.xz):
 
     .venv/bin/python -m tests.make_gpu_verdicts_fixture ARCHIVE  # writes tests/fixtures/gpu_check/
 
@@ -36,9 +37,9 @@ RAN = {"activation_dtype": "bfloat16", "input_memory_format": "channels_last",
        "mode": "torch.compile(reduce-overhead)"}  # fmt: skip
 TESTS_XML = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite \
 name="pytest" errors="0" failures="0" skipped="0" tests="3" time="1.0"><testcase \
-classname="tests.common.test_command_line" name="test_one" time="0.1" /><testcase classname="tests.common.test_command_line" \
-name="test_two" time="0.1" /><testcase classname="tests.benchmarks.test_ab" name="test_three" time="0.1" />\
-</testsuite></testsuites>
+classname="tests.common.test_command_line" name="test_one" time="0.1" /><testcase \
+classname="tests.common.test_command_line" name="test_two" time="0.1" /><testcase \
+classname="tests.benchmarks.test_ab" name="test_three" time="0.1" /></testsuite></testsuites>
 """
 
 

@@ -1,9 +1,7 @@
-"""benchmarks/analysis/gpu_verdicts.py, the judge of a GPU check (scripts/gpu_check.sh's archive):
-on the real H200 archive where it is at hand (../shared/gpu-runs/h200-20261127/, not in a fresh
-clone), and always on tests/fixtures/gpu_check/, three of that run's rows cut down to a few kB
-(tests/make_gpu_verdicts_fixture.py), packed the way gpu_check.sh packs. Each failure the judge
-must see is shown passing once the fixture is made right (test_a_right_run_passes_every_check),
-so no FAIL it reports is one it reports whatever the input."""
+"""benchmarks/analysis/gpu_verdicts.py, the judge of a GPU check (scripts/gpu_check.sh's
+archive), on tests/fixtures/gpu_check/: the H200 run of 2026-11-27 cut down
+(tests/make_gpu_verdicts_fixture.py). The fixture made right passes every check, so no FAIL is
+one the judge reports whatever the input."""
 
 from __future__ import annotations
 
@@ -15,12 +13,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from benchmarks.analysis.breakdowns import kernel_dtype, kernel_dtype_shares
 from tests.conftest import MAIN_PYTHON, ROOT
 
-SHARED = ROOT.parent / "shared" / "gpu-runs" / "h200-20261127" / "gpu-steps-1-8.tar.xz"
 FIXTURE = ROOT / "tests" / "fixtures" / "gpu_check"
 TABLE = "suite/throughput-bf16"
 JAX_TRACE = "runs/jax-pmap-1dev.profile/rank0/plugins/profile/2026_11_27_15_45_10/vm.trace.json.gz"
@@ -59,28 +54,6 @@ def edit_json(path: Path, change: Any) -> None:
     path.write_text(json.dumps(data))
 
 
-@pytest.mark.skipif(not SHARED.is_file(), reason=f"{SHARED} absent (not in a fresh clone)")
-def test_the_h200_run_fails_jax_precision_and_ratio_and_one_gpu_test() -> None:
-    proc = judge(SHARED)
-    assert proc.returncode == 1 and proc.stderr == "", proc.stdout + proc.stderr
-    out = proc.stdout
-    for jax in ("jax-pmap", "jax-shard", "jax-shardmap"):
-        assert verdict(out, f"precision {jax} x1").startswith("FAIL bf16 0.00, fp32 1.00"), out
-        assert "record has no 'ran'" in verdict(out, f"precision {jax} x1")
-        assert verdict(out, f"real/compute-only {jax} x1").startswith("FAIL 0.1"), out
-        assert verdict(out, f"saw the GPU {jax} x1") == "PASS cuda:NVIDIA H200"
-    gpu_tests = verdict(out, "GPU tests: 0 failed")
-    assert gpu_tests.startswith("FAIL 23 tests: 16 passed, 1 failed")
-    assert FAILED_GPU_TEST in gpu_tests
-    assert verdict(out, "main suite: 0 failed").startswith("FAIL tests.xml absent")  # --no-tests
-    for torch in ("torch-ddp+reduce-overhead", "torch-dp+reduce-overhead"):
-        for check in ("precision", "real/compute-only", "saw the GPU"):
-            assert verdict(out, f"{check} {torch} x1").startswith("PASS"), (check, out)
-    for eager in ("torch-ddp", "torch-dp"):
-        assert verdict(out, f"precision {eager} x1").startswith("PASS")
-        assert verdict(out, f"real/compute-only {eager} x1").startswith("- eager: host-bound")
-
-
 def test_the_fixture_archive_is_judged_as_the_run_it_was_cut_from(tmp_path: Path) -> None:
     proc = judge(pack(copy(tmp_path)))
     assert proc.returncode == 1 and proc.stderr == "", proc.stdout + proc.stderr
@@ -97,9 +70,7 @@ def test_the_fixture_archive_is_judged_as_the_run_it_was_cut_from(tmp_path: Path
 
 
 def test_a_right_run_passes_every_check(tmp_path: Path) -> None:
-    """The fixture made right: JAX's kernels bf16 (as cuDNN names them on an H200), its loop at
-    0.95, no failed GPU test: every judged check passes, exit 0. So each FAIL above is the
-    input's, not the judge's."""
+    """JAX's kernels bf16, its loop at 0.95, no failed GPU test: every check passes, exit 0."""
     out = copy(tmp_path)
     trace = out / TABLE / JAX_TRACE
     events = json.loads(gzip.decompress(trace.read_bytes()))
@@ -125,30 +96,21 @@ def test_a_right_run_passes_every_check(tmp_path: Path) -> None:
     assert proc.stdout.splitlines()[-1] == "gpu_verdicts: 10 of 10 checks pass"
 
 
-def test_a_record_that_says_float32_ran_under_bf16_fails(tmp_path: Path) -> None:
+def test_a_wrong_dtype_or_device_in_a_record_fails(tmp_path: Path) -> None:
+    """float32 said to run under bf16; fp32 asked with bf16 kernels in the trace; a CPU record."""
     out = copy(tmp_path)
     edit_json(out / TABLE / f"{TORCH_RO}.json",
               lambda r: r["ran"].update(activation_dtype="float32"))  # fmt: skip
+    edit_json(out / TABLE / "runs/torch-ddp-1dev.json",
+              lambda r: r["config"].update(precision="fp32"))  # fmt: skip
+    edit_json(out / TABLE / "runs/jax-pmap-1dev.json", lambda r: r.update(device_kind="cpu"))
     proc = judge(out)  # a folder is read as the archive is
     assert proc.returncode == 1
     got = verdict(proc.stdout, "precision torch-ddp+reduce-overhead x1")
     assert got == "FAIL record says float32 ran, bfloat16 was asked"
-
-
-def test_a_float32_run_with_bf16_kernels_fails(tmp_path: Path) -> None:
-    """fp32 asked and said (no `ran`: the config's), bf16 kernels in the trace."""
-    out = copy(tmp_path)
-    edit_json(out / TABLE / "runs/torch-ddp-1dev.json",
-              lambda r: r["config"].update(precision="fp32"))  # fmt: skip
-    got = verdict(judge(out).stdout, "precision torch-ddp x1")
+    got = verdict(proc.stdout, "precision torch-ddp x1")
     assert got.startswith("FAIL bf16 0.96") and "want 0 bf16 for float32" in got
-
-
-def test_a_cpu_record_fails_the_gpu_check(tmp_path: Path) -> None:
-    out = copy(tmp_path)
-    edit_json(out / TABLE / "runs/jax-pmap-1dev.json", lambda r: r.update(device_kind="cpu"))
-    got = verdict(judge(out).stdout, "saw the GPU jax-pmap x1")
-    assert got == "FAIL cpu, cuda:NVIDIA H200"
+    assert verdict(proc.stdout, "saw the GPU jax-pmap x1") == "FAIL cpu, cuda:NVIDIA H200"
 
 
 def test_what_did_not_run_or_is_missing_is_a_fail_not_a_crash(tmp_path: Path) -> None:
@@ -171,14 +133,12 @@ def test_an_unreadable_input_is_exit_2_in_one_line(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     (empty / "gA" / "suite").mkdir(parents=True)
     (empty / "gA" / "tests.xml").write_text((FIXTURE / "tests.xml").read_text())
-    packed = pack(empty / "gA").rename(tmp_path / "empty.tar.xz")  # not left inside `empty`
     broken = copy(tmp_path / "b")
     (broken / TABLE / "throughput.json").write_text("{")
     for path, says in (
         (tmp_path / "nope.tar.xz", "no file or folder"),
         (text, "is not a readable .tar.xz archive"),
         (empty, "no throughput.json under gA/"),
-        (packed, "no throughput.json under gA/"),
         (broken, "throughput.json as JSON"),
     ):
         proc = judge(path)

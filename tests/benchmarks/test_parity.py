@@ -1,12 +1,6 @@
-"""benchmarks.parity: the cross-framework one-step check passes, can fail, is robust to rounding.
-
-- a reduced grid (ResNet-18, both BN modes, 2 devices, torch-ddp + jax-pmap + mxnet-gluon)
-  exits 0 with every row far below the tolerance;
-- an injected off-by-one LR index (DPBENCH_INJECT=lr-shift@jax-pmap) makes those rows fail;
-- in-process (torch), rounding-level noise on the batch of the tool's own configuration moves
-  the update far less than the tolerance;
-- bad input: one line, exit 2.
-"""
+"""benchmarks.parity: the cross-framework one-step check passes on a reduced grid, fails on an
+injected off-by-one LR index, stays far below its tolerance under rounding-level noise, and
+refuses bad input in one line."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks import parity
-from tests.conftest import MAIN_PYTHON, MXNET_PYTHON, ok, one_line_error, read_json, run_module
+from tests.conftest import MAIN_PYTHON, MXNET_PYTHON, ok, read_json, run_module
 
 
 def run_parity(tmp_path, *args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -26,13 +20,8 @@ def run_parity(tmp_path, *args: str, env: dict[str, str] | None = None):  # type
 
 
 def test_reduced_grid_agrees(tmp_path):
-    """Both BN modes at 2 devices, against torch-ddp at 1 device (sync) and at 2 (local): the
-    rows that hold a collective. The 1-device rows are the same maths as the 2-device sync rows
-    and are left to the tests that compare each trainer's N-device step with its 1-device step
-    (test_trainer_contract.py; MXNet's in tests/mxnet): six runs fewer, four of them JAX
-    compiles. One framework of each family: jax-shard's step equals jax-pmap's in both BN
-    modes, in float64 and float32 (tests/trainers/test_jax_shard.py), so its rows would repeat
-    jax-pmap's at two more JAX compiles; `python -m benchmarks.parity` runs them all."""
+    """Both BN modes at 2 devices (the rows that hold a collective), one framework per family:
+    the 1-device rows and jax-shard's are the N-device-equals-1-device tests' (tests/trainers)."""
     frameworks = "torch-ddp,jax-pmap" + (",mxnet-gluon" if MXNET_PYTHON.exists() else "")
     proc, out = run_parity(
         tmp_path, "--models", "resnet18", "--frameworks", frameworks, "--gpus", "2,"
@@ -104,11 +93,9 @@ def torch_update(cfg, ds, images: np.ndarray, labels: np.ndarray, devices: int) 
 
 
 def test_rounding_noise_stays_far_below_tolerance():
-    """The tool's configuration, one step in torch (1 device and 2 devices' per-device BN): the
-    batch multiplied by 1 + 3e-7 N(0, 1) (a few float32 ulps, the size of the differences between
-    frameworks' arithmetic) moves the update by <= 2.2e-6 (measured), far below 1e-4.
-    (Noise of 1e-6 can flip a ReLU whose input lies within 1e-6 of 0, which moves the update by
-    ~1e-3: why the default seed keeps every ReLU input >= 2e-6 from 0, see parity.SEED.)"""
+    """One torch step of the tool's configuration (1 and 2 devices): the batch times
+    1 + 3e-7 N(0, 1), a few float32 ulps, moves the update by <= 2.2e-6 (measured), far below
+    the tolerance (parity.SEED keeps every ReLU input >= 2e-6 from 0)."""
     torch = pytest.importorskip("torch")
     from common.config import preset
     from common.datasets import load_for
@@ -124,11 +111,10 @@ def test_rounding_noise_stays_far_below_tolerance():
         x, y = next(iter(loader.epoch(0)))
         for devices in (1, 2):
             ref = torch_update(cfg, ds, x, y, devices)
-            for trial in range(2):
-                noise = np.random.default_rng(trial).standard_normal(x.shape)
-                noisy = (x * (1 + 3e-7 * noise)).astype(np.float32)
-                moved = torch_update(cfg, ds, noisy, y, devices)
-                worst = max(worst, np.linalg.norm(moved - ref) / np.linalg.norm(ref))
+            noise = np.random.default_rng(devices).standard_normal(x.shape)
+            noisy = (x * (1 + 3e-7 * noise)).astype(np.float32)
+            moved = torch_update(cfg, ds, noisy, y, devices)
+            worst = max(worst, np.linalg.norm(moved - ref) / np.linalg.norm(ref))
     print(f"rounding-level noise: update_rel_diff <= {worst:.1e}")
     assert worst < parity.TOLERANCE / 10
 
@@ -145,10 +131,14 @@ def test_rounding_noise_stays_far_below_tolerance():
         (["--tolerance", "-1"], "--tolerance"),
     ],
 )
-def test_bad_input_is_one_line(tmp_path, args, fragment):
-    proc = run_module("benchmarks.parity", "--out", str(tmp_path / "p"), *args, python=MAIN_PYTHON)
-    one_line_error(proc, "parity: error:", fragment)
-    assert not (tmp_path / "p").exists()
+def test_bad_input_is_one_line(tmp_path, capsys, args, fragment):
+    try:
+        code = parity.main(["--out", str(tmp_path / "p"), *args])
+    except SystemExit as exc:  # refused by the flag parser
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("parity: error:"), err
+    assert fragment in err and not (tmp_path / "p").exists()
 
 
 def test_reference_per_row():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.analysis import predict as P
-from tests.conftest import ROOT, one_line_error, run_module
+from tests.conftest import ROOT
 
 H100 = ROOT / "docs" / "results" / "h100-20261123"
 BD = P.Breakdown(step_ms=10.0, batch=512, compute_ms=9.0)  # 1 ms of host time per step
@@ -86,13 +86,18 @@ def test_the_models_tensors_are_the_frameworks_models():
         model = create_model(name, 3, 10)
         got = [p.numel() for p in model.parameters() if p.requires_grad]
         assert list(P.MODELS[name].tensors) == got, name
+    for name, build in (("resnet18", P.resnet18_cifar), ("wideresnet", P.wideresnet)):
+        for width, channels in ((0.25, 1), (0.3, 3)):  # any width, any input channels
+            model = create_model(name, channels, 10, width=width)
+            got = [p.numel() for p in model.parameters() if p.requires_grad]
+            assert build(10, width, channels) == got, (name, width, channels)
     torchvision = pytest.importorskip("torchvision")
     r50 = [p.numel() for p in torchvision.models.resnet50().parameters()]
     assert list(P.MODELS["resnet50"].tensors) == r50
-    # MXNet's symbol (issue 14516), counted by hand from its resnet.py: torch's ResNet18 with
-    # 1000 classes, minus its BN (9,600 = stem 128, stages 512 + 1,280 + 2,560 + 5,120), plus
-    # the pre-activation BN (7,814 = bn_data 6, stages 512 + 896 + 1,792 + 3,584, bn1 1,024),
-    # plus stage 1's 1x1 shortcut (4,096); 2 + 1 + 4 x 7 + 4 x 6 + 2 + 2 = 59 keys.
+    # MXNet's symbol, counted by hand from its resnet.py: torch's ResNet18 with 1000 classes,
+    # minus its BN (9,600 = stem 128, stages 512 + 1,280 + 2,560 + 5,120), plus the
+    # pre-activation BN (7,814 = bn_data 6, stages 512 + 896 + 1,792 + 3,584, bn1 1,024), plus
+    # stage 1's 1x1 shortcut (4,096); 2 + 1 + 4 x 7 + 4 x 6 + 2 + 2 = 59 keys.
     torch_1000 = sum(P.resnet18_cifar(1000))
     assert sum(P.MODELS["resnet18-mxnet"].tensors) == torch_1000 - 9_600 + 7_814 + 4_096
     assert len(P.MODELS["resnet18-mxnet"].tensors) == 59
@@ -164,21 +169,20 @@ def test_the_command_writes_a_labelled_prediction(tmp_path):
         (["--compute-ms", "20"], "exceed the step"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args, fragment):
-    proc = run_module(
-        "benchmarks.analysis.predict", "--step-ms", "10", "--batch-per-device", "512", *args
-    )
-    assert "Traceback" not in proc.stderr
-    one_line_error(proc, "predict: error:", fragment)
+def test_bad_input_is_one_line_and_exit_2(capsys, args, fragment):
+    assert P.main(["--step-ms", "10", "--batch-per-device", "512", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("predict: error:") and fragment in err, err
 
 
-def test_no_measurement_and_an_unreadable_breakdown_are_one_line(tmp_path):
-    one_line_error(run_module("benchmarks.analysis.predict"), "give one 1-device measurement")
+def test_no_measurement_and_an_unreadable_breakdown_are_one_line(tmp_path, capsys):
+    assert P.main([]) == 2
+    assert "give one 1-device measurement" in capsys.readouterr().err
     bad = tmp_path / "b.json"
     bad.write_text(json.dumps({"step_ms": 10, "batch": 512, "gpu_util": 0.9}))
-    one_line_error(
-        run_module("benchmarks.analysis.predict", "--breakdown", str(bad)), "unknown keys"
-    )
+    assert P.main(["--breakdown", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown keys" in err, err
 
 
 def test_validation_rows_tune_nothing_to_the_published_rows():

@@ -1,23 +1,23 @@
-"""No child outlives its tool (benchmarks/harness.py): every child a tool starts runs in a
-process group of its own, killed whole on a timeout and on an interrupt; a trainer gets SIGTERM
-when the tool dies, kill -9 included; `report` on a sweep whose runner is gone says so. The
-children are stand-ins (a shell script in place of a framework's interpreter that forks a child
-and hangs): no framework is imported, no training runs."""
+"""No child outlives its tool (benchmarks/harness.py): a hung or stopped probe or run is killed
+with its whole group, and the files written so far are complete; a trainer gets SIGTERM when the
+tool dies, kill -9 included; `report` on a sweep whose runner is gone says so. The children are
+stand-ins (a shell script in place of a framework's interpreter): no training runs."""
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks import harness
+from benchmarks import harness, report
 from common.runtime import process_alive
+from tests.conftest import read_json, run_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,7 +103,7 @@ time.sleep(300)
 
 
 def test_compare_killed_9_ends_its_trainer_and_report_says_its_runner_is_gone(
-    tmp_path: Path, reap: list[int]
+    tmp_path: Path, reap: list[int], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The trainer (a stand-in that arms common.runtime.stop_with_harness, as run_main does)
     gets SIGTERM when compare dies, and writes its record."""
@@ -127,13 +127,9 @@ def test_compare_killed_9_ends_its_trainer_and_report_says_its_runner_is_gone(
     assert running(reap, within=3.0) == []
     assert told.read_text() == "TERM"  # told to stop (a trainer writes its record)
 
-    report = subprocess.run(
-        [sys.executable, "-m", "benchmarks.report", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert report.returncode == 0, report.stderr
+    assert report.main([str(out)]) == 0
     said = f"report: the comparison in {out} stopped: its runner (pid {tool.pid}) is gone"
-    assert said in report.stdout, report.stdout
+    assert said in capsys.readouterr().out
 
 
 def test_a_stop_during_the_start_up_checks_kills_their_probes(
@@ -159,27 +155,52 @@ def test_a_stop_during_the_start_up_checks_kills_their_probes(
     assert running(reap, within=1.0) == []
 
 
-def test_a_stopped_tool_kills_its_childs_whole_group(tmp_path: Path, reap: list[int]) -> None:
-    """SIGTERM to a tool (a cancelled CI job) while a child runs: the child ends "interrupted",
-    its whole group killed, the child it forked too."""
-    result = {}
+def test_a_stopped_compare_kills_its_run_whole_and_keeps_complete_files(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    python = stand_in(tmp_path, "exit 0", hang(tmp_path, "run"))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPBENCH_PYTHON_TORCH_DDP": str(python)}
+    args = ["--frameworks", "torch-ddp", "--gpus", "2", "--preset", "smoke", "--out", str(out)]
+    tool = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.compare", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        reap += pids_of(tmp_path, "run")
+        tool.send_signal(signal.SIGTERM)  # a cancelled CI job
+        said, _ = tool.communicate(timeout=60)
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+    assert tool.returncode == 143, said  # 128 + SIGTERM, as a trainer
+    assert "interrupted; 0 of 2 runs finished" in said
+    assert running(reap, within=5.0) == []  # the run and the child it forked
+    assert read_json(out / "config.json")["status"] == "interrupted"
+    record = read_json(out / "runs" / "torch-ddp-1dev.json")
+    assert record["status"] == "interrupted" and record["runner"]["ended"] == "interrupted"
+    with open(out / "results.csv") as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["interrupted", "not run"]
+    assert not list(out.rglob("*.tmp"))
 
-    def execute(plan: object) -> int:
-        stop = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
-        stop.start()
-        try:
-            script = hang(tmp_path, "child")
-            result["child"] = harness.run_child(["sh", "-c", script], tmp_path / "log", 60, tag="t")
-        finally:
-            stop.cancel()  # a child that never started: no SIGTERM for this process later
-        return harness.interrupted()
 
-    before = signal.getsignal(signal.SIGTERM)
-    assert harness.run_tool("t", [], lambda args: None, execute) == 143
-    reap += pids_of(tmp_path, "child")
-    assert result["child"].ended == "interrupted"
-    assert running(reap, within=5.0) == []  # the whole group, not the leader only
-    assert signal.getsignal(signal.SIGTERM) == before
+def test_a_hung_run_is_killed_at_the_timeout_with_its_child(
+    tmp_path: Path, reap: list[int]
+) -> None:
+    epoch = "epoch 1/3 sec=1.0 images_per_sec=10.0 train_loss=2.3 test_accuracy=0.25 test_loss=2.2"
+    python = stand_in(tmp_path, "exit 0", f"echo '{epoch}'; " + hang(tmp_path, "run"))
+    out = tmp_path / "out"
+    args = ["--frameworks", "torch-ddp", "--gpus", "1", "--preset", "smoke", "--timeout", "3"]
+    proc = run_module("benchmarks.compare", *args, "--out", str(out),
+                      env={"DPBENCH_PYTHON_TORCH_DDP": str(python)}, timeout=60)  # fmt: skip
+    reap += pids_of(tmp_path, "run")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert running(reap, within=5.0) == []
+    record = read_json(out / "runs" / "torch-ddp-1dev.json")
+    assert record["status"] == "timeout" and record["runner"]["ended"] == "timeout"
+    assert record["epochs"][0]["test_accuracy"] == 0.25  # progress parsed from the log
+    said = (out / record["runner"]["log"]).read_text()
+    assert "[compare] still running after 3 s (--timeout): killed" in said
 
 
 def test_the_nvidia_course_ranks_die_with_their_parent(monkeypatch: pytest.MonkeyPatch) -> None:

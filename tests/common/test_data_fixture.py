@@ -1,7 +1,7 @@
 """The data fixture (tests/fixtures/data_fixture.json, written by `python -m
-tests.make_data_fixture`) is what the main environment's data layer gives now, it describes what
-it claims to, and comparing against it can fail. The MXNet environment checks itself against the
-same file: tests/mxnet/test_same_data.py."""
+tests.make_data_fixture`) is what the main environment's data layer gives now, and comparing
+against it can fail. The MXNet environment checks itself against the same file
+(tests/mxnet/test_same_data.py); the loaders' own properties are tests/common/test_pipeline.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from common.config import preset
 from common.datasets import load_for
-from common.pipeline import Normalizer, epoch_permutation
+from common.pipeline import epoch_permutation
 from tests.make_data_fixture import (
     FIXTURE,
     INFO,
@@ -39,37 +39,6 @@ def test_fixture_is_current(here) -> None:
     committed = load()
     committed[INFO] = fixture[INFO]
     assert dumps(committed) == dumps(fixture)
-
-
-def test_fixture_describes_the_loaders(here) -> None:
-    """Both layouts hold the same values, world 2's shards are world 1's batch cut in two, and
-    the float batches are the normalised uint8 batches."""
-    _, a = here
-    ds = load_for(preset("digits"))
-    norm = Normalizer(ds.mean, ds.std)
-    for e in (0, 1):
-        for s in (0, 1):
-            p = f"train/{{}}/epoch{e}/step{s}/{{}}"
-            for kind in ("indices", "y", "uint8", "NHWC", "NCHW"):
-                joined = np.concatenate([a[p.format("w2r0", kind)], a[p.format("w2r1", kind)]])
-                np.testing.assert_array_equal(joined, a[p.format("w1r0", kind)])
-            for w in ("w1r0", "w2r0", "w2r1"):
-                nhwc = a[p.format(w, "NHWC")]
-                assert nhwc.dtype == np.float32 and a[p.format(w, "uint8")].dtype == np.uint8
-                np.testing.assert_array_equal(nhwc, norm(a[p.format(w, "uint8")]))
-                np.testing.assert_array_equal(a[p.format(w, "NCHW")], nhwc.transpose(0, 3, 1, 2))
-                np.testing.assert_array_equal(
-                    a[p.format(w, "y")], ds.train_y[a[p.format(w, "indices")]]
-                )
-            # augmented: not the raw images (the crops move most of them)
-            w1 = p.format("w1r0", "")
-            assert not np.array_equal(a[w1 + "uint8"], ds.train_x[a[w1 + "indices"]])
-    for w in ("w1r0", "w2r0", "w2r1"):
-        np.testing.assert_array_equal(a[f"eval/{w}/NHWC"], norm(a[f"eval/{w}/uint8"]))
-        np.testing.assert_array_equal(
-            a[f"eval/{w}/NCHW"], a[f"eval/{w}/NHWC"].transpose(0, 3, 1, 2)
-        )
-    np.testing.assert_array_equal(a["eval/w1r0/uint8"][:180], a["eval/w2r0/uint8"][:180])
 
 
 def test_the_comparison_can_fail(here) -> None:

@@ -90,32 +90,6 @@ def test_a_symlinked_environment_is_this_one(tmp_path: Path) -> None:
     assert stale.read_text() == f"#!{real / '.venv' / 'bin' / 'python'}\n" + CODE
 
 
-def test_a_script_that_cannot_be_replaced_is_said_and_the_rest_are_fixed(
-    tmp_path: Path, monkeypatch, capsys
-) -> None:
-    import importlib.util
-
-    path = ROOT / "scripts" / "fix_scripts.py"
-    spec = importlib.util.spec_from_file_location("fix_scripts", path)
-    fix_scripts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fix_scripts)
-    project = make_project(tmp_path / "p")
-    stuck = script(project, "a-stuck", f"#!{tmp_path}/gone/bin/python\n")
-    other = script(project, "b-other", f"#!{tmp_path}/gone/bin/python\n")
-    real_replace = os.replace
-
-    def replace(src, dst):  # e.g. a file the user cannot write
-        if Path(dst) == stuck:
-            raise PermissionError(13, "Permission denied")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(fix_scripts.os, "replace", replace)
-    assert fix_scripts.fix(project / ".venv") == [other]
-    assert stuck.read_text().startswith(f"#!{tmp_path}/gone/")  # unchanged, no temp file left
-    assert not list((project / ".venv" / "bin").glob(".*.fixing"))
-    assert "a-stuck left as it is: Permission denied" in capsys.readouterr().err
-
-
 def test_test_sh_refuses_a_bad_worker_count_before_any_set_up(tmp_path: Path) -> None:
     """scripts/test.sh with DPBENCH_TEST_WORKERS that is no whole number from 1: one line,
     exit 2, before setup.sh (absent from this copy: reaching it would fail otherwise)."""

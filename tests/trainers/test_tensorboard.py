@@ -5,7 +5,7 @@ uses) and checked against the run's record by `assert_events_match_record`: the 
 value per epoch at the global step, each equal (in float32, the event format) to the record's.
 Every trainer's real event files (MXNet's written in its own environment) are checked by
 tests/trainers/test_contract.py::test_learns_real_digits_and_records_how_it_ran, and compare's by
-tests/benchmarks/test_compare.py::test_end_to_end_two_frameworks_and_a_missing_one: those tests already run
+tests/benchmarks/test_compare.py's end-to-end sweep: those tests already run
 them, so the check costs no extra run. Here: the writer in-process, its failure modes, the lazy
 import, and compare's plan.
 """

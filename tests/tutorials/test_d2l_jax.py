@@ -1,15 +1,11 @@
-"""tutorials.d2l_jax (d2l 13.6's JAX loop): its step does the same arithmetic as
-jax-pmap's on every device (gradients averaged, per-device BN statistics kept apart), its runs
-count the images d2l's loop sees and learn real digits, and options d2l has no equivalent for
-exit 2 with one line.
-
-The step comparison runs in this process over the first 2 of 4 simulated host devices (the
-count every JAX test module of this pytest process asks for before JAX starts); end-to-end runs
-are their own processes.
-"""
+"""tutorials.d2l_jax (d2l 13.6's JAX loop): its step does the same arithmetic as jax-pmap's on
+every device (gradients averaged, per-device BN statistics kept apart), a run counts the images
+d2l's loop sees and learns real digits, and options d2l has no equivalent for exit 2 with one
+line. The step comparison runs in this process over 2 of 4 simulated host devices."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +21,7 @@ from common.datasets import load_for
 from common.pipeline import TrainLoader
 from common.runtime import simulate_host_devices
 from frameworks import jax_pmap
-from tests.conftest import one_line_error, relative_update_difference, run_module, run_recorded
+from tests.conftest import relative_update_difference, run_recorded
 from tutorials import d2l_jax as tut
 
 simulate_host_devices(4)  # before the first device query (as tests/trainers/test_jax_pmap.py)
@@ -136,9 +132,12 @@ def test_two_devices_digits_learns(tmp_path: Path) -> None:
     assert record["test_accuracy"] > 0.6, stdout
 
 
-def test_label_smoothing_exits_2_with_one_line(tmp_path: Path) -> None:
+def test_label_smoothing_exits_2_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # main() sets it
     out = tmp_path / "record.json"
-    proc = run_module(MODULE, *DIGITS, "--label-smoothing", "0.1", "--output", str(out))
-    line = one_line_error(proc, "--label-smoothing")
-    assert line.startswith(f"python -m {MODULE}: error: --label-smoothing")
+    assert tut.main([*DIGITS, "--label-smoothing", "0.1", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"python -m {MODULE}: error: --label-smoothing")
     assert not out.exists()

@@ -1,15 +1,11 @@
-"""tutorials.flax_imagenet (the Flax ImageNet example's pmap loop): its step does
-the same arithmetic as jax-pmap's, runs at 1 and 2 simulated devices count the images the
-example's loaders yield (full training batches; full test batches of the TRAINING batch size),
-the loop learns real digits, and flags the example has no equivalent for exit 2 with one line.
-
-Each end-to-end run is its own process (XLA_FLAGS must be set before JAX's CPU backend starts);
-the step comparison runs in this process on its first device.
-"""
+"""tutorials.flax_imagenet (the Flax ImageNet example's pmap loop): its step does the same
+arithmetic as jax-pmap's, a 2-device run counts the images the example's loaders yield and
+learns real digits, and flags the example has no equivalent exit 2 with one line."""
 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +21,7 @@ from common.config import preset
 from common.datasets import load_for
 from common.pipeline import TrainLoader
 from frameworks import jax_pmap
-from tests.conftest import run_module, run_recorded
+from tests.conftest import run_recorded
 from tutorials import flax_imagenet as tut
 
 MODULE = "tutorials.flax_imagenet"
@@ -33,25 +29,16 @@ MODULE = "tutorials.flax_imagenet"
 FORCED = ("--no-augment", "--lr-schedule", "constant", "--warmup-epochs", "0")
 DIGITS = ("--preset", "digits", "--width", "0.125", *FORCED)  # 1437 train, 360 test, batch 64
 # The step comparison's bound on ||dW_a - dW_b|| / ||dW_b|| (dW = after - before, all leaves):
-# 60x the rounding measured here (1.6e-6 on an Intel Xeon; 1.5e-6 after one step on AMD EPYC in
-# issue 11), 5000x below the injected slips (0.52 and 8).
+# 60x the rounding measured (1.6e-6), 5000x below the injected slips (0.52 and 8).
 TOL = 1e-4
 
 
 def test_step_matches_jax_pmap() -> None:
     """One step of the example's step (L2 penalty in the loss, pmean'd metrics) moves the
-    weights and BN statistics as jax-pmap's does (decay on the same kernels through optax, same
-    optax.sgd), up to rounding; an injected slip in either moves them far apart.
-
-    One step, not several: the two programs share the forward pass (their BN statistics come
-    out bitwise equal here), so their difference is rounding in the backward pass and the update
-    (~1e-6 of the update). A second step starts from weights that differ by that rounding and
-    runs two different forward passes: a ReLU whose input lies within rounding of 0 then flips,
-    and one flip moves this network's next update by ~1e-3 (measured; how often it happens
-    depends on the CPU: it failed on AMD EPYC, issue 11). For the same reason the rounding
-    stand-in below perturbs only the last layer (the backward pass), never the forward's
-    ReLU inputs. The whole 96-image smoke set is the batch: every BN channel averages over
-    >= 384 values (layer4: 96 images x 2 x 2)."""
+    weights and BN statistics as jax-pmap's does, up to rounding; an injected slip moves them
+    far apart. One step only: a second starts from weights that differ by rounding, and a ReLU
+    input within rounding of 0 then flips (~1e-3 of the update). The rounding stand-in below
+    perturbs only the last layer, never the forward's ReLU inputs."""
     # A weight decay large enough that a wrong decay (or mask) moves the update by >> TOL.
     cfg = preset("smoke", augment=False, weight_decay=0.05, batch_size=96, gpus=1)
     cfg = cfg.replace(framework="jax-pmap")
@@ -113,12 +100,9 @@ def test_step_matches_jax_pmap() -> None:
     perturbed, _ = step(jax_utils.replicate(noisy, devices))
     assert params_diff(perturbed, noisy) < TOL / 10
 
-    # Two plausible slips in one program (one compile), each far beyond TOL in its own metric:
-    # the L2 penalty without its 1/2 (twice the decay) moves the weights (measured: 0.52), and
-    # the BN momentum in Flax's convention (0.9 = keep 90%) passed as torch's (0.1 = take 10% of
-    # the batch) moves the running statistics 8x as far (measured: 8.0). A training-mode step
-    # never reads the running statistics, so each metric sees one slip (measured apart: 0.52
-    # with the decay slip alone; 0 in the weights with the momentum slip alone).
+    # Two slips in one program (one compile), each seen in its own metric: the L2 penalty
+    # without its 1/2 moves the weights (0.52), Flax's BN momentum (0.9) passed as torch's
+    # moves the running statistics (8.0; a training step never reads them).
     flax_momentum = jax_pmap.build_model(
         cfg.replace(bn_momentum=0.9), ds.channels, ds.num_classes, jnp.float32
     )
@@ -152,11 +136,8 @@ def run(tmp_path: Path, *flags: str) -> tuple[dict, str]:
 
 @pytest.mark.slow
 def test_two_devices_digits_learns_and_counts_every_batch(tmp_path: Path) -> None:
-    """2 simulated devices with sync BN: the global batch and its maths of 1 device (the step
-    test above compares that step with jax-pmap's), the same images per epoch and evaluated
-    test images as 1 device would see, and the loop learns. One run, not one per device count:
-    the counts are the example's loaders', which split the same global batch whatever the
-    count (its 1-device run gave the same counts and 0.96)."""
+    """2 simulated devices with sync BN: the images per epoch and test images of the example's
+    loaders (the same at any device count), and the loop learns."""
     epochs = 3
     record, stdout = run(tmp_path, *DIGITS, "--epochs", str(epochs), "--gpus", "2", "--bn", "sync")
     assert record["status"] == "ok" and record["error"] == ""
@@ -183,12 +164,15 @@ def test_two_devices_digits_learns_and_counts_every_batch(tmp_path: Path) -> Non
     ],
 )
 def test_bad_input_exits_2_with_one_line(
-    tmp_path: Path, flags: tuple[str, ...], named: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flags: tuple[str, ...],
+    named: str,
 ) -> None:
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # main() sets it
     out = tmp_path / "record.json"
-    proc = run_module(MODULE, *DIGITS, *flags, "--output", str(out), timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith(f"python -m {MODULE}: error: ") and named in lines[0]
-    assert not out.exists()
+    assert tut.main([*DIGITS, *flags, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"python -m {MODULE}: error: "), err
+    assert named in err and not out.exists()

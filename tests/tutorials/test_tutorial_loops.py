@@ -102,8 +102,7 @@ def test_a_failed_run_keeps_the_other_and_exits_1(tmp_path: Path) -> None:
 
 
 def test_the_table_shows_both_sides_modes_and_says_when_rows_differ(tmp_path: Path) -> None:
-    """Issue 32: an eager row (d2l-torch) beside a compiled one (d2l-jax): each row says both
-    sides' modes, and a line under the table says the rows differ and how to read them."""
+    """Each row says both sides' modes; a line under the table says when rows differ."""
     plan = tutorial_loops.plan_from(["--tutorials", "d2l-torch,d2l-jax", *TINY,
                                      "--out", str(tmp_path)])  # fmt: skip
     runs = []
