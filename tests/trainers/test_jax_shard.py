@@ -28,7 +28,7 @@ def test_global_bn_step_equals_jax_pmap_sync_bn_step() -> None:
     # Two programs: one step, compared on the update, in float64 (meaning) and in float32
     # (within the reference's own rounding on this CPU; test_jax_pmap.same_step). (The N-device
     # step = 1-device step of each: tests/trainers/test_contract.py.)
-    same_step("jax-shard", "jax-pmap", 2, "sync")  # 1 device: the same finding (#42)
+    same_step("jax-shard", "jax-pmap", 2, "sync")  # 1 device: the same finding
     _, ms = stepped("jax-shard", 2, "sync")
     _, mp = stepped("jax-pmap", 2, "sync")
     assert ms[0]["count"] == CFG.batch_size and ms[0]["correct"] == mp[0]["correct"]

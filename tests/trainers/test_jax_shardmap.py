@@ -21,7 +21,7 @@ from tests.conftest import relative_update_difference
 from tests.trainers.test_jax_pmap import CFG, compiled, stepped, train_batches
 
 # The same per-device program as jax-pmap's, under another transform: the update agrees to
-# float32 rounding (#31's target: 1e-6 of the update).
+# float32 rounding (1e-6 of the update).
 PMAP_RTOL = 1e-6
 
 

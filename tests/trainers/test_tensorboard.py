@@ -1,14 +1,9 @@
 """`--tensorboard DIR` (common/tensorboard.py) and compare's DIR/tensorboard/<run id>/.
 
-Event files are read back with TensorBoard's own reader (its EventAccumulator, what the viewer
-uses) and checked against the run's record by `assert_events_match_record`: the six tags, one
-value per epoch at the global step, each equal (in float32, the event format) to the record's.
-Every trainer's real event files (MXNet's written in its own environment) are checked by
-tests/trainers/test_contract.py::test_learns_real_digits_and_records_how_it_ran, and compare's by
-tests/benchmarks/test_compare.py::test_end_to_end_two_frameworks_and_a_missing_one: those tests already run
-them, so the check costs no extra run. Here: the writer in-process, its failure modes, the lazy
-import, and compare's plan.
-"""
+Event files are read back with TensorBoard's own reader and checked against the run's record by
+`assert_events_match_record`, which test_contract.py's digits runs (every trainer) and
+tests/benchmarks/test_compare.py also apply to their real runs. Here: the writer in-process,
+its failure modes, the lazy import, and compare's plan."""
 
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import compare
-from common import cli, tensorboard
+from common import tensorboard
 from common.config import ConfigError, config_from_dict, preset
 from common.results import RunRecorder
 from common.schedule import lr_table_for
@@ -186,10 +181,9 @@ def test_missing_writer_package_is_one_line_naming_the_setup(
     tensorboard.check(preset("smoke"))  # off: nothing is checked
 
 
-def test_the_flag_has_help_and_is_not_a_resume_key() -> None:
+def test_the_flag_is_not_a_resume_key() -> None:
     from common.config import RESUME_KEYS
 
-    assert "--tensorboard" in cli.build_parser("x").format_help()
     assert "tensorboard" not in RESUME_KEYS  # a path: resuming may log elsewhere
 
 
@@ -240,15 +234,3 @@ def test_compare_help_offers_only_the_switch(capsys: pytest.CaptureFixture[str])
     help_text = capsys.readouterr().out
     assert "--tensorboard, --no-tensorboard" in help_text
     assert "--tensorboard TENSORBOARD" not in help_text  # the trainers' DIR is set per run
-
-
-def test_tutorial_loops_refuses_the_flag(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Its timed runs would all write into the one directory: not offered, one line, exit 2."""
-    from benchmarks import tutorial_loops
-
-    with pytest.raises(SystemExit) as exit_:
-        tutorial_loops.main(["--tensorboard", str(tmp_path / "tb"), "--out", str(tmp_path)])
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and "unrecognized arguments: --tensorboard" in line
