@@ -1,20 +1,10 @@
 """--devices auto|cpu|cuda and the runners' device check, on the CPU with stand-ins for a GPU
-machine: a stand-in `nvidia-smi` on PATH (conftest.fake_nvidia_smi) and, for a framework whose
-CUDA build sees the GPUs, a stand-in interpreter that runs the runners' real device probe with
-the framework's CUDA answers replaced (those GPUs, or none) and everything else as the real one
-does (conftest.stand_in_interpreter). What each test would see go wrong:
-- a framework that sees no GPU where another does, or where nvidia-smi lists one: the
-  runner must stop before any run, naming the blind framework and its install command (without
-  the check the sweep would run with cuda rows beside cpu-simulated ones, or all on the CPU);
-  the same command with every framework seeing the GPUs passes the check (so the refusal is the
-  check's, not an accident of the stand-ins);
-- MXNet on Hopper (no GPU build exists): skipped with the reason, not a refusal;
-- `--devices cpu` on a GPU machine: every run on simulated CPU devices, said in the records;
-- `--devices cuda` where a framework sees no GPU: the trainer refuses in one line, exit 2;
-- the pin: `--devices cpu` hides the GPUs from the process and the processes it starts, and the
-  record keeps the user's own CUDA_VISIBLE_DEVICES / JAX_PLATFORMS.
-The same on real GPUs: tests/gpu/test_gpu.py (the GPU pass).
-"""
+machine (conftest.fake_nvidia_smi; conftest.stand_in_interpreter runs the real device probe with
+the framework's CUDA answers replaced): a framework that sees no GPU where nvidia-smi lists one
+stops the runner before any run, naming it and its install command (MXNet on Hopper: skipped with
+the reason); `--devices cpu` runs everything on simulated CPU devices and says so; `--devices
+cuda` without a GPU is one line, exit 2; the pin hides the GPUs from the process and its children
+and the record keeps the user's own variables. On real GPUs: tests/gpu/test_gpu.py."""
 
 from __future__ import annotations
 

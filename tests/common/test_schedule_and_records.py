@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -47,15 +46,6 @@ def test_cosine_and_step_schedules() -> None:
         1.0, 8, 8, "none", "step", epochs=4, steps_per_epoch=5, step_epochs=(2, 3), step_factor=0.1
     )
     np.testing.assert_allclose(s, [1.0] * 10 + [0.1] * 5 + [0.01] * 5, rtol=1e-6)
-
-
-def test_write_json_atomic_never_leaves_partial_files(tmp_path: Path) -> None:
-    path = tmp_path / "out" / "run.json"
-    results.write_json_atomic(path, {"a": 1})
-    with pytest.raises(TypeError):
-        results.write_json_atomic(path, {"a": object()})  # fails mid-serialisation
-    assert json.loads(path.read_text()) == {"a": 1}  # the old file is intact
-    assert os.listdir(path.parent) == ["run.json"]  # no temporary left behind
 
 
 def _record(cfg, accs, secs=(5.0, 1.0, 2.0, 3.0)):

@@ -1,10 +1,7 @@
-"""jax-shard on simulated CPU devices: the jit step with global-batch BN equals jax-pmap's sync-BN
-step, per-device BN through shard_map equals jax-pmap's local BN (which
-catches a doubled gradient reduction) (evaluation at 1, 2 and 3 devices: test_jax_pmap.py; the
-record's BN mode and learning real digits: tests/trainers/test_contract.py).
-
-Shares the compiled steps of test_jax_pmap.py (one pytest process, 4 simulated host devices).
-"""
+"""jax-shard on simulated CPU devices: the jit step with global-batch BN equals jax-pmap's
+sync-BN step, per-device BN through shard_map equals jax-pmap's local BN (which catches a
+doubled gradient reduction). Shares test_jax_pmap.py's compiled steps (evaluation there;
+learning: tests/trainers/test_contract.py)."""
 
 from __future__ import annotations
 

@@ -52,6 +52,8 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypat
         with pytest.raises(OSError):
             write_json_atomic(tmp_path / "run.json", {"status": "ok"})
         monkeypatch.undo()
+    with pytest.raises(TypeError):
+        write_json_atomic(target, {"a": object()})  # fails mid-serialisation
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
     assert target.read_bytes() == b"old"
 
