@@ -15,8 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +24,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Two passes (scripts/test.sh runs both where nvidia-smi lists a GPU):
-# - the main pass: every test simulates its devices on the CPU, GPU machine or not. Pinned here,
-#   before any test module imports a framework, for this process and every process it starts:
-#   the project's own switch (--devices' default), and the GPUs hidden from torch, MXNet and
-#   JAX, so that a 1-GPU or an 8-GPU machine runs the suite exactly as CI's CPU does. Tests
-#   marked `gpu` are skipped in it.
-# - the GPU pass, DPBENCH_TEST_GPU=1 pytest -m gpu: nothing pinned, only the `gpu` tests, each
-#   skipped with a reason where no GPU is visible.
+# - the main pass: every test simulates its devices on the CPU (pinned here, before any
+#   framework loads, for every process the tests start), as CI does; `gpu` tests are skipped.
+# - the GPU pass, DPBENCH_TEST_GPU=1 pytest -m gpu: only the `gpu` tests, nothing pinned.
 GPU_PASS = os.environ.get("DPBENCH_TEST_GPU") == "1"
 if not GPU_PASS:
     os.environ["DPBENCH_DEVICES"] = "cpu"
@@ -44,9 +38,8 @@ else:  # the GPU tests ask for their devices themselves; a shell's default must 
 # take 75% of its memory up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-# Hermetic: the suite never reads or writes the user's folders. A damaged entry in the user's
-# ~/.cache/dp-bench/jax once broke a one-line test (JAX warns per entry it cannot read), and a
-# warm user cache hides a cold one's costs. One folder per session stands in for HOME and the
+# Hermetic: the suite never reads or writes the user's folders (a damaged or warm user cache
+# would change what tests see and cost). One folder per session stands in for HOME and the
 # caches: made by the first process that loads this file (pytest, or xdist's controller) and
 # inherited by its workers and every process a test starts; removed by that process at the end.
 # Names a folder: DPBENCH_TEST_HOME.
@@ -122,30 +115,11 @@ def pin_xdist_worker() -> None:
 pin_xdist_worker()
 
 
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail (instead of hanging the suite) when the block runs past `seconds`."""
-
-    def hung(*args: object) -> None:
-        raise TimeoutError(f"blocked for {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """The JAX programs that tests build in this process (pmap, jit and shard_map steps,
-    compute-only references) go to the session's compilation cache,
-    the folder the trainers it starts use by default (<HOME>/.cache/dp-bench/jax): a program
-    that another test, another worker or a trainer compiled already is loaded, not compiled
-    again (XLA:CPU takes 5-15 s per train step of the smoke model). The entries are keyed by
-    the program itself; a test that needs a cold compile names a cache folder of its own, or
-    none. Not in the MXNet environment (no JAX there). Under FAST, processes are off first."""
+    """The JAX programs built in this process go to the session's compilation cache, the
+    folder the trainers it starts use by default (<HOME>/.cache/dp-bench/jax): a program that
+    another test, worker or trainer compiled is loaded, not compiled again. A test that needs
+    a cold compile names a cache folder of its own. Under FAST, processes are off first."""
     if FAST and (hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", 0)):
         only_in_process()  # not in xdist's controller: it starts the workers
     import importlib.util
@@ -189,13 +163,9 @@ def _device_env_as_the_session_set_it() -> None:
 
 @pytest.fixture(autouse=True)
 def session_device_env():
-    """Every test starts with the device variables the session set, whatever ran before it,
-    and leaves them so. A main() run in this process (a trainer's, compute_only's), in a test
-    or in a module-scoped fixture (set up before this one), calls devices.pin, which sets
-    DPBENCH_USER_DEVICE_ENV; left behind, every process a later test starts in the same pytest
-    process inherits it and records the device variables as they were here, not as that test
-    set them (test_devices.py failed so after test_hostile_loads.py's checkpoint fixture, under
-    pytest-xdist's -n 2)."""
+    """Every test starts with the device variables the session set, and leaves them so: a
+    main() run in this process calls devices.pin, which sets DPBENCH_USER_DEVICE_ENV, and every
+    process a later test starts would inherit it."""
     _device_env_as_the_session_set_it()
     yield
     _device_env_as_the_session_set_it()
@@ -204,12 +174,8 @@ def session_device_env():
 @pytest.fixture(autouse=True)
 def stop_signal_dispositions(request: pytest.FixtureRequest):
     """Every test starts with the SIGINT / SIGTERM / SIGHUP handlers the one before it found: a
-    test that leaves one changed (SIG_IGN, say, from a stop handled in this process) is named in
-    a warning and its handlers are put back, so that a later test's check of "the handlers
-    restored" does not depend on the order xdist gave the files (fresh-clone CI at 090341a:
-    test_stop_signals saw SIGINT ignored in its worker; alone, and after every file it ran
-    beside here, it passed)."""
-    import signal
+    test that leaves one changed is named in a warning and its handlers are put back, so that
+    a later test's check of "the handlers restored" does not depend on the order of the files."""
     import warnings
 
     found = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -279,11 +245,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def heaviest_files_first(items: list[pytest.Item]) -> None:
-    """Order the files by their measured CPU seconds (tests/weights.json, scripts/
-    test_weights.py), heaviest first, each file's own order kept: scripts/test.sh's workers
-    take whole files in this order (--dist loadfile --no-loadscope-reorder), so the longest
-    file does not start last and run alone at the end. A file not measured yet counts as
-    NEW_FILE_WEIGHT seconds."""
+    """Order the files by their measured CPU seconds (tests/weights.json), heaviest first, each
+    file's own order kept: scripts/test.sh's workers take whole files in this order, so the
+    longest does not start last. A file not measured yet counts as NEW_FILE_WEIGHT seconds."""
     path = ROOT / "tests" / "weights.json"
     weights: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
 
@@ -326,10 +290,8 @@ MXNET_PYTHON = ROOT / ".venv-mxnet" / "bin" / "python"
 FRAMEWORKS = ("torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "jax-shardmap", "mxnet-gluon")
 SMOKE = ("--preset", "smoke", "--prefetch", "1")  # tiny model, 16x16 synthetic images
 # For one step of two different programs (N devices vs 1): the smoke preset's first step with
-# seed 0 holds a near-tie (a value within float rounding of a ReLU kink, say) that the rounding
-# of a multi-process reduction flips: torch-ddp and jax-shard at 2 processes then differ from
-# the 1-process step by 1.1% of the update, every single-process program by 3e-6. With seeds 1
-# and 2 the 2-process step agrees with the 1-process step to 7e-7.
+# seed 0 holds a near-tie (within float rounding of a ReLU kink) that a multi-process reduction's
+# rounding flips (1.1% of the update); with seed 1 the programs agree to 7e-7.
 CONDITIONED_SEED = 1
 
 
@@ -433,21 +395,14 @@ def relative_update_difference(
     before: dict[str, np.ndarray], a: dict[str, np.ndarray], b: dict[str, np.ndarray]
 ) -> float:
     """||dA - dB|| / ||dB|| over all float tensors together, dX = X - before: how far two
-    programs' updates from the same starting point disagree, relative to the update (the
-    weights' own magnitude would hide a wrong update). Over all tensors, not per tensor: a BN
-    bias whose gradient is a near-cancelling sum has a tiny update, and float rounding alone
-    moves it by percents (2% measured for 2 processes x 2 devices vs 1 device)."""
+    programs' updates from the same start disagree, relative to the update. Over all tensors,
+    not per tensor: a near-cancelling BN bias gradient moves by percents from rounding alone."""
     keys = [k for k in before if np.issubdtype(np.asarray(before[k]).dtype, np.floating)]
     assert keys and set(keys) <= set(a) and set(keys) <= set(b), (sorted(a), sorted(b))
     da = np.concatenate([(np.asarray(a[k], np.float64) - before[k]).ravel() for k in keys])
     db = np.concatenate([(np.asarray(b[k], np.float64) - before[k]).ravel() for k in keys])
     assert np.linalg.norm(db) > 0, "the step did not move the weights"
     return float(np.linalg.norm(da - db) / np.linalg.norm(db))
-
-
-@pytest.fixture
-def root() -> Path:
-    return ROOT
 
 
 @pytest.fixture

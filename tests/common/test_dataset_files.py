@@ -20,11 +20,7 @@ from common import datasets
 from common.config import preset
 from common.datasets import DatasetError
 from tests.common.test_datasets import _cifar_pickle, _idx, _write_tar, write_cifar10, write_fashion
-from tests.conftest import (
-    one_line_error,
-    run_trainer,
-    skip_without_interpreter,
-)
+from tests.conftest import one_line_error, run_trainer, skip_without_interpreter
 
 BATCHES = [f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]
 
@@ -216,7 +212,7 @@ def test_no_verify_parses_in_full_before_anything_and_warns(
 # ---- trainers: exit 2, one line, nothing started or written ----------------------------------
 
 
-@pytest.mark.parametrize("framework", ["torch-ddp", "jax-pmap", "mxnet-gluon"])
+@pytest.mark.parametrize("framework", ["torch-ddp", "mxnet-gluon"])  # each interpreter
 def test_trainers_refuse_bad_data_with_one_line(tmp_path: Path, framework: str) -> None:
     skip_without_interpreter(framework)
     data = tmp_path / "data"

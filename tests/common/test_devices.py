@@ -1,21 +1,10 @@
 """--devices auto|cpu|cuda and the runners' device check, on the CPU with stand-ins for a GPU
-machine: a stand-in `nvidia-smi` on PATH (conftest.fake_nvidia_smi) and, for a framework whose
-CUDA build sees the GPUs, a stand-in interpreter that runs the runners' real device probe with
-the framework's CUDA answers replaced (those GPUs, or none) and everything else as the real one
-does (conftest.stand_in_interpreter). What each test would
-see go wrong:
-- a GPU that no framework sees, or one framework that sees GPUs while another does not: the
-  runner must stop before any run, naming the blind framework and its install command (without
-  the check the sweep would run with cuda rows beside cpu-simulated ones, or all on the CPU);
-  the same command with every framework seeing the GPUs passes the check (so the refusal is the
-  check's, not an accident of the stand-ins);
-- MXNet on Hopper (no GPU build exists): skipped with the reason, not a refusal;
-- `--devices cpu` on a GPU machine: every run on simulated CPU devices, said in the records;
-- `--devices cuda` where a framework sees no GPU: the trainer refuses in one line, exit 2;
-- the pin: `--devices cpu` hides the GPUs from the process and the processes it starts, and the
-  record keeps the user's own CUDA_VISIBLE_DEVICES / JAX_PLATFORMS.
-The same on real GPUs: tests/gpu/test_gpu.py (the GPU pass).
-"""
+machine (conftest.fake_nvidia_smi; conftest.stand_in_interpreter runs the real device probe with
+the framework's CUDA answers replaced): a framework that sees no GPU where nvidia-smi lists one
+stops the runner before any run, naming it and its install command (MXNet on Hopper: skipped with
+the reason); `--devices cpu` runs everything on simulated CPU devices and says so; `--devices
+cuda` without a GPU is one line, exit 2; the pin hides the GPUs from the process and its children
+and the record keeps the user's own variables. On real GPUs: tests/gpu/test_gpu.py."""
 
 from __future__ import annotations
 
@@ -64,17 +53,6 @@ def gpu_machine(
 # -- the runners' refusal -----------------------------------------------------------------------
 
 
-def test_a_gpu_that_no_framework_sees_stops_compare_before_any_run(tmp_path: Path) -> None:
-    env = gpu_machine(tmp_path, {"torch-ddp": False, "jax-pmap": False})
-    out = tmp_path / "out"
-    args = ["--frameworks", "torch-ddp,jax-pmap", "--gpus", "1", "--preset", "smoke"]
-    proc = run_module("benchmarks.compare", *args, "--out", str(out), env=env)
-    line = one_line_error(proc, "compare: error: ", H100, "torch-ddp sees none", "--devices cpu")
-    # its view, in the real probe's words (torch's CUDA answers stood in for: a CUDA 13.0 build)
-    assert "bash scripts/setup.sh main" in line and "CUDA 13.0 build" in line
-    assert not out.exists()  # nothing started
-
-
 def test_the_probe_asks_the_framework_itself() -> None:
     """What the stand-ins above replace: each framework's interpreter, asked with its framework
     imported (here with the GPUs hidden, as in the whole main pass)."""
@@ -89,11 +67,14 @@ def test_the_probe_asks_the_framework_itself() -> None:
 def test_one_framework_seeing_the_gpus_and_another_not_is_refused(tmp_path: Path) -> None:
     sees = {"torch-ddp": True, "jax-pmap": False}
     args = ["--frameworks", "torch-ddp,jax-pmap", "--gpus", "1", "--preset", "smoke"]
+    out = tmp_path / "out"
     proc = run_module(
-        "benchmarks.compare", *args, "--out", str(tmp_path / "o"), env=gpu_machine(tmp_path, sees)
+        "benchmarks.compare", *args, "--out", str(out), env=gpu_machine(tmp_path, sees)
     )
-    line = one_line_error(proc, "jax-pmap sees none", "bash scripts/setup.sh", "--devices cpu")
+    line = one_line_error(proc, "compare: error: ", H100, "jax-pmap sees none", "--devices cpu")
+    assert "bash scripts/setup.sh main" in line and "jax " in line  # the real probe's words
     assert "torch-ddp" not in line  # the framework that sees the GPU is not the one named
+    assert not out.exists()  # nothing started
 
 
 def test_with_every_framework_seeing_the_gpus_the_check_passes(
@@ -119,17 +100,14 @@ def test_with_every_framework_seeing_the_gpus_the_check_passes(
     "module,args",
     [
         ("benchmarks.throughput", ["--frameworks", "jax-shard", "--steps", "1", "--epochs", "2"]),
-        ("benchmarks.parity", ["--frameworks", "jax-shard", "--gpus", "1"]),
         ("benchmarks.tutorial_loops", ["--tutorials", "d2l-jax", "--gpus", "1"]),
-        ("benchmarks.analysis.comm_probe", ["--frameworks", "jax-shard", "--gpus", "1"]),
-        ("benchmarks.analysis.ab", ["--framework", "jax-shard", "--a=--lr 0.1", "--b=--lr 0.2",
-                                    "--", "--preset", "smoke"]),
     ],
 )  # fmt: skip
 def test_every_runner_refuses_a_framework_that_sees_no_gpu(
     tmp_path: Path, module: str, args: list[str]
 ) -> None:
-    """torch sees the GPU (parity's reference is torch-ddp), JAX does not."""
+    """torch sees the GPU, JAX does not (compare: the test above; every runner calls
+    harness.choose_devices)."""
     sees = {"torch-ddp": True, "torch-dp": True, "jax-pmap": False, "jax-shard": False}
     out = tmp_path / "out"
     proc = run_module(module, *args, "--out", str(out), env=gpu_machine(tmp_path, sees))

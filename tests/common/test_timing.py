@@ -1,13 +1,13 @@
 """The one timing rule (common/timing.py TIMING_RULE, common.results.timing_summary): the first
 epoch of every process is untimed, also after --resume; sec_per_epoch = timed seconds / timed
-epochs; images_per_sec = timed images / timed seconds; medians and ranges as extra fields."""
+epochs; images_per_sec = timed images / timed seconds; medians and ranges as extra fields.
+A trainer's record after a resume: tests/trainers/test_resume.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from common.results import timing_summary
-from tests.conftest import MAIN_PYTHON, read_json, run_module
 
 
 def rows(secs, timed, images=100):
@@ -36,26 +36,3 @@ def test_a_resumed_process_first_epoch_is_untimed() -> None:
 def test_one_epoch_falls_back_and_says_untimed() -> None:
     s = timing_summary(rows([4.0], [False]))
     assert s["timed_epochs"] == 0 and s["sec_per_epoch"] == 4.0
-
-
-def test_trainer_marks_the_first_epoch_of_each_process(tmp_path) -> None:
-    args = ("--preset", "smoke", "--epochs", "3", "--checkpoint-dir", str(tmp_path / "ck"))
-    out = str(tmp_path / "r.json")
-    cut = run_module(
-        "frameworks.torch_dp",
-        *args,
-        "--output",
-        out,
-        python=MAIN_PYTHON,
-        env={"DPBENCH_FAIL": "torch-dp@2"},
-        timeout=300,
-    )
-    assert cut.returncode != 0
-    resumed = run_module(
-        "frameworks.torch_dp", *args, "--resume", "--output", out, python=MAIN_PYTHON, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    rec = read_json(out)
-    assert [e["timed"] for e in rec["epochs"]] == [False, True, False]
-    assert rec["timed_epochs"] == 1
-    assert rec["sec_per_epoch"] == pytest.approx(rec["epochs"][1]["sec"])

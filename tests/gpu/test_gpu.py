@@ -62,7 +62,8 @@ ON_GPU = ("--devices", "cuda")
 # One training step from the shared initial weights, at the seed whose first step holds no
 # near-tie (conftest.CONDITIONED_SEED): two programs of the same maths then agree to rounding
 # (parity on an H200: 1.7e-6 of the update) and parity's one-step tolerance applies. Over the
-# smoke preset's 8 steps a 1e-7 difference grows to 1e-2 now and then (tests/gpu/test_gpu_compile.py).
+# smoke preset's 8 steps a 1e-7 difference grows to 1e-2 now and then
+# (tests/gpu/test_gpu_compile.py).
 ONE_STEP = ("--seed", str(CONDITIONED_SEED), "--epochs", "1", "--max-steps-per-epoch", "1")
 STATISTICS = ("running_mean", "running_var", "num_batches_tracked")  # BN buffers, not parameters
 

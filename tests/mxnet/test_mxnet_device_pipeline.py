@@ -1,6 +1,6 @@
 """`--pipeline device` in MXNet: each context's crops, gathered from its resident copy of the
-training set, equal its split_and_load slice of the host pipeline's batch, exactly (the rest of
-the device-pipeline checks, and the numpy specification, are in tests/trainers/test_device_pipeline.py)."""
+training set, equal its split_and_load slice of the host pipeline's batch, exactly (the other
+checks: tests/trainers/test_device_pipeline.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""mxnet-gluon checkpoints hold no pickle (issue 15 item 4): the optimiser states are named
+"""mxnet-gluon checkpoints hold no pickle: the optimiser states are named
 NDArrays in MXNet's own format, restored bit-exactly into every context's updater; a pickle
 planted as the states file is refused with one line and never runs. Kill-and-resume of the
 whole trainer: tests/trainers/test_contract.py."""

@@ -1,20 +1,8 @@
-"""The MXNet environment feeds MXNet the same data the main environment feeds torch and JAX.
-
-This environment (numpy 1.23.5, scikit-learn 1.7.2) recomputes, with the shared data layer
-(common/), every record of tests/fixtures/data_fixture.json, which the main environment (numpy
-2.x, its own scikit-learn) wrote: the digits arrays, the order and augmentation parameters of
-epochs 0 and 1, the real TrainLoader's first two batches of each (indices, augmented uint8
-images, labels, normalised float32 batches in NHWC and NCHW) for world 1 and ranks 0 and 1 of
-world 2, and the EvalLoader's first batch (tests/make_data_fixture.py lists them).
-
-Every record must be bit-identical (sha256 of dtype, shape and bytes), the float32 batches
-included, with no tolerance: measured, numpy 1.23.5 / scikit-learn 1.7.2 here and numpy 2.4.6 /
-scikit-learn 1.9.1 there agree exactly on all of them (max abs difference 0). That is expected:
-normalising is one float32 multiply and one add per element (correctly rounded in IEEE
-arithmetic on any SIMD path, and numpy does not fuse them), and the only reductions (the
-dataset's mean and std) are float64 sums over the same uint8 values in the same pairwise order.
-A difference here is a real one (a changed data path or library), not rounding noise.
-"""
+"""The MXNet environment (numpy 1.23.5) feeds MXNet the same data the main environment (numpy
+2.x) feeds torch and JAX: every record of tests/fixtures/data_fixture.json (digits arrays, draws,
+the loaders' first batches, tests/make_data_fixture.py) recomputed here is bit-identical, the
+float32 batches included (one multiply and one add per element, correctly rounded anywhere;
+the dataset's mean and std are float64 sums in the same order). A difference is a real one."""
 
 from __future__ import annotations
 

@@ -12,14 +12,9 @@ import pytest
 from benchmarks.throughput import workload
 from common.config import ConfigError, preset, validate
 from frameworks.torch_support import device_plan, execution
-from tests.conftest import SMOKE, run_trainer
 
 
-def test_a_mode_without_compile_is_one_line_and_exit_2():
-    proc = run_trainer("torch-dp", *SMOKE, "--compile-mode", "reduce-overhead")
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--compile-mode reduce-overhead needs --compile" in lines[0]
+def test_a_mode_is_checked():  # without --compile: tests/trainers/test_bad_input.py
     with pytest.raises(ConfigError, match="choose one of: default, reduce-overhead"):
         validate(preset("smoke", compile=True, compile_mode="fast"))
     validate(preset("smoke", compile=True, compile_mode="reduce-overhead"))  # accepted

@@ -1,24 +1,9 @@
-"""`--pipeline device`: the batches gathered on the devices equal the host pipeline's.
-
-The host pipeline (numpy crops and flips on a prefetch thread) is the reference. The device
-pipeline copies the uint8 training set to every device once and gathers each step's crops there
-(`make_batch` in torch and in JAX, under each JAX trainer's own transform) from the indices,
-crop rows and columns `common.pipeline` draws: the same order and augmentation by construction.
-These tests run the device code on CPU devices (what stands in for GPUs here) and compare:
-
-- numpy's `gather_crops` specification against the host batches: exactly;
-- torch's `train_put` against the host batches: exactly (NCHW and channels-last);
-- jax-pmap's and jax-shard's `train_put` on 2 simulated devices: the same rows on the same
-  devices, exactly (the normalisation is a lookup in the host Normalizer's table: computing
-  x * scale + shift on the device, XLA fuses it into a multiply-add that is 1 ulp off numpy in
-  about half the values; the table is checked against the Normalizer and that fused rounding
-  is shown to be caught);
-- each check is shown to fail on the bugs it guards against (a crop off by one pixel, no flip,
-  the padding not zeroed, another image), injected here.
-
-The trainers' end-to-end equality (same final state with either pipeline, at 1 and 2 devices)
-is in tests/trainers/test_contract.py.
-"""
+"""`--pipeline device`: the batches gathered on the devices (`make_batch` in torch and in JAX,
+under each JAX trainer's own transform, from the indices and crops `common.pipeline` draws)
+equal the host pipeline's, exactly: numpy's `gather_crops` specification, torch's `train_put`
+(NCHW and channels-last), jax-pmap's and jax-shard's on 2 simulated devices (the normalisation
+is a lookup in the host Normalizer's table: XLA's fused multiply-add is 1 ulp off numpy). Each
+check is shown to fail on the bugs it guards against. End to end: test_contract.py."""
 
 from __future__ import annotations
 

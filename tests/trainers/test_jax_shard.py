@@ -1,10 +1,7 @@
-"""jax-shard on simulated CPU devices: the jit step with global-batch BN equals jax-pmap's sync-BN
-step, per-device BN through shard_map equals jax-pmap's local BN (which
-catches a doubled gradient reduction) (evaluation at 1, 2 and 3 devices: test_jax_pmap.py; the
-record's BN mode and learning real digits: tests/trainers/test_contract.py).
-
-Shares the compiled steps of test_jax_pmap.py (one pytest process, 4 simulated host devices).
-"""
+"""jax-shard on simulated CPU devices: the jit step with global-batch BN equals jax-pmap's
+sync-BN step, per-device BN through shard_map equals jax-pmap's local BN (which catches a
+doubled gradient reduction). Shares test_jax_pmap.py's compiled steps (evaluation there;
+learning: tests/trainers/test_contract.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +25,7 @@ def test_global_bn_step_equals_jax_pmap_sync_bn_step() -> None:
     # Two programs: one step, compared on the update, in float64 (meaning) and in float32
     # (within the reference's own rounding on this CPU; test_jax_pmap.same_step). (The N-device
     # step = 1-device step of each: tests/trainers/test_contract.py.)
-    same_step("jax-shard", "jax-pmap", 2, "sync")  # 1 device: the same finding (#42)
+    same_step("jax-shard", "jax-pmap", 2, "sync")  # 1 device: the same finding
     _, ms = stepped("jax-shard", 2, "sync")
     _, mp = stepped("jax-pmap", 2, "sync")
     assert ms[0]["count"] == CFG.batch_size and ms[0]["correct"] == mp[0]["correct"]

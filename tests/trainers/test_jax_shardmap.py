@@ -1,12 +1,7 @@
-"""jax-shardmap on simulated CPU devices: its shard_map + pmean step equals jax-pmap's (the same
-per-device code under another transform) for both BN modes at 1 and 2 devices; the same step
-under shard_map's default check_vma=True would scale the update by the device count (the bug
-the trainer's check_vma=False avoids); --bn local keeps the state replicated (evaluation at 1, 2
-and 3 devices: test_jax_pmap.py; the N-device step = 1-device step, the record, learning real
-digits and resume: tests/trainers/test_contract.py).
-
-Shares the compiled steps of test_jax_pmap.py (one pytest process, 4 simulated host devices).
-"""
+"""jax-shardmap on simulated CPU devices: its shard_map + pmean step equals jax-pmap's for both
+BN modes at 1 and 2 devices; under shard_map's default check_vma=True the update would scale by
+the device count; --bn local keeps the state replicated. Shares test_jax_pmap.py's compiled
+steps (evaluation there; steps, learning and resume: tests/trainers/test_contract.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ from tests.conftest import relative_update_difference
 from tests.trainers.test_jax_pmap import CFG, compiled, stepped, train_batches
 
 # The same per-device program as jax-pmap's, under another transform: the update agrees to
-# float32 rounding (#31's target: 1e-6 of the update).
+# float32 rounding (1e-6 of the update).
 PMAP_RTOL = 1e-6
 
 

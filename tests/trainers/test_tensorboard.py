@@ -1,14 +1,9 @@
 """`--tensorboard DIR` (common/tensorboard.py) and compare's DIR/tensorboard/<run id>/.
 
-Event files are read back with TensorBoard's own reader (its EventAccumulator, what the viewer
-uses) and checked against the run's record by `assert_events_match_record`: the six tags, one
-value per epoch at the global step, each equal (in float32, the event format) to the record's.
-Every trainer's real event files (MXNet's written in its own environment) are checked by
-tests/trainers/test_contract.py::test_learns_real_digits_and_records_how_it_ran, and compare's by
-tests/benchmarks/test_compare.py's end-to-end sweep: those tests already run
-them, so the check costs no extra run. Here: the writer in-process, its failure modes, the lazy
-import, and compare's plan.
-"""
+Event files are read back with TensorBoard's own reader and checked against the run's record by
+`assert_events_match_record`, which test_contract.py's digits runs (every trainer) and
+tests/benchmarks/test_compare.py also apply to their real runs. Here: the writer in-process,
+its failure modes, the lazy import, and compare's plan."""
 
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import compare
-from common import cli, tensorboard
+from common import tensorboard
 from common.config import ConfigError, config_from_dict, preset
 from common.results import RunRecorder
 from common.schedule import lr_table_for
@@ -91,7 +86,7 @@ ROWS = [  # (sec, images, train_loss, correct, total, test_loss_sum) of 3 epochs
 ]
 
 
-def recorded_run(tmp_path: Path, *, is_main: bool = True, **overrides: Any) -> dict[str, Any]:
+def recorded_run(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     """A recorder run through ROWS (smoke preset, cosine schedule with warm-up: the LR moves
     every epoch), its record written to tmp_path/run.json."""
     cfg = preset(
@@ -104,7 +99,7 @@ def recorded_run(tmp_path: Path, *, is_main: bool = True, **overrides: Any) -> d
         output=str(tmp_path / "run.json"),
         **overrides,
     )
-    rec = RunRecorder(cfg, devices=2, device_kind="cpu-simulated", params=10, is_main=is_main)
+    rec = RunRecorder(cfg, devices=2, device_kind="cpu-simulated", params=10, is_main=True)
     rec.threads = {"total": 2}
     for epoch, row in enumerate(ROWS):
         rec.end_epoch(epoch, *row)
@@ -134,11 +129,6 @@ def test_the_record_check_can_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     record = recorded_run(tmp_path / "bug")
     with pytest.raises(AssertionError):
         assert_events_match_record(tmp_path / "bug" / "tb", record)
-
-
-def test_only_process_0_writes(tmp_path: Path) -> None:
-    recorded_run(tmp_path, is_main=False)
-    assert not (tmp_path / "tb").exists()
 
 
 def test_a_failing_writer_never_costs_the_record(
@@ -186,10 +176,9 @@ def test_missing_writer_package_is_one_line_naming_the_setup(
     tensorboard.check(preset("smoke"))  # off: nothing is checked
 
 
-def test_the_flag_has_help_and_is_not_a_resume_key() -> None:
+def test_the_flag_is_not_a_resume_key() -> None:
     from common.config import RESUME_KEYS
 
-    assert "--tensorboard" in cli.build_parser("x").format_help()
     assert "tensorboard" not in RESUME_KEYS  # a path: resuming may log elsewhere
 
 
@@ -240,15 +229,3 @@ def test_compare_help_offers_only_the_switch(capsys: pytest.CaptureFixture[str])
     help_text = capsys.readouterr().out
     assert "--tensorboard, --no-tensorboard" in help_text
     assert "--tensorboard TENSORBOARD" not in help_text  # the trainers' DIR is set per run
-
-
-def test_tutorial_loops_refuses_the_flag(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Its timed runs would all write into the one directory: not offered, one line, exit 2."""
-    from benchmarks import tutorial_loops
-
-    with pytest.raises(SystemExit) as exit_:
-        tutorial_loops.main(["--tensorboard", str(tmp_path / "tb"), "--out", str(tmp_path)])
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and "unrecognized arguments: --tensorboard" in line

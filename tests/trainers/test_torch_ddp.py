@@ -1,8 +1,5 @@
-"""torch-ddp on CPU (gloo): evaluation at any process count, --bn local's per-rank BN
-statistics (launching its ranks, torchrun: tests/trainers/test_launch.py).
-The N-process step = 1-process step and the phase-timed step = the DDP step, kill-and-resume
-(the same trajectory from one seed, bitwise), bad input, failures:
-tests/trainers/test_contract.py."""
+"""torch-ddp on CPU (gloo): evaluation at an uneven process count, --bn local's per-rank BN
+statistics. Launch: tests/trainers/test_launch.py; steps and resume: test_contract.py."""
 
 from __future__ import annotations
 
@@ -16,19 +13,7 @@ import torch
 
 from common.config import preset
 from common.runtime import free_port
-from tests.conftest import (
-    ROOT,
-    SMOKE,
-    read_json,
-    run_trainer,
-)
-
-MODULE = "frameworks.torch_ddp"
-SMALL = SMOKE
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return run_trainer("torch-ddp", *SMALL, *args, env=env)
+from tests.conftest import ROOT, read_json
 
 
 def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
@@ -63,9 +48,9 @@ def eval_config():
     return preset("smoke", dataset="digits", image_size=16, test_limit=359)
 
 
-def test_evaluation_identical_at_1_and_3_processes(tmp_path):
-    """359 test images do not divide over 3 processes (nor over 2: the uneven case once, at
-    the larger world): every image counted once, and the sums those of the whole set at once."""
+def test_evaluation_at_3_processes_equals_the_whole_test_set_at_once(tmp_path):
+    """359 test images do not divide over 3 processes: every image counted once, and the sums
+    those of the whole set at once."""
     from common.datasets import load_for
     from common.pipeline import Normalizer
     from frameworks.torch_ddp import build_model
@@ -79,33 +64,15 @@ def test_evaluation_identical_at_1_and_3_processes(tmp_path):
     with torch.no_grad():  # the whole test set at once, no sharding: the reference
         logits = model(torch.from_numpy(Normalizer(ds.mean, ds.std, "NCHW")(ds.test_x)))
     ref_correct = int((logits.argmax(1).numpy() == ds.test_y).sum())
-    for world in (1, 3):
-        out = tmp_path / f"{world}.json"
-        torch.multiprocessing.start_processes(
-            _eval_worker, args=(world, free_port(), str(out)), nprocs=world, start_method="spawn"
-        )
-        correct, count, loss_sum = read_json(out)
-        assert count == 359, world  # every test image exactly once
-        assert correct == ref_correct, world
-        assert loss_sum == pytest.approx(
-            torch.nn.functional.cross_entropy(
-                logits, torch.from_numpy(ds.test_y).long(), reduction="sum"
-            ).item(),
-            rel=1e-5,
-        )
-
-
-def test_nesterov_without_momentum_is_the_parsers_one_line():
-    # (Bad input in general, and start-up failures: tests/trainers/test_contract.py.)
-    bad = run("--nesterov", "--momentum", "0")
-    assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines() == [
-        "python -m frameworks.torch_ddp: error: --nesterov needs --momentum > 0 (see --help)"
-    ]
-
-
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
+    out = tmp_path / "3.json"
+    torch.multiprocessing.start_processes(
+        _eval_worker, args=(3, free_port(), str(out)), nprocs=3, start_method="spawn"
+    )
+    correct, count, loss_sum = read_json(out)
+    assert count == 359 and correct == ref_correct  # every test image exactly once
+    labels = torch.from_numpy(ds.test_y).long()
+    want = torch.nn.functional.cross_entropy(logits, labels, reduction="sum").item()
+    assert loss_sum == pytest.approx(want, rel=1e-5)
 
 
 LOCAL_BN_SCRIPT = """

@@ -1,6 +1,6 @@
 """torch-dp (nn.DataParallel) on a CPU-only machine: it claims one device and says so once, and
-its step is the SGD step written out from its definition. Kill-and-resume, bad input, start-up
-failures and a crash in the loop: tests/trainers/test_contract.py."""
+its step is the SGD step written out from its definition. Kill-and-resume and a crash in the
+loop: tests/trainers/test_contract.py."""
 
 from __future__ import annotations
 
@@ -24,10 +24,17 @@ def run(framework: str, *args: str, env: dict[str, str] | None = None):
     return run_trainer(framework, *SMOKE, *args, env=env)
 
 
-def test_cpu_run_records_one_device_and_notes_it_once(tmp_path):
+def test_cpu_run_records_one_device_and_one_thread_per_core_it_may_use(tmp_path):
+    """On a CPU-only machine torch-dp uses one device and says so once; on the one core its
+    affinity allows (taskset, Slurm, a pinned test worker), it sets one thread."""
+    cores = sorted(os.sched_getaffinity(0))
     out = tmp_path / "dp.json"
-    args = ("--gpus", "2", "--epochs", "1", "--max-steps-per-epoch", "2")
-    proc = run("torch-dp", *args, "--output", str(out))
+    args = ("--gpus", "2", "--epochs", "1", "--max-steps-per-epoch", "1", "--output", str(out))
+    os.sched_setaffinity(0, cores[:1])  # this test's process: the trainer inherits it
+    try:
+        proc = run("torch-dp", *args)
+    finally:
+        os.sched_setaffinity(0, cores)
     ok(proc)
     rec = read_json(out)
     assert rec["devices"] == 1 and rec["device_kind"] == "cpu"
@@ -37,21 +44,7 @@ def test_cpu_run_records_one_device_and_notes_it_once(tmp_path):
     assert notes[0].startswith("note: no CUDA device") and "used 1 device" in notes[0]
     assert "--gpus 2" in notes[0]
     assert proc.stderr == "", proc.stderr  # stderr keeps the one line of an error
-
-
-def test_a_run_on_one_core_uses_one_thread(tmp_path):
-    """The cores a run may use are its affinity (taskset, a Slurm allocation, a pinned test
-    worker), not the machine's: on one core torch-dp sets one thread, and its record says so.
-    (Before, it set the machine's count: on 2 cores, 2 threads that waited for each other.)"""
-    cores = sorted(os.sched_getaffinity(0))
-    out = tmp_path / "one.json"
-    os.sched_setaffinity(0, cores[:1])  # this test's process: the trainer inherits it
-    try:
-        proc = run("torch-dp", "--epochs", "1", "--max-steps-per-epoch", "1", "--output", str(out))
-    finally:
-        os.sched_setaffinity(0, cores)
-    ok(proc)
-    threads = read_json(out)["threads"]
+    threads = rec["threads"]
     assert (threads["total"], threads["per_device"], threads["cores"]) == (1, None, 1)
 
 
