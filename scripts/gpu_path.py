@@ -8,8 +8,8 @@ benchmarks.compute_only's one-device reference step (the loop ratio's denominato
     diff before.json after.json
 
 A change that claims "no change of behaviour" shows this diff empty (README, Development). The
-program is exported as tests/trainers/test_device_plan.py's `cuda_program` builds it; source locations
-are left out of the digest.
+program is exported as tests/trainers/test_device_plan.py's `cuda_program` builds it; source
+locations are left out of the digest.
 """
 
 from __future__ import annotations
