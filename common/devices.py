@@ -41,24 +41,11 @@ def default() -> str | None:
     return value
 
 
-def saved_env_ok(text: str) -> bool:
-    """`text` is what `pin` writes to SAVED_ENV: a JSON object of USER_ENV, strings or nulls."""
-    try:
-        saved = json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return (
-        isinstance(saved, dict)
-        and set(saved) <= set(USER_ENV)
-        and all(v is None or isinstance(v, str) for v in saved.values())
-    )
-
-
 def user_env() -> dict[str, str | None]:
     """CUDA_VISIBLE_DEVICES and JAX_PLATFORMS as the user set them (None: unset), also in a
     process started after `pin` changed them."""
     saved = os.environ.get(SAVED_ENV)
-    if saved and saved_env_ok(saved):  # (a value not of `pin`'s making: ignored)
+    if saved:
         return dict(json.loads(saved))
     return {k: os.environ.get(k) for k in USER_ENV}
 

@@ -28,8 +28,6 @@ from common.runtime import atomic_write_bytes
 from common.schedule import lr_table_for
 from common.tensorboard import EventLog
 
-STATUSES = ("ok", "diverged", "failed", "interrupted")
-
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write `obj` as JSON to `path` via a temporary file and rename: never half-written, no
