@@ -17,19 +17,9 @@ comm - exposed_comm. Every figure is per step (divided by S) and is the mean ove
 This is the definition Holistic Trace Analysis uses for its temporal breakdown and its
 communication/computation overlap, applied to all three frameworks' traces alike.
 
-What counts as a device and as communication, per trace flavour (documented in docs/profiling.md):
-- torch: on CUDA, the kernels and memory copies of each GPU; NCCL kernels and peer-to-peer
-  copies are communication. On the CPU the "device" is the process's main thread: its `cpu_op`
-  events are compute, gloo's `gloo:*` ranges (on gloo's own threads) are communication.
-- jax: the XLA executions of each device: events with an `hlo_op` (CPU thunks; on GPUs the
-  kernels of the device's "Stream #" threads, not its summary lines "XLA Ops" / "XLA Modules");
-  collectives (all-reduce, psum, all-gather, reduce-scatter, collective-permute, all-to-all)
-  are communication.
-- mxnet: the operators each engine device lane (`cpu/0`, `gpu/1`, ...) ran; the kvstore's
-  copies between devices and its ElementwiseSum are communication (the batch's split_and_load
-  copies, a few kB a step, are counted with them).
-
-numpy and the standard library only: traces are read without the framework that wrote them.
+What counts as a device and as communication in each framework's trace: docs/profiling.md
+(`read_torch`, `read_jax`, `read_mxnet`). numpy and the standard library only: traces are read
+without the framework that wrote them.
 """
 
 from __future__ import annotations

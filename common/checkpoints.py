@@ -34,7 +34,7 @@ from common.config import Config, check_same_run
 from common.errors import ConfigError, WriteFailed, first_line
 from common.init import digest
 from common.results import RunRecorder, versions, write_json_atomic
-from common.runtime import atomic_write_bytes, process_rank, remove_stale_temp_files
+from common.runtime import atomic_write_bytes, process_rank
 
 CHECKPOINT_FORMAT = 2  # what checkpoint_meta writes; a checkpoint without it predates the checks
 CHECKPOINT_FIX = "delete it or drop --resume"
@@ -278,6 +278,4 @@ def lock_checkpoint_dir(cfg: Config) -> Any:
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
     handle.flush()
-    # The lock is ours: a temp file whose writer is dead is debris of a run killed mid-write.
-    remove_stale_temp_files(directory, prefix=cfg.framework)
     return handle

@@ -29,15 +29,7 @@ class _Parser(argparse.ArgumentParser):
 # Flags that name a file or directory: an empty value (`--output "$OUT"` with OUT unset) is
 # refused; it used to mean "none", so the run went on without its record or checkpoints.
 PATH_FIELDS = frozenset(
-    {
-        "output",
-        "tensorboard",
-        "checkpoint_dir",
-        "save_state",
-        "profile_dir",
-        "cache_dir",
-        "data_dir",
-    }
+    "output tensorboard checkpoint_dir save_state profile_dir cache_dir data_dir".split()
 )
 
 

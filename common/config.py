@@ -438,100 +438,58 @@ def train_size(cfg: Config) -> int:
 def _check_ranges(cfg: Config) -> None:
     """Every number in range: one line naming the flag, the range and the value."""
 
-    def need(ok: bool, name: str, rule: str, value: Any) -> None:
-        if not ok:
-            raise ConfigError(f"--{name} must be {rule} (got {value})")
-
     def finite(x: Any) -> bool:
         return isinstance(x, (int, float)) and math.isfinite(x)
 
-    need(cfg.gpus >= 1, "gpus", ">= 1; use --gpus 1 for one device", cfg.gpus)
-    need(cfg.gpus <= MAX_DEVICES, "gpus", f"<= {MAX_DEVICES}", cfg.gpus)
-    need(0 <= cfg.profile <= MAX_PROFILE, "profile", f"in [0, {MAX_PROFILE}] steps", cfg.profile)
-    need(1 <= cfg.epochs <= MAX_EPOCHS, "epochs", f"in [1, {MAX_EPOCHS}]", cfg.epochs)
-    need(cfg.batch_size >= 1, "batch-size", ">= 1", cfg.batch_size)
-    need(cfg.eval_batch_size >= 1, "eval-batch-size", ">= 1", cfg.eval_batch_size)
-    need(cfg.batch_per_device >= 0, "batch-per-device", ">= 0 (0 = off)", cfg.batch_per_device)
-    need(finite(cfg.lr) and cfg.lr > 0, "lr", "a positive number", cfg.lr)
-    need(cfg.lr_base_batch >= 1, "lr-base-batch", ">= 1", cfg.lr_base_batch)
-    need(
-        finite(cfg.lr_step_factor) and cfg.lr_step_factor > 0,
-        "lr-step-factor",
-        "a positive number",
-        cfg.lr_step_factor,
-    )
-    need(
-        all(e >= 1 for e in cfg.lr_step_epochs),
-        "lr-step-epochs",
-        "epochs >= 1",
-        ",".join(map(str, cfg.lr_step_epochs)),
-    )
-    need(
-        finite(cfg.warmup_epochs) and 0 <= cfg.warmup_epochs <= MAX_EPOCHS,
-        "warmup-epochs",
-        f"in [0, {MAX_EPOCHS}]",
-        cfg.warmup_epochs,
-    )
+    def unit(x: Any) -> bool:  # in [0, 1)
+        return finite(x) and 0 <= x < 1
+
     wsf = cfg.warmup_start_factor
-    need(
-        wsf is None or (finite(wsf) and wsf >= 0),
-        "warmup-start-factor",
-        "a number >= 0 or 'none'",
-        wsf,
-    )
-    need(finite(cfg.momentum) and 0 <= cfg.momentum < 1, "momentum", "in [0, 1)", cfg.momentum)
-    need(
-        finite(cfg.weight_decay) and 0 <= cfg.weight_decay < 1,
-        "weight-decay",
-        "in [0, 1)",
-        cfg.weight_decay,
-    )
-    need(
-        finite(cfg.label_smoothing) and 0 <= cfg.label_smoothing < 1,
-        "label-smoothing",
-        "in [0, 1)",
-        cfg.label_smoothing,
-    )
-    need(
-        all(finite(b) and 0 <= b < 1 for b in cfg.novograd_betas),
-        "novograd-betas",
-        "in [0, 1)",
-        cfg.novograd_betas,
-    )
-    need(
-        finite(cfg.bn_momentum) and 0 <= cfg.bn_momentum <= 1,
-        "bn-momentum",
-        "in [0, 1]",
-        cfg.bn_momentum,
-    )
-    need(finite(cfg.bn_eps) and 0 < cfg.bn_eps < 1, "bn-eps", "in (0, 1)", cfg.bn_eps)
-    need(
-        finite(cfg.width) and 0 < cfg.width <= MAX_WIDTH,
-        "width",
-        f"in (0, {MAX_WIDTH:g}] (1 = the published model)",
-        cfg.width,
-    )
-    need(finite(cfg.dropout) and 0 <= cfg.dropout < 1, "dropout", "in [0, 1)", cfg.dropout)
-    need(
-        finite(cfg.target_accuracy) and 0 <= cfg.target_accuracy <= 1,
-        "target-accuracy",
-        "in [0, 1]",
-        cfg.target_accuracy,
-    )
-    need(cfg.patience >= 1, "patience", ">= 1", cfg.patience)
-    need(0 <= cfg.seed <= MAX_SEED, "seed", f"in [0, {MAX_SEED}]", cfg.seed)
-    need(
-        cfg.image_size == 0 or 8 <= cfg.image_size <= MAX_IMAGE_SIZE,
-        "image-size",
-        f"0 (native) or in [8, {MAX_IMAGE_SIZE}]",
-        cfg.image_size,
-    )
-    for name in ("train_limit", "test_limit", "max_steps_per_epoch", "log_every"):
-        need(getattr(cfg, name) >= 0, name.replace("_", "-"), ">= 0 (0 = off)", getattr(cfg, name))
-    need(0 <= cfg.prefetch <= 64, "prefetch", "in [0, 64]", cfg.prefetch)
-    for name in ("synthetic_train", "synthetic_test", "synthetic_channels"):
-        need(getattr(cfg, name) >= 1, name.replace("_", "-"), ">= 1", getattr(cfg, name))
-    need(cfg.synthetic_classes >= 2, "synthetic-classes", ">= 2", cfg.synthetic_classes)
+    checks = [  # (field, in range, the range), the first that fails is named
+        ("gpus", cfg.gpus >= 1, ">= 1; use --gpus 1 for one device"),
+        ("gpus", cfg.gpus <= MAX_DEVICES, f"<= {MAX_DEVICES}"),
+        ("profile", 0 <= cfg.profile <= MAX_PROFILE, f"in [0, {MAX_PROFILE}] steps"),
+        ("epochs", 1 <= cfg.epochs <= MAX_EPOCHS, f"in [1, {MAX_EPOCHS}]"),
+        ("batch_size", cfg.batch_size >= 1, ">= 1"),
+        ("eval_batch_size", cfg.eval_batch_size >= 1, ">= 1"),
+        ("batch_per_device", cfg.batch_per_device >= 0, ">= 0 (0 = off)"),
+        ("lr", finite(cfg.lr) and cfg.lr > 0, "a positive number"),
+        ("lr_base_batch", cfg.lr_base_batch >= 1, ">= 1"),
+        ("lr_step_factor", finite(cfg.lr_step_factor) and cfg.lr_step_factor > 0,
+         "a positive number"),
+        ("lr_step_epochs", all(e >= 1 for e in cfg.lr_step_epochs), "epochs >= 1"),
+        ("warmup_epochs", finite(cfg.warmup_epochs) and 0 <= cfg.warmup_epochs <= MAX_EPOCHS,
+         f"in [0, {MAX_EPOCHS}]"),
+        ("warmup_start_factor", wsf is None or (finite(wsf) and wsf >= 0),
+         "a number >= 0 or 'none'"),
+        ("momentum", unit(cfg.momentum), "in [0, 1)"),
+        ("weight_decay", unit(cfg.weight_decay), "in [0, 1)"),
+        ("label_smoothing", unit(cfg.label_smoothing), "in [0, 1)"),
+        ("novograd_betas", all(unit(b) for b in cfg.novograd_betas), "in [0, 1)"),
+        ("bn_momentum", finite(cfg.bn_momentum) and 0 <= cfg.bn_momentum <= 1, "in [0, 1]"),
+        ("bn_eps", finite(cfg.bn_eps) and 0 < cfg.bn_eps < 1, "in (0, 1)"),
+        ("width", finite(cfg.width) and 0 < cfg.width <= MAX_WIDTH,
+         f"in (0, {MAX_WIDTH:g}] (1 = the published model)"),
+        ("dropout", unit(cfg.dropout), "in [0, 1)"),
+        ("target_accuracy", finite(cfg.target_accuracy) and 0 <= cfg.target_accuracy <= 1,
+         "in [0, 1]"),
+        ("patience", cfg.patience >= 1, ">= 1"),
+        ("seed", 0 <= cfg.seed <= MAX_SEED, f"in [0, {MAX_SEED}]"),
+        ("image_size", cfg.image_size == 0 or 8 <= cfg.image_size <= MAX_IMAGE_SIZE,
+         f"0 (native) or in [8, {MAX_IMAGE_SIZE}]"),
+        *((n, getattr(cfg, n) >= 0, ">= 0 (0 = off)")
+          for n in ("train_limit", "test_limit", "max_steps_per_epoch", "log_every")),
+        ("prefetch", 0 <= cfg.prefetch <= 64, "in [0, 64]"),
+        *((n, getattr(cfg, n) >= 1, ">= 1")
+          for n in ("synthetic_train", "synthetic_test", "synthetic_channels")),
+        ("synthetic_classes", cfg.synthetic_classes >= 2, ">= 2"),
+    ]  # fmt: skip
+    for name, ok, rule in checks:
+        if not ok:
+            value = getattr(cfg, name)
+            if name == "lr_step_epochs":
+                value = ",".join(map(str, value))
+            raise ConfigError(f"--{name.replace('_', '-')} must be {rule} (got {value})")
 
 
 def data_dims(cfg: Config) -> tuple[int, int]:
@@ -560,8 +518,6 @@ def _check_sizes(cfg: Config) -> None:
 
 def per_device(global_batch: int, devices: int) -> int:
     """Split the global batch evenly over `devices`; one clear error when it does not divide."""
-    if devices < 1:
-        raise ConfigError(f"device count must be >= 1 (got {devices})")
     if global_batch % devices:
         lo = global_batch // devices * devices
         hi = lo + devices
@@ -582,31 +538,6 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return Config(**clean)
 
 
-__all__ = [
-    "BN_MODES",
-    "COMPILE_MODES",
-    "CUDA_GRAPH_MODES",
-    "DATASETS",
-    "FRAMEWORKS",
-    "LR_SCALINGS",
-    "LR_SCHEDULES",
-    "MODELS",
-    "OPTIMIZERS",
-    "PRECISIONS",
-    "PRESETS",
-    "Config",
-    "ConfigError",
-    "config_from_dict",
-    "float_or_none",
-    "int_tuple",
-    "opt",
-    "per_device",
-    "preset",
-    "resolve",
-    "validate",
-]
-
-
 # Settings that make a checkpoint belong to a run: resuming with any of them changed is refused
 # (the trainer, the model, the data and its order, the devices, every hyper-parameter of the
 # update and of the LR schedule, the test set, and every setting that changes how fast a step
@@ -614,52 +545,13 @@ __all__ = [
 # the library versions and the execution mode are checked at load time, common/trainer.py).
 # --epochs may grow, except under the cosine schedule, which spans --epochs. Where results go,
 # when to log or stop, and the caches (the first epoch of every process is untimed) may change.
-RESUME_KEYS = (
-    "framework",
-    "model",
-    "width",
-    "dropout",
-    "dataset",
-    "image_size",
-    "augment",
-    "train_limit",
-    "test_limit",
-    "synthetic_train",
-    "synthetic_test",
-    "synthetic_classes",
-    "synthetic_channels",
-    "gpus",
-    "batch_size",
-    "eval_batch_size",
-    "max_steps_per_epoch",
-    "seed",
-    "init",
-    "optimizer",
-    "lr",
-    "lr_base_batch",
-    "lr_scaling",
-    "lr_schedule",
-    "lr_step_epochs",
-    "lr_step_factor",
-    "warmup_epochs",
-    "warmup_start_factor",
-    "momentum",
-    "nesterov",
-    "weight_decay",
-    "label_smoothing",
-    "novograd_betas",
-    "bn",
-    "bn_momentum",
-    "bn_eps",
-    "precision",
-    "tf32",
-    "channels_last",
-    "compile",
-    "compile_mode",
-    "xla_cpu_ynn",
-    "pipeline",
-    "prefetch",
-    "phase_timing",
+RESUME_KEYS = tuple(
+    "framework model width dropout dataset image_size augment train_limit test_limit "
+    "synthetic_train synthetic_test synthetic_classes synthetic_channels gpus batch_size "
+    "eval_batch_size max_steps_per_epoch seed init optimizer lr lr_base_batch lr_scaling "
+    "lr_schedule lr_step_epochs lr_step_factor warmup_epochs warmup_start_factor momentum "
+    "nesterov weight_decay label_smoothing novograd_betas bn bn_momentum bn_eps precision tf32 "
+    "channels_last compile compile_mode xla_cpu_ynn pipeline prefetch phase_timing".split()
 )
 
 

@@ -237,11 +237,6 @@ class _RestrictedUnpickler(pickle.Unpickler):
         )
 
 
-def safe_unpickle(data: bytes) -> object:
-    """Unpickle a CIFAR batch with `_RestrictedUnpickler`."""
-    return _RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
-
-
 def check_labels(y: np.ndarray, n: int, classes: int, where: str) -> None:
     """Labels match the images one to one and lie in [0, classes)."""
     if len(y) != n:
@@ -255,7 +250,7 @@ def _cifar_batch(
     blob: bytes, label_key: bytes, classes: int, where: str
 ) -> tuple[np.ndarray, np.ndarray]:
     try:
-        d = safe_unpickle(blob)
+        d = _RestrictedUnpickler(io.BytesIO(blob), encoding="bytes").load()
     except DatasetError:
         raise
     except Exception as exc:  # truncated or not a pickle at all
@@ -450,7 +445,7 @@ def load(
     synthetic_channels: int = 3,
     verify: bool = True,
 ) -> Dataset:
-    """Load dataset `name`, checked (`check_dataset`), optionally resized and truncated (the
+    """Load dataset `name`, optionally resized and truncated (the
     first N images). `verify`: check the files against the published MD5 first."""
     if name in ("cifar10", "cifar100"):
         ds = load_cifar(name, data_dir, download, verify)
@@ -459,17 +454,10 @@ def load(
     elif name == "digits":
         ds = load_digits()
     elif name == "synthetic":
-        ds = make_synthetic(
-            synthetic_train,
-            synthetic_test,
-            image_size or 32,
-            synthetic_channels,
-            synthetic_classes,
-            seed,
-        )
+        ds = make_synthetic(synthetic_train, synthetic_test, image_size or 32,
+                            synthetic_channels, synthetic_classes, seed)  # fmt: skip
     else:
         raise DatasetError(f"unknown dataset {name!r}")
-    check_dataset(ds)
     tx, ty, vx, vy = ds.train_x, ds.train_y, ds.test_x, ds.test_y
     if train_limit:
         tx, ty = tx[:train_limit], ty[:train_limit]
@@ -482,35 +470,9 @@ def load(
 
 def load_for(cfg) -> Dataset:  # type: ignore[no-untyped-def]
     """`load` with the values of a Config."""
-    return load(
-        cfg.dataset,
-        cfg.data_dir,
-        cfg.download,
-        cfg.image_size,
-        cfg.train_limit,
-        cfg.test_limit,
-        cfg.seed,
-        cfg.synthetic_train,
-        cfg.synthetic_test,
-        cfg.synthetic_classes,
-        cfg.synthetic_channels,
-        cfg.verify,
-    )
-
-
-def check_dataset(ds: Dataset) -> None:
-    """What every loader must return, checked before any run uses it: (N, H, W, C) uint8
-    images, as many integer labels, each in [0, num_classes), and neither split empty."""
-    for split, x, y in (("training", ds.train_x, ds.train_y), ("test", ds.test_x, ds.test_y)):
-        where = f"dataset {ds.name!r} ({split} set)"
-        if x.ndim != 4 or x.dtype != np.uint8 or y.ndim != 1 or y.dtype.kind not in "iu":
-            raise DatasetError(
-                f"{where}: images {x.shape} {x.dtype} and labels {y.shape} {y.dtype}, expected "
-                "(N, H, W, C) uint8 and (N,) integers"
-            )
-        if len(x) == 0:
-            raise DatasetError(f"{where} holds no images")
-        check_labels(y, len(x), ds.num_classes, where)
+    return load(cfg.dataset, cfg.data_dir, cfg.download, cfg.image_size, cfg.train_limit,
+                cfg.test_limit, cfg.seed, cfg.synthetic_train, cfg.synthetic_test,
+                cfg.synthetic_classes, cfg.synthetic_channels, cfg.verify)  # fmt: skip
 
 
 def check_available(cfg) -> None:  # type: ignore[no-untyped-def]

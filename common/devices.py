@@ -1,18 +1,12 @@
 """`--devices auto|cpu|cuda`: where a run's devices are, chosen once for the process and its
 children, and stated in every record. No framework is imported here.
 
-- `auto` (default): the GPUs where the run's framework sees them, else `--gpus` simulated CPU
-  devices (JAX host devices, torch gloo processes, MXNet `mx.cpu(i)`).
-- `cpu`: the simulated CPU devices even on a GPU machine. `pin` hides the GPUs from this process
-  and every process it starts, before any framework touches CUDA: CUDA_VISIBLE_DEVICES="" (torch
-  and MXNet read it when CUDA starts) and JAX_PLATFORMS=cpu (the JAX trainers also set JAX's
-  platform in-process: JAX reads that variable when it is imported).
-- `cuda`: the GPUs; a framework that sees none is refused with one line (`need_gpus`).
-
-`DPBENCH_DEVICES` sets the default for every trainer and runner of a shell (the test suite sets
-`cpu`, so a GPU machine runs the simulated-device tests exactly as a CPU does). The user's own
-CUDA_VISIBLE_DEVICES and JAX_PLATFORMS keep working under `auto` and are recorded as they were
-before any pinning (`record`).
+`auto` (default): the GPUs where the run's framework sees them, else `--gpus` simulated CPU
+devices; `cpu`: simulated devices even on a GPU machine (`pin` hides the GPUs from this process
+and its children: CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS=cpu); `cuda`: the GPUs, refused in one
+line where the framework sees none (`need_gpus`). `DPBENCH_DEVICES` sets the default for a
+shell (the test suite sets `cpu`). The user's own CUDA_VISIBLE_DEVICES and JAX_PLATFORMS are
+recorded as they were before any pinning (`record`).
 """
 
 from __future__ import annotations
@@ -41,24 +35,11 @@ def default() -> str | None:
     return value
 
 
-def saved_env_ok(text: str) -> bool:
-    """`text` is what `pin` writes to SAVED_ENV: a JSON object of USER_ENV, strings or nulls."""
-    try:
-        saved = json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return (
-        isinstance(saved, dict)
-        and set(saved) <= set(USER_ENV)
-        and all(v is None or isinstance(v, str) for v in saved.values())
-    )
-
-
 def user_env() -> dict[str, str | None]:
     """CUDA_VISIBLE_DEVICES and JAX_PLATFORMS as the user set them (None: unset), also in a
     process started after `pin` changed them."""
     saved = os.environ.get(SAVED_ENV)
-    if saved and saved_env_ok(saved):  # (a value not of `pin`'s making: ignored)
+    if saved:
         return dict(json.loads(saved))
     return {k: os.environ.get(k) for k in USER_ENV}
 

@@ -1,12 +1,5 @@
-"""The errors a run ends with, and how each is told in one line: imported by every layer of
-`common/` (config, datasets, the file readers, the trainer glue), so this module imports none.
-
-- `ConfigError`, `DatasetError`: bad input (a flag, a file, a dataset). One line naming the
-  problem and the fix, exit 2, before any training where it can be found then (`BAD_INPUT`).
-- `WriteFailed`: a file the run writes could not be written (a full disk, a quota); the run
-  ends "failed" with its one line and no traceback.
-- `RunFailed`: training failed and its record is already written.
-"""
+"""The errors a run ends with, each told in one line (bad input, `BAD_INPUT`: exit 2); imported
+by every layer of `common/`, so this module imports none of it."""
 
 from __future__ import annotations
 

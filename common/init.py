@@ -1,13 +1,8 @@
-"""One initial state for every framework (`--init shared`, the default).
-
-Each framework's own generator (`torch.manual_seed`, a JAX key, `mx.random`) draws different
-weights from the same seed, so two frameworks would start from different points and a
-comparison of their accuracies would partly compare seeds. Here the initial parameters and
-BatchNorm buffers of both models are drawn once, with numpy, from the seed and with the
-initialisers the models spell out, in one canonical layout: torch's state-dict names and
-layouts (conv OIHW, linear (out, in)). Every framework loads the same arrays by structural name
-(torch: `load_state_dict`; Flax: `jax_models.from_torch_state`; Gluon:
-`mxnet_models.load_torch_state`), and every run record carries `init: {mode, sha256}`.
+"""One initial state for every framework (`--init shared`, the default): each framework's own
+generator draws different weights from the same seed, so a comparison of accuracies would
+partly compare seeds. The parameters and BatchNorm buffers are drawn once, with numpy, in
+torch's state-dict names and layouts (conv OIHW, linear (out, in)); every framework loads them
+by structural name, and every run record carries `init: {mode, sha256}`.
 
 The initialisers (the same as in torch_models.py, jax_models.py, mxnet_models.py):
 - conv weight (O, I, kH, kW): He-normal, untruncated, std = sqrt(2 / fan_out),
@@ -15,16 +10,11 @@ The initialisers (the same as in torch_models.py, jax_models.py, mxnet_models.py
 - linear weight (out, in) and bias (out,): uniform in +-1/sqrt(in) (torch's nn.Linear);
 - BN weight 1, bias 0, running_mean 0, running_var 1, num_batches_tracked 0.
 
-Every tensor is drawn from its own stream, seeded by (seed, crc32 of its name), so a tensor's
-values depend on the seed and its name only, not on the order in which a framework lists its
-parameters. The arrays are cached as `.npz` under `<data_dir>/init/`, named by (model, width,
-input channels, classes, seed); `sha256` is a digest of the arrays themselves (names, dtypes,
-shapes, bytes), not of the file. The file also holds its key (those fields and the digest of
-its arrays, as the zip's comment: np.load sees the arrays alone), and is used only if its key
-is this configuration's and its arrays match the key's digest; otherwise (damaged, cut short,
-another configuration's) it is drawn again and replaced. No library version is in the key:
-numpy's streams draw the same arrays in both environments, and the cache keeps every framework
-on the same arrays should a numpy ever draw others.
+Every tensor is drawn from its own stream, seeded by (seed, crc32 of its name): its values do
+not depend on the order in which a framework lists its parameters. The arrays are cached as
+`.npz` under `<data_dir>/init/`; `sha256` digests the arrays (names, dtypes, shapes, bytes),
+and the file's zip comment holds its key (the configuration and that digest): a file whose
+key is not this configuration's, or whose arrays do not match it, is drawn again and replaced.
 """
 
 from __future__ import annotations
@@ -130,8 +120,8 @@ def draw(spec: Spec, seed: int) -> dict[str, np.ndarray]:
             fan_out = shape[0] * shape[2] * shape[3]
             value = rng.standard_normal(shape) * math.sqrt(2.0 / fan_out)
         elif kind in ("linear_weight", "linear_bias"):
-            fan_in = spec_fan_in(spec, name)
-            bound = 1.0 / math.sqrt(fan_in)
+            weight = name.rsplit(".", 1)[0] + ".weight"  # fan_in: its second dimension
+            bound = 1.0 / math.sqrt(next(s[1] for n, s, _ in spec if n == weight))
             value = rng.uniform(-bound, bound, shape)
         elif kind in ("bn_weight", "bn_var"):
             value = np.ones(shape)
@@ -142,12 +132,6 @@ def draw(spec: Spec, seed: int) -> dict[str, np.ndarray]:
             value = np.zeros(shape)
         out[name] = np.asarray(value, np.float32)
     return out
-
-
-def spec_fan_in(spec: Spec, name: str) -> int:
-    """fan_in of a linear layer's weight or bias: the weight's second dimension."""
-    weight = name.rsplit(".", 1)[0] + ".weight"
-    return next(shape[1] for n, shape, _ in spec if n == weight)
 
 
 def digest(arrays: dict[str, np.ndarray]) -> str:

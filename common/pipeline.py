@@ -20,7 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -37,19 +37,9 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def steps_per_epoch(n_train: int, global_batch: int, max_steps: int = 0) -> int:
+    """Full global batches per epoch (at least one: common.config refuses a larger batch)."""
     steps = n_train // global_batch
-    if steps < 1:
-        raise ValueError(
-            f"global batch {global_batch} is larger than the training set ({n_train} images); "
-            "use a smaller --batch-size"
-        )
     return min(steps, max_steps) if max_steps else steps
-
-
-def shard_slice(global_batch: int, rank: int, world: int) -> slice:
-    """Rows of a global batch that belong to `rank` of `world` (contiguous, equal sizes)."""
-    b = per_device(global_batch, world)
-    return slice(rank * b, (rank + 1) * b)
 
 
 def augmentation_params(
@@ -174,14 +164,13 @@ class TrainLoader:
         max_steps: int = 0,
         prefetch: int = 2,
         on_device: bool = False,
-        on_step: Callable[[], None] | None = None,
     ):
         self.ds = ds
-        self.on_step = on_step  # before every batch is handed over (Run: a pending stop raises)
         self.on_device = on_device
         self.global_batch = global_batch
         self.seed = seed
-        self.shard = shard_slice(global_batch, rank, world)
+        b = per_device(global_batch, world)  # `rank`'s rows: contiguous, equal sizes
+        self.shard = slice(rank * b, (rank + 1) * b)
         self.augment = augment
         self.norm = Normalizer(ds.mean, ds.std, layout)
         self.steps = steps_per_epoch(len(ds.train_x), global_batch, max_steps)
@@ -227,7 +216,7 @@ class TrainLoader:
 
     def epoch(self, epoch: int, start_step: int = 0) -> Prefetcher:
         """Iterator over this rank's batches of `epoch`, prepared `prefetch` batches ahead."""
-        return Prefetcher(self._batches(epoch, start_step), self.prefetch, self.on_step)
+        return Prefetcher(self._batches(epoch, start_step), self.prefetch)
 
 
 class EvalLoader:
@@ -281,17 +270,13 @@ class Prefetcher:
 
     numpy releases the GIL in the copies that dominate batch assembly, so this overlaps with the
     framework's (asynchronous) step. `wait_sec` accumulates the time the consumer spent blocked:
-    the "data wait" phase of the per-phase timing. `on_step` runs in the consumer before every
-    batch is handed over (a stop requested by a signal raises there: one check per step).
+    the "data wait" phase of the per-phase timing.
     """
 
     _DONE = object()
 
-    def __init__(
-        self, source: Iterator[Any], depth: int = 2, on_step: Callable[[], None] | None = None
-    ):
+    def __init__(self, source: Iterator[Any], depth: int = 2):
         self.wait_sec = 0.0
-        self._on_step = on_step
         self._exhausted = False  # the end marker is consumed once; later next() calls stop too
         if depth <= 0:
             self._it: Iterator[Any] | None = source
@@ -321,8 +306,6 @@ class Prefetcher:
         return self
 
     def __next__(self) -> Any:
-        if self._on_step is not None:
-            self._on_step()
         if self._exhausted:  # iterator protocol: StopIteration again, never block on the queue
             raise StopIteration
         t0 = time.perf_counter()
@@ -342,8 +325,3 @@ class Prefetcher:
     def close(self) -> None:
         if self._it is None:
             self._stop.set()
-
-
-def map_batches(fn: Callable[[Any], Any], it: Iterator[Any]) -> Iterator[Any]:
-    for item in it:
-        yield fn(item)

@@ -8,17 +8,10 @@ step inside the window). The first epoch is untimed (TIMING_RULE in common/timin
 profiler never touches the s/epoch and images/s a record reports; its cost shows instead as the
 profiled step time against the timed epochs' step time, both in the record.
 
-How: Run wraps the training batches of that epoch (`run.batches` -> `ProfileWindow.wrap`):
-before the window's first batch it waits for queued work (the framework's sync) and starts the
-profiler; the host's waits for the loader are marked `dpbench_input_wait`, the window
-`dpbench_window`, and the trainer's phases (the PhaseTimer Run gives `ProfileWindow.annotate`)
-each a range of its own; after the last step it syncs and stops the profiler, which writes the
-trace. Off (STEPS 0, the default), nothing is wrapped: the loop runs as it always did.
-
-The profiler comes in as a value: each trainer passes its framework's `Profiler` class
-(frameworks/profilers.py: torch.profiler, jax.profiler, MXNet's profiler) to `Run(...,
-profiler=...)`, which makes one only when --profile is given. Framework-neutral (numpy and the
-standard library).
+How: Run wraps the training batches of that epoch (`ProfileWindow.wrap`): the window starts
+after a sync, the loader waits, the window and the trainer's phases are marked as ranges, and
+a sync before the profiler stops. Off (STEPS 0, the default), nothing is wrapped. Each trainer
+passes its framework's `Profiler` class (frameworks/profilers.py) to `Run(..., profiler=...)`.
 """
 
 from __future__ import annotations

@@ -28,8 +28,6 @@ from common.runtime import atomic_write_bytes
 from common.schedule import lr_table_for
 from common.tensorboard import EventLog
 
-STATUSES = ("ok", "diverged", "failed", "interrupted")
-
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write `obj` as JSON to `path` via a temporary file and rename: never half-written, no
@@ -316,19 +314,9 @@ class RunRecorder:
 
     def environment(self) -> dict[str, Any]:
         """How the run executed (the same facts as its record): --tensorboard's text."""
-        packages, host = self._about_host()
-        return {
-            "framework": self.cfg.framework,
-            "devices": self.devices,
-            "device_kind": self.device_kind,
-            "threads": self.threads,
-            "execution": self.execution,
-            "float32_precision": self.float32_precision,
-            "pipeline": self.pipeline,
-            "versions": packages,
-            "host": host,
-            "command": [sys.executable, *sys.argv],
-        }
+        record = self.result()
+        keys = "framework devices device_kind threads execution float32_precision pipeline"
+        return {k: record[k] for k in (*keys.split(), "versions", "host", "command")}
 
     def _about_host(self) -> tuple[dict[str, str], dict[str, Any]]:
         """(versions, host): read once per recorder (host_info may call nvidia-smi), since a

@@ -62,11 +62,8 @@ class Run:
     the framework's queued device work (the timers' boundaries). `pad_to`: test batches padded
     to a multiple of it (static shapes). `device_bytes`: the most training-set bytes the
     framework's device arrays hold. torch-ddp's spawned ranks give the parent's `report` pipe
-    (rank 0 sends its record after every epoch: the parent keeps the epochs of a rank 0 that
-    dies) and a `barrier` (every rank waits until rank 0's checkpoint is on disk). `profiler`:
-    what makes the
-    framework's profiler (frameworks/profilers.py), which records a few steps under --profile
-    (common/profiling.py; `batches` wraps that epoch's batches, the phases become ranges)."""
+    (rank 0's record after every epoch) and a `barrier` (rank 0's checkpoint on disk before any
+    rank goes on). `profiler`: the framework's (frameworks/profilers.py), for --profile."""
 
     def __init__(
         self,

@@ -14,7 +14,6 @@ import re
 import signal
 import socket
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -235,26 +234,14 @@ def printer(is_main: bool) -> Callable[..., None]:
     return _print
 
 
-def file_mode() -> int:
-    """The mode a plain `open(path, "w")` gives a new file (0666 less the umask), for files
-    written through mkstemp (whose 0600 made results unreadable where logs were not)."""
-    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
     """`write(tmp)` fills a temporary file beside `path`, synced and renamed onto `path`: a
     reader sees the old complete file or the new one. A write that fails (a full disk) removes
     its temporary file and re-raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # <file>.<random>.tmp<pid>: the pid tells whose it is (torch-ddp's parent removes the
-    # temp file of a worker it killed mid-write)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=f".tmp{os.getpid()}")
+    tmp = str(path.with_name(f"{path.name}.tmp{os.getpid()}"))  # a plain file's mode (umask)
     try:
-        os.fchmod(fd, file_mode())
-        os.close(fd)
         write(tmp)
         with open(tmp, "rb+") as f:  # the data on disk before the rename points at it
             os.fsync(f.fileno())
@@ -265,34 +252,12 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[str], None]
         raise
 
 
-def remove_stale_temp_files(directory: str | os.PathLike[str], prefix: str = "") -> list[Path]:
-    """Remove the temporary files `atomic_write_with` left in `directory` (names starting with
-    `prefix`) when a process was killed mid-write: those whose writer (the pid in `.tmp<pid>`)
-    no longer runs; return them. Only where the writers are known to be this host's (a
-    checkpoint directory once its lock is held)."""
-    removed = []
-    for tmp in Path(directory).glob(f"{prefix}*.tmp*"):
-        # <file>.<random>.tmp<pid>, mkstemp's name; anything else is not ours to remove
-        match = re.fullmatch(r".+\.[A-Za-z0-9_]{8}\.tmp(\d{1,10})", tmp.name)
-        if match is None or not tmp.is_file() or process_alive(int(match.group(1))):
-            continue
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-            removed.append(tmp)
-    return removed
-
-
 def process_alive(pid: int) -> bool:
     """True while process `pid` runs (a zombie, which writes nothing, does not)."""
-    return process_state(pid) not in ("", psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-
-
-def process_state(pid: int) -> str:
-    """psutil's status of process `pid` ("running", "stopped", "zombie" ...); "" once gone."""
     try:
-        return str(psutil.Process(pid).status())
-    except (psutil.Error, ValueError, OverflowError):  # gone, or no pid this system can have
-        return ""
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:  # gone
+        return False
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -10,15 +10,10 @@ global step (epochs done x steps per epoch) as the x axis:
 the first epoch come two text entries: `config` (the resolved config) and `environment`
 (versions, device kind and count, threads, execution, host).
 
-The writer is tensorboardX's: framework-neutral (numpy and protobuf only), and the same pinned
-version installs in both environments (torch's `torch.utils.tensorboard` is missing from the
-MXNet one; TensorBoard's own package is the viewer, pinned in the main environment only). It is
-imported lazily, only by a process that writes, and without torch (`summary_writer_class`).
-Writing TensorBoard never costs the run its record: the first error (a full disk, say) is
-reported in one line and the run goes on without TensorBoard. The events are written in the
-calling thread (`EventFile`), so that every error reaches that one line: SummaryWriter's own
-writer thread and exit handler would print a traceback each. The event file keeps the epochs
-written before the error (TensorBoard reads a file that ends in a torn record).
+The writer is tensorboardX's (framework-neutral, installed in both environments), imported
+lazily and without torch (`summary_writer_class`). Writing TensorBoard never costs the run its
+record: the first error (a full disk, say) is one line and the run goes on without it. The
+events are written in the calling thread (`EventFile`), so that every error reaches that line.
 """
 
 from __future__ import annotations
@@ -123,12 +118,6 @@ def global_step(row: dict[str, Any], cfg: Config) -> tuple[int, int]:
     return row["epoch"] * steps, steps
 
 
-def epoch_scalars(row: dict[str, Any]) -> dict[str, float]:
-    """The scalars of one epoch row, by tag; `lr` is the epoch's last step's LR, which the
-    recorder keeps in every row (`lr_last`, from common.schedule.lr_table_for)."""
-    return {**{tag: float(row[key]) for tag, key in SCALARS.items()}, "lr": float(row["lr_last"])}
-
-
 def _markdown_json(obj: Any) -> str:
     # The text plugin renders Markdown: indent 4 spaces = a code block, kept verbatim.
     text = json.dumps(obj, indent=2, default=str)
@@ -159,8 +148,9 @@ class EventLog:
                 self._writer = EventFile(self.logdir)
                 self._writer.add_text("config", _markdown_json(cfg.to_dict()), step)
                 self._writer.add_text("environment", _markdown_json(self.environment()), step)
-            for tag, value in epoch_scalars(row).items():
-                self._writer.add_scalar(tag, value, step)
+            for tag, key in SCALARS.items():
+                self._writer.add_scalar(tag, float(row[key]), step)
+            self._writer.add_scalar("lr", float(row["lr_last"]), step)  # the epoch's last step's
             self._writer.flush()  # on disk now: a run killed later keeps its curves
         except Exception as exc:
             self.failed = True

@@ -1,21 +1,7 @@
-"""Trainer glue that is the same in every framework: the command-line entry point and its error
-policy, keeping the measured epochs of a crashed run, log points and failure records.
-
-Each `frameworks/<name>.py` keeps what its framework makes it do (model, state, step, sharding,
-the training loop with its sync points) and calls these for the rest, so the trainers behave the
-same wherever the framework is not the reason:
-
-- `run_main`: parse -> set up the process -> check -> train -> exit code. Exit 0 when the run
-  ended "ok", 1 when it failed or diverged (a failed run still leaves a record), 2 on bad input
-  (one line naming the problem and the fix, before any training).
-- `keep_measured_epochs`: a crash inside the training loop keeps the epochs measured so far;
-  the record says "failed" and why.
-- `should_log`: `--log-every N` counts the global step (the step number since the run began,
-  resumed runs included) in every trainer.
-
-Beside it, by concern: the errors and their one line (common/errors.py), SIGTERM / SIGINT as
-`Interrupted` (common/interrupts.py), the checks before any work (common/preflight.py) and the
-checkpoints' metadata, files and lock (common/checkpoints.py).
+"""Trainer glue that is the same in every framework, so that the trainers behave the same
+wherever the framework is not the reason: `run_main` (parse -> set up -> check -> train -> exit
+0 ok, 1 failed or diverged, 2 bad input in one line), `keep_measured_epochs` (a crash keeps the
+epochs measured so far), `should_log` (`--log-every` counts the global step), failure records.
 """
 
 from __future__ import annotations

@@ -26,16 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.checkpoints import check_resume
 from common.config import Config, ConfigError
-from common.datasets import check_available
 from common.interrupts import exit_after
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import host_info
 from common.run import Run
-from common.runtime import cpu_threads, set_omp_threads, threads_record
+from common.runtime import cpu_threads, set_omp_threads
 from common.schedule import lr_table_for
-from common.timing import PhaseTimer
 from common.trainer import run_main, should_log
 from frameworks.profilers import MxnetProfiler
 
@@ -78,7 +75,7 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
     from mxnet import gluon
 
     from frameworks.mxnet_models import initialize
-    from frameworks.mxnet_support import NovoGrad, SoftmaxCrossEntropy, TorchSGD, TrainState, sync
+    from frameworks.mxnet_support import NovoGrad, SoftmaxCrossEntropy, TorchSGD, TrainState
 
     # Initialised once on the CPU from mx.random's seeded generator, then copied to every
     # context: identical replicas, and the same weights at any device count.
@@ -116,7 +113,6 @@ def create_train_state(cfg: Config, model: Any, ctx: list[Any], steps_per_epoch:
         cfg=cfg,
         ctx=ctx,
         host=mx.cpu_pinned() if ctx[0].device_type == "gpu" else mx.cpu(),
-        phases=PhaseTimer(sync, False),
     )
 
 
@@ -207,14 +203,12 @@ def sync_batch_stats(state: TrainState) -> None:
     replicas already agree, and for one context."""
     import mxnet as mx
 
-    from frameworks.mxnet_support import sync
-
     if len(state.ctx) == 1:
         return
     # Wait for the last backward first: with static_alloc, the cached graph's writes to the
     # running statistics (made in the backward pass) are not ordered before later reads by the
     # engine in 1.9.1; without this sync the averages varied from run to run.
-    sync()
+    mx.nd.waitall()
     for p in state.model.collect_params().values():
         if p.grad_req == "null":  # running_mean, running_var
             copies = [d.as_in_context(state.ctx[0]) for d in p.list_data()]
@@ -269,15 +263,7 @@ def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
     import mxnet as mx
 
-    from frameworks.mxnet_models import count_params
-    from frameworks.mxnet_support import (
-        CHECKPOINTS,
-        MAX_ELEMENTS,
-        canonical_state,
-        seed_for,
-        sync,
-        what_ran,
-    )
+    from frameworks.mxnet_support import MAX_ELEMENTS, canonical_state, seed_for, start_run, sync
 
     ctx, kind = select_devices(cfg.gpus)
     gpu = ctx[0].device_type == "gpu"
@@ -286,26 +272,9 @@ def train(cfg: Config) -> dict:
               device_bytes=MAX_ELEMENTS, profiler=MxnetProfiler)  # fmt: skip
     model = build_model(cfg, run.ds.channels, run.ds.num_classes)
     state = create_train_state(cfg, model, ctx, len(run.loader))
-    omp = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
-    threads = threads_record(
-        omp * len(ctx), omp, "OMP_NUM_THREADS per context (each engine worker's OpenMP team)"
-    )
-    threads["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
-    tf32 = "tf32" if cfg.tf32 else "fp32 (TF32 off)"
-    run.record(
-        devices=len(ctx),
-        kind=kind,
-        params=count_params(model),
-        threads=threads,
-        execution="hybridized (static_alloc, static_shape)",
-        precision=tf32 if gpu else "fp32 (CPU)",
-        ran=what_ran(model),
-    )
-    if not gpu and cfg.compile:
-        run.log("note: --compile applies to torch only; this run is hybridized")
-    state, start = run.resume(state, CHECKPOINTS)
+    # The record (OpenMP threads per context), --compile's note, --resume.
+    state, start = start_run(run, state, kind)
     put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
-    state.phases = run.phases
     with run.measured():
         for epoch in range(start, cfg.epochs):
             mx.random.seed(seed_for(cfg.seed, epoch), ctx="all")  # dropout masks
@@ -350,9 +319,9 @@ def setup(cfg: Config) -> None:
 
 def check_config(cfg: Config) -> None:
     """MXNet-specific checks before training starts (ConfigError / DatasetError)."""
-    from frameworks.mxnet_support import CHECKPOINTS, check_devices
+    from frameworks.mxnet_support import check_inputs
 
-    check_devices(cfg)  # --devices cuda needs an MXNet that sees a GPU
+    check_inputs(cfg)  # --devices cuda needs an MXNet that sees a GPU; the data; --resume
     ctx, _ = select_devices(cfg.gpus)
     if cfg.bn == "sync" and ctx[0].device_type != "gpu":
         raise ConfigError(
@@ -364,8 +333,6 @@ def check_config(cfg: Config) -> None:
             f"mxnet-gluon trains in fp32 only (got --precision {cfg.precision}; MXNet 1.9's "
             "AMP is not wired here); use --precision fp32"
         )
-    check_available(cfg)
-    check_resume(cfg, CHECKPOINTS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,8 +18,9 @@ OpenMP thread count, which MXNet reads once, when it is loaded.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from mxnet import gluon
 from common.checkpoints import (
     Checkpoints,
     check_digest,
+    check_resume,
     checkpoint_meta,
     read_index,
     reading_checkpoint,
@@ -39,12 +41,14 @@ from common.checkpoints import (
     writing_checkpoint,
 )
 from common.config import Config, ConfigError
+from common.datasets import check_available
 from common.devices import need_gpus
 from common.pipeline import TrainLoader
 from common.results import RunRecorder
-from common.runtime import atomic_write_with
+from common.run import Run
+from common.runtime import atomic_write_with, threads_record
 from common.timing import PhaseTimer
-from frameworks.mxnet_models import structural_params, torch_key
+from frameworks.mxnet_models import count_params, structural_params, torch_key
 
 
 class SoftmaxCrossEntropy(gluon.HybridBlock):
@@ -216,18 +220,49 @@ class TrainState:
     cfg: Config
     ctx: list[Any]  # the devices
     host: Any  # where a batch is staged for split_and_load: pinned memory on GPUs
-    phases: PhaseTimer
+    phases: PhaseTimer = field(default_factory=lambda: PhaseTimer(sync, False))  # run.phases
 
 
-def check_devices(cfg: Config) -> None:
-    """`--devices cuda` on an MXNet without a GPU (a CPU build; on Hopper there is no other:
-    scripts/setup_plan.py) is one ConfigError before any work."""
+def check_inputs(cfg: Config) -> None:
+    """MXNet's checks before training starts (ConfigError / DatasetError): `--devices cuda` on
+    an MXNet without a GPU (a CPU build; on Hopper there is no other: scripts/setup_plan.py),
+    the dataset, --resume's checkpoint."""
     cuda = mx.runtime.Features().is_enabled("CUDA")
     visible = mx.context.num_gpus() if cuda else 0
     build = "a CUDA build" if cuda else "a CPU build"
     why = need_gpus(cfg.devices, visible, cfg.framework, f"mxnet {mx.__version__}, {build}")
     if why:
         raise ConfigError(why)
+    check_available(cfg)
+    check_resume(cfg, CHECKPOINTS)
+
+
+def start_run(run: Run, state: TrainState, kind: str) -> tuple[TrainState, int]:
+    """What the trainer does between building the state and the epoch loop: the run record
+    (`kind` of device, OMP_NUM_THREADS per context, the execution mode, float32 precision and
+    what the network computes in), --compile's note, --resume, the run's phase timer. Returns
+    the state and the first epoch to train."""
+    cfg, gpu = run.cfg, state.ctx[0].device_type == "gpu"
+    omp = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
+    threads = threads_record(
+        omp * len(state.ctx), omp, "OMP_NUM_THREADS per context (each engine worker's OpenMP team)"
+    )
+    threads["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "")
+    tf32 = "tf32" if cfg.tf32 else "fp32 (TF32 off)"
+    run.record(
+        devices=len(state.ctx),
+        kind=kind,
+        params=count_params(state.model),
+        threads=threads,
+        execution="hybridized (static_alloc, static_shape)",
+        precision=tf32 if gpu else "fp32 (CPU)",
+        ran=what_ran(state.model),
+    )
+    if not gpu and cfg.compile:
+        run.log("note: --compile applies to torch only; this run is hybridized")
+    state, start = run.resume(state, CHECKPOINTS)
+    state.phases = run.phases
+    return state, start
 
 
 def what_ran(model: gluon.Block) -> dict[str, str]:

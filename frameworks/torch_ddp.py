@@ -27,39 +27,31 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.checkpoints import check_resume
-from common.config import CUDA_GRAPH_MODES, Config, resolve
-from common.datasets import check_available
+from common.config import Config
 from common.interrupts import exit_after
 from common.run import Run
-from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
-from common.timing import PhaseTimer
 from common.trainer import run_main, should_log
 from frameworks.profilers import TorchProfiler
-from frameworks.torch_launch import Launch, launch_env, rendezvous, single_process, spawn
-from frameworks.torch_models import CpuSyncBatchNorm, count_params, create_model
+from frameworks.torch_launch import join_world, launch_env, spawn
+from frameworks.torch_models import CpuSyncBatchNorm, create_model
 from frameworks.torch_support import (
-    CHECKPOINTS,
-    CompileMeter,
     DevicePlan,
     TrainState,
     autocast,
     canonical_state,
-    check_devices,
-    device_plan,
+    check_inputs,
     evaluate,
-    execution,
     host_sums,
     initialize,
     loss_fn,
     make_optimizer,
     no_forward_buffer_sync,
+    plan_devices,
     seed_for,
+    start_run,
     sync,
     train_put,
-    use_device_plan,
-    what_ran,
 )
 
 FRAMEWORK = "torch-ddp"
@@ -125,7 +117,6 @@ def create_train_state(
         cfg=cfg,
         device=device,
         world=world,
-        phases=PhaseTimer(sync, False),
         plan=plan,
     )
 
@@ -212,15 +203,14 @@ def sync_batch_stats(state: TrainState) -> None:
 # ---- devices: processes, replicas and shards -----------------------------------------------
 
 
-def select_device(launch: Launch) -> torch.device:
-    """This rank's device: GPU `local_rank` (modulo: srun --gpus-per-task leaves each task one
-    visible GPU), else the CPU, whose cores this node's processes share."""
+def select_device(local_rank: int) -> tuple[torch.device, str]:
+    """This rank's device and the device kind: GPU `local_rank` (modulo: srun --gpus-per-task
+    leaves each task one visible GPU), else the CPU, whose cores this node's processes share."""
     if torch.cuda.is_available():
-        device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)  # cuDNN's autotuning: the run's plan (use_device_plan)
-        return device
-    torch.set_num_threads(cpu_threads(launch.local_world))
-    return torch.device("cpu")
+        return device, f"cuda:{torch.cuda.get_device_name(device)}"
+    return torch.device("cpu"), "cpu-simulated"
 
 
 # ---- train: where time is measured ---------------------------------------------------------
@@ -231,18 +221,16 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
     launch = launch_env()
     if launch is None and cfg.gpus > 1:
         return spawn(cfg, train)  # N processes, each running this function as one rank
-    launch = launch or single_process()  # a world of one, on a free port
+    # A world of one on a free port without a launcher; the launcher decides the device count.
+    launch, cfg = join_world(launch, cfg)
     rank, world = launch.rank, launch.world
-    if cfg.gpus != world:  # the launcher decides the device count
-        cfg = resolve(cfg.replace(gpus=world))
-    compiles = CompileMeter()  # torch.compile's time and cache hits, for the record
-    device = select_device(launch)
+    device, kind = select_device(launch.local_rank)
     cuda = device.type == "cuda"
-    plan = device_plan(cfg, "cuda" if cuda else "cpu")  # autocast, layout, compile: once
-    fp32 = use_device_plan(plan)
+    processes = launch.local_world  # on this node, one per device: they share its cores
+    plan = plan_devices(cfg, "cuda" if cuda else "cpu", processes)  # autocast, layout, compile
     # One process group per run: NCCL between GPUs, gloo between CPU processes. Its timeout
     # (--collective-timeout) bounds the rendezvous and every collective.
-    dist.init_process_group(**rendezvous(plan.process_group, launch, cfg.collective_timeout))
+    dist.init_process_group(**launch.rendezvous(plan.process_group, cfg.collective_timeout))
     try:
         # The data is sharded here: this rank reads only its contiguous part of every global
         # batch (the sharding DistributedSampler + set_epoch gives, minus padding).
@@ -252,29 +240,9 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         model = build_model(cfg, run.ds.channels, run.ds.num_classes)
         state = create_train_state(cfg, model, device, len(run.loader), plan)
-        ran = what_ran(state)  # read from the state: dtype, input layout, compiled or not
-        compiled = ran["mode"] != "eager"
-        run.record(
-            devices=world,
-            kind=f"cuda:{torch.cuda.get_device_name(device)}" if cuda else "cpu-simulated",
-            params=count_params(model),
-            threads=threads_record(
-                torch.get_num_threads() * launch.local_world,
-                torch.get_num_threads(),
-                "torch.set_num_threads in each process (one process per device)",
-            ),
-            execution=execution(plan, compiled=compiled),
-            precision=fp32,
-            ran=ran,
-        ).extra["process_group"] = dist.get_backend()  # nccl on GPUs, gloo on the CPU
-        if not cuda and cfg.compile:
-            run.log("note: --compile applies on CUDA only; this run is eager")
-        if cuda and cfg.compile and world > 1 and cfg.compile_mode in CUDA_GRAPH_MODES:
-            run.log(f"note: --compile-mode {cfg.compile_mode} (CUDA graphs) with DDP over "
-                    f"{world} GPUs is unmeasured here (measured on one GPU)")  # fmt: skip
-        state, start = run.resume(state, CHECKPOINTS)
+        # The record, --compile's notes, --resume; torch.compile's cost at the end.
+        state, start, compiles = start_run(run, state, kind, processes)
         put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
-        state.phases = run.phases
         with run.measured():
             for epoch in range(start, cfg.epochs):
                 torch.manual_seed(seed_for(cfg.seed, epoch, rank))  # dropout masks
@@ -306,7 +274,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
         dist.barrier()  # no rank tears gloo/NCCL down while another is still in a collective
         return run.finish(
             lambda: canonical_state(state),  # --save-state
-            **(compiles.record() if compiled else {}),  # compile_sec, compile_cache
+            **compiles.record(),  # compile_sec, compile_cache (a compiled step's)
         )
     finally:
         dist.destroy_process_group()
@@ -318,9 +286,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
 def check_config(cfg: Config) -> None:
     """torch-specific checks before any process starts (ConfigError / DatasetError)."""
     launched = launch_env()  # under srun: MASTER_ADDR / MASTER_PORT must be set
-    check_devices(cfg, count=launched is None)  # a launcher's world sets the device count
-    check_available(cfg)
-    check_resume(cfg, CHECKPOINTS)
+    check_inputs(cfg, count=launched is None)  # a launcher's world sets the device count
 
 
 def main(argv: list[str] | None = None) -> int:

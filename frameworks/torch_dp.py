@@ -22,37 +22,29 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.checkpoints import check_resume
 from common.config import Config, ConfigError
-from common.datasets import check_available
 from common.interrupts import exit_after
 from common.run import Run
-from common.runtime import cpu_threads, threads_record
 from common.schedule import lr_table_for
-from common.timing import PhaseTimer
 from common.trainer import run_main, should_log
 from frameworks.profilers import TorchProfiler
-from frameworks.torch_models import count_params, create_model
+from frameworks.torch_models import create_model
 from frameworks.torch_support import (
-    CHECKPOINTS,
-    CompileMeter,
     DevicePlan,
     TrainState,
     autocast,
     canonical_state,
-    check_devices,
-    device_plan,
+    check_inputs,
     evaluate,
-    execution,
     host_sums,
     initialize,
     loss_fn,
     make_optimizer,
+    plan_devices,
     seed_for,
+    start_run,
     sync,
     train_put,
-    use_device_plan,
-    what_ran,
 )
 
 FRAMEWORK = "torch-dp"
@@ -102,7 +94,6 @@ def create_train_state(
         cfg=cfg,
         device=device,
         world=max(1, len(device_ids)),
-        phases=PhaseTimer(sync, False),
         plan=plan,
     )
 
@@ -175,39 +166,19 @@ def select_devices(n: int) -> tuple[list[int], str]:
 
 def train(cfg: Config) -> dict:
     """Train `cfg.model` on `cfg.dataset` over `cfg.gpus` devices; return the run-result record."""
-    compiles = CompileMeter()  # torch.compile's time and cache hits, for the record
     cuda = torch.cuda.is_available()
     device_ids, kind = select_devices(cfg.gpus)  # check_config: that many are visible
-    plan = device_plan(cfg, "cuda" if cuda else "cpu")  # autocast, layout, compile: once
-    fp32 = use_device_plan(plan)
-    if not cuda:
-        torch.set_num_threads(cpu_threads(1))
+    processes = None  # one process drives every device (its cores: all of this node's)
+    plan = plan_devices(cfg, "cuda" if cuda else "cpu", processes)  # autocast, layout, compile
     # One process reads every global batch; DataParallel shards it in the step (scatter).
     run = Run(cfg, FRAMEWORK, PACKAGES, layout="NCHW", gpu=cuda, sync=sync,
               profiler=TorchProfiler)  # fmt: skip
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, run.ds.channels, run.ds.num_classes)
     state = create_train_state(cfg, model, device_ids, len(run.loader), plan)
-    ran = what_ran(state)  # read from the state: dtype, input layout, compiled or not
-    compiled = ran["mode"] != "eager"
-    run.record(
-        devices=state.world,
-        kind=kind,
-        params=count_params(model),
-        threads=threads_record(
-            torch.get_num_threads(), None, "torch.set_num_threads in the one process"
-        ),
-        execution=execution(plan, compiled=compiled),
-        precision=fp32,
-        ran=ran,
-    )
-    if not cuda and cfg.compile:
-        run.log("note: --compile applies on CUDA only; this run is eager")
-    if cuda and cfg.compile and len(device_ids) > 1:
-        run.log("note: --compile is not applied: torch.compile cannot trace nn.DataParallel")
-    state, start = run.resume(state, CHECKPOINTS)
+    # The record, --compile's notes, --resume; torch.compile's cost at the end.
+    state, start, compiles = start_run(run, state, kind, processes)
     put = train_put(run.loader, state)  # --pipeline device: the training set goes over here
-    state.phases = run.phases
     with run.measured():
         for epoch in range(start, cfg.epochs):
             torch.manual_seed(seed_for(cfg.seed, epoch, 0))  # dropout masks
@@ -232,7 +203,7 @@ def train(cfg: Config) -> dict:
                 break  # the target held, or diverged
     return run.finish(
         lambda: canonical_state(state),  # --save-state
-        **(compiles.record() if compiled else {}),  # compile_sec, compile_cache
+        **compiles.record(),  # compile_sec, compile_cache (a compiled step's)
     )
 
 
@@ -241,14 +212,12 @@ def train(cfg: Config) -> dict:
 
 def check_config(cfg: Config) -> None:
     """torch-specific checks before any process starts (ConfigError / DatasetError)."""
-    if check_devices(cfg):  # --devices, and --gpus against the GPUs torch sees
-        if cfg.bn == "sync" and cfg.gpus > 1:
-            raise ConfigError(
-                "--bn sync is not possible with nn.DataParallel (each replica normalises its "
-                "own slice); use --bn local, or torch-ddp for synchronised BatchNorm"
-            )
-    check_available(cfg)
-    check_resume(cfg, CHECKPOINTS)
+    visible = check_inputs(cfg)  # --devices, --gpus against the GPUs torch sees, data, resume
+    if visible and cfg.bn == "sync" and cfg.gpus > 1:
+        raise ConfigError(
+            "--bn sync is not possible with nn.DataParallel (each replica normalises its "
+            "own slice); use --bn local, or torch-ddp for synchronised BatchNorm"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
-"""torch-ddp's processes: where this process stands in the job (`launch_env`), the arguments of
-its `init_process_group` (`rendezvous`), and, without a launcher, `spawn`: one process per
-device on this node, started by torch.multiprocessing.
+"""torch-ddp's processes: where this process stands in the job (`launch_env`, `join_world`),
+the arguments of its `init_process_group` (`Launch.rendezvous`), and, without a launcher,
+`spawn`: one process per device on this node, started by torch.multiprocessing.
 
     python -m frameworks.torch_ddp --preset digits --gpus 2        # spawn: 2 processes
     torchrun --nproc-per-node=4 -m frameworks.torch_ddp --preset cifar10-resnet18
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from common.config import Config, ConfigError
+from common.config import Config, ConfigError, resolve
 from common.errors import RunFailed
 from common.interrupts import Interrupted, interruptible, shield_interrupts
 from common.results import write_json_atomic
@@ -48,6 +48,13 @@ class Launch:
     world: int
     local_rank: int
     local_world: int
+
+    def rendezvous(self, backend: str, timeout: float) -> dict[str, Any]:
+        """The arguments of this rank's `dist.init_process_group`: env:// (MASTER_ADDR and
+        MASTER_PORT), and `timeout` (--collective-timeout), which bounds the rendezvous and
+        every collective: a rank that stops answering fails the run instead of holding it."""
+        return dict(backend=backend, init_method="env://", rank=self.rank,
+                    world_size=self.world, timeout=datetime.timedelta(seconds=timeout))  # fmt: skip
 
 
 def launch_env() -> Launch | None:
@@ -73,18 +80,15 @@ def launch_env() -> Launch | None:
     return None
 
 
-def single_process() -> Launch:
-    """A run of one process without a launcher: a world of one, on a free loopback port."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    return Launch(0, 1, 0, 1)
-
-
-def rendezvous(backend: str, launch: Launch, timeout: float) -> dict[str, Any]:
-    """The arguments of this rank's `dist.init_process_group`: env:// (MASTER_ADDR and
-    MASTER_PORT), and `timeout` (--collective-timeout), which bounds the rendezvous and every
-    collective: a rank that stops answering fails the run instead of holding it."""
-    return dict(backend=backend, init_method="env://", rank=launch.rank,
-                world_size=launch.world, timeout=datetime.timedelta(seconds=timeout))  # fmt: skip
+def join_world(launch: Launch | None, cfg: Config) -> tuple[Launch, Config]:
+    """This process's place: the launcher's (`launch`), or without one a world of one on a free
+    loopback port; and `cfg` with the world's size as --gpus (the launcher decides it)."""
+    if launch is None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        launch = Launch(0, 1, 0, 1)
+    if cfg.gpus != launch.world:
+        cfg = resolve(cfg.replace(gpus=launch.world))
+    return launch, cfg
 
 
 RANKS_IGNORE = {signal.SIGINT, signal.SIGHUP}  # a spawned rank's: its parent stops it

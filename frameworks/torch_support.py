@@ -11,23 +11,27 @@ import pickle
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from common import checkpoints
-from common.config import Config, ConfigError
+from common.config import CUDA_GRAPH_MODES, Config, ConfigError
+from common.datasets import check_available
 from common.devices import need_gpus
 from common.init import initial_state
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
+from common.run import Run
+from common.runtime import cpu_threads, threads_record
 from common.timing import PhaseTimer
-from frameworks.torch_models import decay_parameters
+from frameworks.torch_models import count_params, decay_parameters
 
 
 class NovoGrad(torch.optim.Optimizer):
@@ -143,6 +147,16 @@ def use_device_plan(plan: DevicePlan) -> str:
     return plan.float32
 
 
+def plan_devices(cfg: Config, device_type: DeviceType, processes: int | None) -> DevicePlan:
+    """The run's `device_plan`, applied (`use_device_plan`); on a CPU, this node's cores
+    shared by its `processes` (torch.set_num_threads: the THREADS RULE, common/runtime.py)."""
+    plan = device_plan(cfg, device_type)
+    use_device_plan(plan)
+    if device_type == "cpu":
+        torch.set_num_threads(cpu_threads(processes or 1))
+    return plan
+
+
 def what_ran(state: TrainState) -> dict[str, str]:
     """The record's `ran`, read from the run: the dtype of the logits of the run's model on one
     image put on the device by the loop's own `to_device`, under the step's `autocast` (model in
@@ -184,8 +198,8 @@ class TrainState:
     cfg: Config
     device: torch.device
     world: int
-    phases: PhaseTimer
     plan: DevicePlan  # what the step runs on this device type (device_plan)
+    phases: PhaseTimer = field(default_factory=lambda: PhaseTimer(sync, False))  # run.phases
 
 
 def model_io(model: nn.Module) -> tuple[int, int]:
@@ -265,8 +279,9 @@ class CompileMeter:
         "aot_autograd": ("aot_autograd", "autograd_cache_hit", "autograd_cache_miss"),
     }
 
-    def __init__(self) -> None:
-        self.start = self.read()
+    def __init__(self, compiled: bool = True) -> None:
+        self.compiled = compiled  # False: the step runs eager, and record() is empty
+        self.start = self.read() if compiled else None
 
     def read(self) -> dict[str, float] | None:
         if "torch._dynamo" not in sys.modules:  # nothing compiled yet (its import takes ~1 s)
@@ -283,6 +298,8 @@ class CompileMeter:
         return now
 
     def record(self) -> dict[str, Any]:
+        if not self.compiled:
+            return {}
         now = self.read()
         if now is None or self.start is None:
             return {"compile_sec": None, "compile_cache": None}
@@ -299,6 +316,46 @@ class CompileMeter:
         }
 
 
+def start_run(
+    run: Run, state: TrainState, kind: str, processes: int | None
+) -> tuple[TrainState, int, CompileMeter]:
+    """What both torch trainers do between building the state and the epoch loop: the run
+    record (`kind` of device, the threads, and what the step runs, read from the state: dtype,
+    input layout, compiled or not), --compile's notes, --resume, the run's phase timer.
+    `processes`: this node's, one per device (torch-ddp); None: one process drives every
+    device (torch-dp). Returns the state, the first epoch to train and the meter of
+    torch.compile's cost (compile_sec, compile_cache: empty where the step runs eager)."""
+    cfg, cuda, n = run.cfg, state.device.type == "cuda", torch.get_num_threads()
+    ran = what_ran(state)
+    compiled = ran["mode"] != "eager"
+    if processes is None:
+        threads = threads_record(n, None, "torch.set_num_threads in the one process")
+    else:
+        threads = threads_record(n * processes, n, "torch.set_num_threads in each process "
+                                 "(one process per device)")  # fmt: skip
+    rec = run.record(
+        devices=state.world,
+        kind=kind,
+        params=count_params(state.module),
+        threads=threads,
+        execution=execution(state.plan, compiled=compiled),
+        precision=state.plan.float32,
+        ran=ran,
+    )
+    if dist.is_initialized():
+        rec.extra["process_group"] = dist.get_backend()  # nccl on GPUs, gloo on the CPU
+    if cfg.compile and not cuda:
+        run.log("note: --compile applies on CUDA only; this run is eager")
+    elif cfg.compile and not compiled:
+        run.log("note: --compile is not applied: torch.compile cannot trace nn.DataParallel")
+    elif compiled and state.world > 1 and cfg.compile_mode in CUDA_GRAPH_MODES:
+        run.log(f"note: --compile-mode {cfg.compile_mode} (CUDA graphs) with DDP over "
+                f"{state.world} GPUs is unmeasured here (measured on one GPU)")  # fmt: skip
+    state, start = run.resume(state, CHECKPOINTS)
+    state.phases = run.phases
+    return state, start, CompileMeter(compiled)
+
+
 def seed_for(seed: int, epoch: int, rank: int) -> int:
     """Torch RNG seed (dropout) of one rank's epoch: reproducible after --resume."""
     return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
@@ -307,9 +364,10 @@ def seed_for(seed: int, epoch: int, rank: int) -> int:
 # ---- device I/O and evaluation -----------------------------------------------------------
 
 
-def check_devices(cfg: Config, count: bool = True) -> int:
-    """The GPUs torch sees (0: none, or `--devices cpu` hid them), checked before any work:
-    `--devices cuda` with none, or (`count`) `--gpus` beyond them, is one ConfigError."""
+def check_inputs(cfg: Config, count: bool = True) -> int:
+    """torch's checks before any process starts (ConfigError / DatasetError): the GPUs torch
+    sees (0: none, or `--devices cpu` hid them), `--devices cuda` with none, or (`count`)
+    `--gpus` beyond them; the dataset; --resume's checkpoint. Returns the GPUs seen."""
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU build"
     why = need_gpus(cfg.devices, visible, cfg.framework, f"torch {torch.__version__}, {build}")
@@ -320,6 +378,8 @@ def check_devices(cfg: Config, count: bool = True) -> int:
             f"--gpus {cfg.gpus} but only {visible} CUDA devices are visible; "
             f"use --gpus {visible} or fewer"
         )
+    check_available(cfg)
+    checkpoints.check_resume(cfg, CHECKPOINTS)
     return visible
 
 
