@@ -26,6 +26,7 @@ only: it runs with the system python before any environment exists.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -243,6 +244,7 @@ def plan_mxnet(device: str, source: str, driver: Driver | None, seen: str) -> tu
     )
 
 
+@functools.cache  # each python runs once, for both environments (a pyenv shim takes 0.1 s)
 def version_of(command: str) -> tuple[str, str] | None:
     """(its path, its version such as "3.13.5") for a python named by path or on PATH; None where
     it is missing or does not run (a pyenv shim for a version not selected exits 127)."""
