@@ -45,6 +45,16 @@ what="${what:-all}"
 plan="$("$PYTHON" scripts/setup_plan.py --shell ${device[@]+"${device[@]}"})" || exit $?
 eval "$plan"
 
+not_built() {  # not_built NAME VENV WHY: .venv stops the set-up; without .venv-mxnet the rest
+  # runs, and the runners and test.sh read why from the note
+  if [[ "$1" == main ]]; then
+    echo "[setup] $1 environment $2 cannot be built: $3" >&2
+    exit 1
+  fi
+  mkdir -p "$2" && echo "$3" >"$2/not-built.txt"
+  echo "[setup] $1 environment $2 not built: $3"
+}
+
 build() {  # build NAME VENV REQUIREMENTS DIGEST EARLIER_DIGEST WHY CPU_REQUIREMENTS PYTHON PYTHON_WHY
   local name="$1" venv="$2" req="$3" want="$4" earlier="$5" why="$6" cpu_req="$7"
   local python="$8" python_why="$9"
@@ -89,13 +99,9 @@ build() {  # build NAME VENV REQUIREMENTS DIGEST EARLIER_DIGEST WHY CPU_REQUIREM
   if [[ -z "$python" ]]; then
     if ((dry_run)); then
       echo "[setup] dry run: $name environment $venv cannot be built here"
-    elif [[ "$name" == main ]]; then
-      echo "[setup] $name environment $venv cannot be built: $python_why" >&2
-      exit 1
-    else  # the rest runs without it; the runners and test.sh read why from the note
-      mkdir -p "$venv" && echo "$python_why" >"$not_built"
-      echo "[setup] $name environment $venv not built: $python_why"
+      return 0
     fi
+    not_built "$name" "$venv" "$python_why"
     return 0
   fi
   if ((dry_run)); then
@@ -111,7 +117,12 @@ build() {  # build NAME VENV REQUIREMENTS DIGEST EARLIER_DIGEST WHY CPU_REQUIREM
   if [[ "$python" == uv ]]; then
     # --seed: pip in the environment, as python -m venv gives it; UV_VENV_CLEAR: replace one
     # that exists (newer uv refuses otherwise, older uv always replaced it)
-    UV_VENV_CLEAR=1 uv venv -q --no-project --seed --python "$uv_python" "$venv"
+    if ! UV_VENV_CLEAR=1 uv venv -q --no-project --seed --python "$uv_python" "$venv"; then
+      not_built "$name" "$venv" "uv venv --python $uv_python failed (its message above; a \
+managed Python comes from GitHub); install python$uv_python, or name one with \
+DPBENCH_SETUP_MXNET_PYTHON=PATH, then run bash scripts/setup.sh $name"
+      return 0
+    fi
   else
     "$python" -m venv ${clear[@]+"${clear[@]}"} "$venv"
   fi

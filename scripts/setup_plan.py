@@ -288,7 +288,7 @@ def plan_python(env: str) -> tuple[str, str]:
     here = f"no Python {span} here ({'; '.join(seen) or 'no python3'})"
     if shutil.which("uv"):
         return "uv", (
-            f"{here}: uv venv --python {UV_PYTHON} (uv fetches a managed Python where none is "
+            f"uv venv --python {UV_PYTHON} ({here}; uv fetches a managed Python where none is "
             f"installed; {NEEDS[env]})"
         )
     if env == "main":

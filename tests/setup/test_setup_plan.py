@@ -512,7 +512,7 @@ def test_uv_builds_mxnet_where_no_python_fits(tmp_path: Path) -> None:
     p = plan(env)
     assert p["main_python"].endswith("/bin/python3") and p["mxnet_python"] == "uv"
     assert p["mxnet_python_why"].startswith(
-        "no Python 3.10 or 3.11 here (python3 is 3.12.3): uv venv --python 3.11"
+        "uv venv --python 3.11 (no Python 3.10 or 3.11 here (python3 is 3.12.3); uv fetches"
     )
     proc = setup_sh(root, env, "mxnet")
     assert proc.returncode == 0, proc.stderr
@@ -523,6 +523,16 @@ def test_uv_builds_mxnet_where_no_python_fits(tmp_path: Path) -> None:
         "pip -m pip install -q -r requirements/mxnet.txt",
     ]
     assert not (root / ".venv-mxnet" / "not-built.txt").exists()
+    # uv that cannot fetch a Python (offline): not built, in one line, and the rest goes on
+    shutil.rmtree(root / ".venv-mxnet")
+    (tmp_path / "bin" / "uv").write_text(
+        "#!/bin/sh\necho 'error: Failed to download' >&2\nexit 2\n"
+    )
+    proc = setup_sh(root, env, "mxnet")
+    assert proc.returncode == 0, proc.stderr
+    note = (root / ".venv-mxnet" / "not-built.txt").read_text()
+    assert note.startswith("uv venv --python 3.11 failed (its message above;"), note
+    assert note.count("\n") == 1 and f"not built: {note}" in proc.stdout
 
 
 def test_a_python_named_for_mxnet_is_used_or_refused_in_one_line(tmp_path: Path) -> None:
