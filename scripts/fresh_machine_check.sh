@@ -43,6 +43,9 @@ rm -rf --one-file-system "$root"
 cp -a "$base" "$root"
 trap unmount EXIT
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# the machine's name resolves, as Debian's installer writes it (the chroot shares this machine's
+# hostname; without it gloo warns on every torch-ddp run and JAX's multi-process CPU backend fails)
+echo "127.0.1.1 $(hostname)" >>"$root/etc/hosts"
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 chroot "$root" useradd -m newcomer
 git -C "$here" archive --prefix=dp-bench/ HEAD | tar -x -C "$root/home/newcomer"
@@ -73,7 +76,7 @@ for step in $steps; do
     grep -E '^\[(setup|test)\]|^compare: |^setup_plan: ' "$log" || true
     if [[ "$step" == run ]]; then
       table="$(ls -d "$root"/home/newcomer/dp-bench/results/*/ 2>/dev/null | tail -1)results.md"
-      [[ -f "$table" ]] && cat "$table"
+      [[ -f "$table" ]] && sed '/^## /q' "$table"  # the comparison table and its notes
     else
       grep -E '^(=+ .* in [0-9.]+s.* =+|FAILED |ERROR |Success: |Found [0-9]+ error)' "$log" || true
     fi
