@@ -40,7 +40,7 @@ unmount() { grep -q " $root/" /proc/mounts && umount -R "$root"/{proc,sys,dev} 2
 unmount
 if grep -q " $root/" /proc/mounts; then echo "fresh_machine_check: $root still has mounts" >&2; exit 1; fi
 rm -rf --one-file-system "$root"
-cp -a "$base" "$root"
+mkdir "$root" && cp -a "$base/." "$root/"  # the contents: a base that is a link stays untouched
 trap unmount EXIT
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 # the machine's name resolves, as Debian's installer writes it (the chroot shares this machine's
