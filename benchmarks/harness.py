@@ -262,7 +262,13 @@ def unavailable(names: Sequence[str]) -> dict[str, str]:
         if not fw.source.exists():
             reasons[name] = f"{fw.source.relative_to(ROOT)} is not in this checkout"
         elif not fw.python.exists():
-            reasons[name] = f"interpreter {fw.python} not found; install with: {fw.install}"
+            # setup.sh's note where no Python on this machine could build the environment
+            note = ROOT / fw.venv / "not-built.txt"
+            reasons[name] = (
+                note.read_text().strip()
+                if fw.python == ROOT / fw.venv / "bin" / "python" and note.is_file()
+                else f"interpreter {fw.python} not found; install with: {fw.install}"
+            )
         else:
             probes.setdefault((fw.python, fw.packages), []).append(name)
     answers = dict(zip(probes, in_parallel(lambda key: _missing_packages(*key), list(probes))))

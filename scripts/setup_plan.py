@@ -1,9 +1,19 @@
-"""Which builds scripts/setup.sh installs into each environment, from what the NVIDIA driver says.
+"""Which builds scripts/setup.sh installs into each environment, from what the NVIDIA driver says,
+and which Python builds each.
 
     python3 scripts/setup_plan.py [--device auto|cpu|cuda12|cuda13] [--shell]
 
-For each environment (main -> .venv, mxnet -> .venv-mxnet) it picks a requirements file and
-gives one reason. Without a working `nvidia-smi` (missing, failing, or listing no GPU) it picks
+For each environment (main -> .venv, mxnet -> .venv-mxnet) it picks an interpreter and a
+requirements file, each with one reason. The interpreter is the first of these that runs and is
+a Python the environment's pins have wheels for, else uv where it is installed (`uv venv
+--python 3.11` fetches a managed 3.11 where none is installed), else none:
+  .venv        3.10 to 3.13: $PYTHON, python3.11, python3, python3.13, python3.12, python3.10
+               (none: setup.sh stops with the reason and the fix)
+  .venv-mxnet  3.10 or 3.11 (numpy 1.23.5 has no wheel for 3.12+): $PYTHON, python3.11,
+               python3.10, python3; DPBENCH_SETUP_MXNET_PYTHON=PATH names one instead (one that
+               is not 3.10 or 3.11: exit 2); none: .venv-mxnet is not built, the reason and the
+               fix in one line, and the rest goes on without mxnet-gluon
+The requirements file: without a working `nvidia-smi` (missing, failing, or listing no GPU) it picks
 requirements/main.txt and requirements/mxnet.txt, the CPU builds CI has always used. With one:
   .venv        driver CUDA >= 13 -> requirements/cuda13.txt; 12.x -> cuda12.txt; older -> CPU
   .venv-mxnet  every GPU below compute capability 9.0 -> the newest mxnet-cu11X the driver runs
@@ -16,6 +26,7 @@ only: it runs with the system python before any environment exists.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -48,6 +59,21 @@ MXNET_CUDA = (
 # entry (its "add jax[cuda12] by hand" advice, removed) ended when pytest-xdist joined its pins.
 EARLIER: dict[str, list[tuple[str, str]]] = {}
 NVIDIA_SMI_TIMEOUT_S = 60  # a wedged driver can hang nvidia-smi; that is a machine without a GPU
+# The Pythons each environment's pins have wheels for (pip's resolver for CPython on x86_64,
+# 2026-12-01): torch 2.14.1, jax 0.10.2 and the rest 3.10 to 3.13; MXNet's numpy 1.23.5 and
+# scikit-learn 1.7.2 3.10 and 3.11 only (for 3.12 pip builds numpy from source and fails).
+PYTHONS = {"main": ((3, 10), (3, 13)), "mxnet": ((3, 10), (3, 11))}
+NEEDS = {
+    "main": "torch 2.14.1 and jax 0.10.2 have wheels for Python 3.10 to 3.13",
+    "mxnet": "MXNet 1.9.1's numpy 1.23.5 has no wheel for Python 3.12 and newer",
+}
+CANDIDATES = {
+    "main": ("python3.11", "python3", "python3.13", "python3.12", "python3.10"),
+    "mxnet": ("python3.11", "python3.10", "python3"),
+}
+UV_PYTHON = "3.11"  # what `uv venv --python` asks for: the version CI tests both environments on
+MXNET_PYTHON_VAR = "DPBENCH_SETUP_MXNET_PYTHON"
+VERSION_TIMEOUT_S = 30
 
 
 class PlanError(Exception):
@@ -218,6 +244,67 @@ def plan_mxnet(device: str, source: str, driver: Driver | None, seen: str) -> tu
     )
 
 
+@functools.cache  # each python runs once, for both environments (a pyenv shim takes 0.1 s)
+def version_of(command: str) -> tuple[str, str] | None:
+    """(its path, its version such as "3.13.5") for a python named by path or on PATH; None where
+    it is missing or does not run (a pyenv shim for a version not selected exits 127)."""
+    path = shutil.which(command)
+    if path is None:
+        return None
+    code = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
+    try:
+        proc = subprocess.run(
+            [path, "-c", code], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    version = proc.stdout.strip()
+    ok = proc.returncode == 0 and re.fullmatch(r"\d+\.\d+\.\d+", version)
+    return (path, version) if ok else None
+
+
+def plan_python(env: str) -> tuple[str, str]:
+    """(the interpreter that builds `env`'s environment: a path, "uv", or "" for none; why)."""
+    lo, hi = PYTHONS[env]
+    named = os.environ.get(MXNET_PYTHON_VAR, "") if env == "mxnet" else ""
+    if named:  # the user's choice: used, or one line saying why it cannot be
+        found = version_of(named)
+        if found is None:
+            raise PlanError(f"{MXNET_PYTHON_VAR}={named}: no python runs there")
+        if not lo <= minor(found[1]) <= hi:
+            raise PlanError(f"{MXNET_PYTHON_VAR}={named} is Python {found[1]}; {NEEDS[env]}")
+        return found[0], f"Python {found[1]} ({found[0]}), named by {MXNET_PYTHON_VAR}"
+    # $PYTHON first, as setup.sh always took it (where it fits), then the usual names
+    names = [os.environ.get("PYTHON", ""), *CANDIDATES[env]]
+    seen = []
+    for name in dict.fromkeys(n for n in names if n):
+        found = version_of(name)
+        if found is None:
+            continue
+        if lo <= minor(found[1]) <= hi:
+            return found[0], f"Python {found[1]} ({name}; {NEEDS[env]})"
+        seen.append(f"{name} is {found[1]}")
+    span = f"{dotted(lo)} {'or' if hi[1] - lo[1] == 1 else 'to'} {dotted(hi)}"
+    here = f"no Python {span} here ({'; '.join(seen) or 'no python3'})"
+    if shutil.which("uv"):
+        return "uv", (
+            f"uv venv --python {UV_PYTHON} ({here}; uv fetches a managed Python where none is "
+            f"installed; {NEEDS[env]})"
+        )
+    if env == "main":
+        return "", f"{here}; {NEEDS[env]}: install one (e.g. python3.12) or uv"
+    return "", (
+        f"{here}; {NEEDS[env]}: .venv-mxnet is not built and mxnet-gluon does not run; install "
+        f"python3.11 or uv (uv fetches a Python), or name one with {MXNET_PYTHON_VAR}=PATH, then "
+        "run bash scripts/setup.sh mxnet"
+    )
+
+
+def minor(version: str) -> tuple[int, int]:
+    major, minor_, *_ = version.split(".")
+    return int(major), int(minor_)
+
+
 def included(req: Path) -> list[Path]:
     """`req` and every file it includes with -r/-c (recursively, each once, in order)."""
     out: list[Path] = []
@@ -303,17 +390,26 @@ def main(argv: list[str]) -> int:
         "main": plan_main(device, source, driver, seen),
         "mxnet": plan_mxnet(device, source, driver, seen),
     }
+    try:
+        pythons = {name: plan_python(name) for name in plan}
+    except PlanError as exc:
+        print(f"setup_plan: {exc}", file=sys.stderr)
+        return 2
     if shell:
         print(f"machine={shlex.quote(seen)}")
+        print(f"uv_python={UV_PYTHON}")
         for name, (req, why) in plan.items():
             print(f"{name}_req={shlex.quote(req)}")
             print(f"{name}_why={shlex.quote(why)}")
             print(f"{name}_digest={digest(ROOT / req)}")
             print(f"{name}_earlier={earlier(ROOT / req)}")
+            print(f"{name}_python={shlex.quote(pythons[name][0])}")
+            print(f"{name}_python_why={shlex.quote(pythons[name][1])}")
         return 0
     print(f"machine: {seen}")
     for name, (req, why) in plan.items():
         print(f"{name} environment {ENVS[name]}: {req} -- {why}")
+        print(f"{name} environment {ENVS[name]}: {pythons[name][1]}")
     return 0
 
 

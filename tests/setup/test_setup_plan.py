@@ -2,7 +2,9 @@
 requirements file each environment gets, and why, for the drivers and GPUs a user may have.
 No network, no pip, no GPU: every case is a small script in tmp_path. An ldconfig stand-in is on
 PATH too, so the CUDA 11 libraries MXNet's CUDA wheels need are present only where a test says so
-(this machine's own loader cache stays out of it)."""
+(this machine's own loader cache stays out of it). Which Python builds each environment is
+shown with stand-in pythons that report a version (a Debian 13 machine's python3 3.13, say)
+and run everything else with this interpreter: the machine is the stand-in, the code is real."""
 
 from __future__ import annotations
 
@@ -39,11 +41,19 @@ def machine(
     compute_cap: bool = True,
     fail: bool = False,
     libs: list[str] | None = None,
+    pythons: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """An environment whose PATH starts with a stand-in nvidia-smi (none when `cuda` is None and
-    not `fail`) and ldconfig (listing `libs`), with no real nvidia-smi behind them."""
+    not `fail`) and ldconfig (listing `libs`), with no real nvidia-smi behind them; with
+    `pythons` ({"python3": "3.13.5", "uv": ""}) those stand-ins are the machine's only pythons
+    (stand_in_python) and uv, and $PYTHON is unset."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, version in (pythons or {}).items():
+        if name == "uv":
+            stand_in_uv(bin_dir / "uv", tmp_path)
+        else:
+            stand_in_python(bin_dir / name, version, tmp_path / "log")
     if fail:
         smi = f'#!/bin/sh\necho "{FAILED}"\nexit 9\n'
     elif cuda is not None:
@@ -73,29 +83,65 @@ def machine(
     head = f"{len(libs or [])} libs found in cache `/etc/ld.so.cache'"
     (bin_dir / "ldconfig").write_text(f"#!/bin/sh\ncat <<'EOF'\n{head}\n{cache}EOF\n")
     (bin_dir / "ldconfig").chmod(0o755)
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("DPBENCH_SETUP_DEVICE", "LD_LIBRARY_PATH")
-    }
-    env["PATH"] = os.pathsep.join([str(bin_dir), *without_nvidia_smi(tmp_path)])
+    dropped = ("DPBENCH_SETUP_DEVICE", "LD_LIBRARY_PATH", "DPBENCH_SETUP_MXNET_PYTHON")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    if pythons is not None:
+        env.pop("PYTHON", None)
+    env["PATH"] = os.pathsep.join([str(bin_dir), *without(tmp_path, pythons is not None)])
     return env
 
 
-def without_nvidia_smi(tmp_path: Path) -> list[str]:
-    """PATH's folders, one that holds a real nvidia-smi (/usr/bin on a GPU machine) replaced by a
-    copy of links to everything else in it: sh, cat and python stay, the GPU goes."""
+def without(tmp_path: Path, pythons: bool) -> list[str]:
+    """PATH's folders, one that holds a real nvidia-smi (/usr/bin on a GPU machine), or with
+    `pythons` a python or uv, replaced by a copy of links to everything else in it: sh and cat
+    stay, the GPU (and the machine's own pythons) go."""
+
+    def dropped(name: str) -> bool:
+        return name == "nvidia-smi" or pythons and (name.startswith("python") or name == "uv")
+
     out = []
     for i, folder in enumerate(os.environ["PATH"].split(os.pathsep)):
-        if not Path(folder, "nvidia-smi").exists():
+        if not os.path.isdir(folder) or not any(dropped(n) for n in os.listdir(folder)):
             out.append(folder)
             continue
         shadow = tmp_path / f"path-{i}"
         if not shadow.exists():
             shadow.mkdir()
             for entry in os.scandir(folder):
-                if entry.name != "nvidia-smi":
+                if not dropped(entry.name):
                     (shadow / entry.name).symlink_to(entry.path)
         out.append(str(shadow))
     return out
+
+
+def stand_in_python(path: Path, version: str, log: Path) -> None:
+    """A python that reports `version` when asked, logs `-m venv` (making the environment, whose
+    python is a copy of itself) and `-m pip`, and runs everything else with this interpreter."""
+    path.write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2" in\n'
+        f"  '-c '*version_info*) echo {version} ;;\n"
+        f'  "-m venv") echo "venv $(basename "$0") $3 $4" >>{log}; shift 2\n'
+        '    [ "$1" = --clear ] && shift\n'
+        '    mkdir -p "$1/bin"; cp "$0" "$1/bin/python"; touch "$1/pyvenv.cfg" ;;\n'
+        f'  "-m pip") echo "pip $*" >>{log} ;;\n'
+        f'  *) exec {sys.executable} "$@" ;;\n'
+        "esac\n"
+    )
+    path.chmod(0o755)
+
+
+def stand_in_uv(path: Path, tmp_path: Path) -> None:
+    """uv that logs its arguments and makes the environment (the last one) with a python that
+    reports 3.11.14, as the managed Python `uv venv --python 3.11` fetches would."""
+    stand_in_python(tmp_path / "uv-python3.11", "3.11.14", tmp_path / "log")
+    path.write_text(
+        "#!/bin/sh\n"
+        f'echo "uv UV_VENV_CLEAR=$UV_VENV_CLEAR $*" >>{tmp_path / "log"}\n'
+        'for last; do :; done\nmkdir -p "$last/bin"; touch "$last/pyvenv.cfg"\n'
+        f'cp {tmp_path / "uv-python3.11"} "$last/bin/python"\n'
+    )
+    path.chmod(0o755)
 
 
 def plan(env: dict[str, str], *args: str, script: Path = PLAN) -> dict[str, str]:
@@ -398,3 +444,117 @@ def test_a_venv_that_is_the_users_own_python_is_used_as_it_is(tmp_path: Path) ->
     proc = subprocess.run([*cmd[:2], "--dry-run", "main"], cwd=root, env=env,
                           capture_output=True, text=True)  # fmt: skip
     assert "dry run: main environment .venv would be built" in proc.stdout, proc.stdout
+
+
+def setup_sh(root: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "scripts/setup.sh", *args], cwd=root, env=env, capture_output=True, text=True
+    )
+
+
+def test_a_311_machine_builds_both_environments_with_python311(tmp_path: Path) -> None:
+    """As on this project's machines: python3.11 beside another python3, both environments from
+    3.11 and the plan says so."""
+    env = machine(tmp_path, pythons={"python3.11": "3.11.7", "python3": "3.13.5"})
+    p = plan(env)
+    assert p["main_python"] == p["mxnet_python"] == str(tmp_path / "bin" / "python3.11")
+    assert p["main_python_why"].startswith("Python 3.11.7 (python3.11; torch 2.14.1")
+    assert p["mxnet_python_why"].startswith("Python 3.11.7 (python3.11; MXNet 1.9.1's numpy")
+
+
+def test_debian_13_builds_main_with_python3_and_runs_on_without_mxnet(tmp_path: Path) -> None:
+    """Debian 13: python3 is 3.13 and there is no 3.11 nor uv. .venv is built with python3;
+    .venv-mxnet cannot be (numpy 1.23.5 has no wheel for 3.13): one line says why and how to fix
+    it, the same line is left in .venv-mxnet/not-built.txt, and setup.sh exits 0. Once a
+    python3.11 is installed, `setup.sh mxnet` builds it with that one and the note goes."""
+    root = project(tmp_path / "p")
+    env = machine(tmp_path, pythons={"python3": "3.13.5"})
+    dry = setup_sh(root, env, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "main environment .venv: Python 3.13.5 (python3; torch 2.14.1" in dry.stdout
+    assert "dry run: mxnet environment .venv-mxnet cannot be built here" in dry.stdout
+    proc = setup_sh(root, env, "all")
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    assert log == [
+        "venv python3 .venv ",
+        "pip -m pip install -q --upgrade pip",
+        "pip -m pip install -q -r requirements/main.txt",
+    ]
+    note = (root / ".venv-mxnet" / "not-built.txt").read_text()
+    assert note.count("\n") == 1, note
+    assert note.startswith("no Python 3.10 or 3.11 here (python3 is 3.13.5)"), note
+    assert "install python3.11 or uv" in note and "bash scripts/setup.sh mxnet" in note
+    assert f"[setup] mxnet environment .venv-mxnet not built: {note}" in proc.stdout
+    assert not (root / ".venv-mxnet" / "bin").exists()
+    assert "up to date" in setup_sh(root, env, "all").stdout  # .venv, and the note stays
+    assert (root / ".venv-mxnet" / "not-built.txt").read_text() == note
+
+    stand_in_python(tmp_path / "bin" / "python3.11", "3.11.14", tmp_path / "log")
+    proc = setup_sh(root, env, "mxnet")
+    assert proc.returncode == 0, proc.stderr
+    assert "built with Python 3.11.14 (python3.11; MXNet 1.9.1's numpy" in proc.stdout
+    assert "venv python3.11 .venv-mxnet " in (tmp_path / "log").read_text()
+    assert sorted(p.name for p in (root / ".venv-mxnet").iterdir()) == [
+        ".requirements.sha256",
+        "bin",
+        "pyvenv.cfg",
+    ]
+
+
+def test_uv_builds_mxnet_where_no_python_fits(tmp_path: Path) -> None:
+    """Ubuntu 24.04 (python3 3.12) with uv: .venv-mxnet from `uv venv --python 3.11` (with pip,
+    and replacing what is there: a note of an earlier set-up without uv), .venv from python3."""
+    root = project(tmp_path / "p")
+    (root / ".venv-mxnet").mkdir()
+    (root / ".venv-mxnet" / "not-built.txt").write_text("no Python 3.10 or 3.11 here\n")
+    env = machine(tmp_path, pythons={"python3": "3.12.3", "uv": ""})
+    p = plan(env)
+    assert p["main_python"].endswith("/bin/python3") and p["mxnet_python"] == "uv"
+    assert p["mxnet_python_why"].startswith(
+        "uv venv --python 3.11 (no Python 3.10 or 3.11 here (python3 is 3.12.3); uv fetches"
+    )
+    proc = setup_sh(root, env, "mxnet")
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "log").read_text().splitlines()
+    assert log[0] == "uv UV_VENV_CLEAR=1 venv -q --no-project --seed --python 3.11 .venv-mxnet"
+    assert log[1:] == [
+        "pip -m pip install -q --upgrade pip",
+        "pip -m pip install -q -r requirements/mxnet.txt",
+    ]
+    assert not (root / ".venv-mxnet" / "not-built.txt").exists()
+    # uv that cannot fetch a Python (offline): not built, in one line, and the rest goes on
+    shutil.rmtree(root / ".venv-mxnet")
+    (tmp_path / "bin" / "uv").write_text(
+        "#!/bin/sh\necho 'error: Failed to download' >&2\nexit 2\n"
+    )
+    proc = setup_sh(root, env, "mxnet")
+    assert proc.returncode == 0, proc.stderr
+    note = (root / ".venv-mxnet" / "not-built.txt").read_text()
+    assert note.startswith("uv venv --python 3.11 failed (its message above;"), note
+    assert note.count("\n") == 1 and f"not built: {note}" in proc.stdout
+
+
+def test_a_python_named_for_mxnet_is_used_or_refused_in_one_line(tmp_path: Path) -> None:
+    env = machine(tmp_path, pythons={"python3": "3.13.5", "py310": "3.10.16", "py313": "3.13.5"})
+    p = plan(env | {"DPBENCH_SETUP_MXNET_PYTHON": "py310"})
+    assert p["mxnet_python"] == str(tmp_path / "bin" / "py310"), p["mxnet_python_why"]
+    assert p["mxnet_python_why"].endswith("named by DPBENCH_SETUP_MXNET_PYTHON")
+    refusals = (("py313", "is Python 3.13.5; MXNet 1.9.1's numpy"), ("nowhere", "no python"))
+    for named, said in refusals:
+        bad = env | {"DPBENCH_SETUP_MXNET_PYTHON": named}
+        proc = setup_sh(project(tmp_path / named), bad, "--dry-run")
+        assert proc.returncode == 2 and not proc.stdout, proc.stdout
+        assert len(proc.stderr.splitlines()) == 1 and said in proc.stderr, proc.stderr
+
+
+def test_no_python_for_the_main_environment_stops_in_one_line(tmp_path: Path) -> None:
+    root = project(tmp_path / "p")
+    env = machine(tmp_path, pythons={"python3": "3.14.1"})
+    proc = setup_sh(root, env, "all")
+    assert proc.returncode == 1 and not (tmp_path / "log").exists()
+    assert proc.stderr == (
+        "[setup] main environment .venv cannot be built: no Python 3.10 to 3.13 here (python3 is "
+        "3.14.1); torch 2.14.1 and jax 0.10.2 have wheels for Python 3.10 to 3.13: install one "
+        "(e.g. python3.12) or uv\n"
+    )

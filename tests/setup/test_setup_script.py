@@ -101,3 +101,48 @@ def test_test_sh_refuses_a_bad_worker_count_before_any_set_up(tmp_path: Path) ->
                               capture_output=True, text=True)  # fmt: skip
         assert proc.returncode == 2 and proc.stdout == "", (bad, proc.stdout, proc.stderr)
         assert proc.stderr.count("\n") == 1 and f"not '{bad}'" in proc.stderr, proc.stderr
+
+
+NOT_BUILT = "no Python 3.10 or 3.11 here (python3 is 3.13.5); install python3.11 or uv\n"
+
+
+def test_test_sh_says_in_one_line_why_the_mxnet_suite_did_not_run(tmp_path: Path) -> None:
+    """Where setup.sh could not build .venv-mxnet (its note), test.sh runs the main suite and
+    the type check, says why tests/mxnet did not run, and exits 0. Shown with a stand-in
+    setup.sh and a .venv/bin/python that logs what it is asked to run."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
+    (tmp_path / "scripts" / "setup.sh").write_text("exit 0\n")
+    log = tmp_path / "log"
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text(f'#!/bin/sh\necho "$*" >>{log}\n')
+    (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
+    (tmp_path / ".venv-mxnet").mkdir()
+    (tmp_path / ".venv-mxnet" / "not-built.txt").write_text(NOT_BUILT)
+    env = os.environ | {"DPBENCH_TEST_WORKERS": "1", "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")  # no GPU pass, whatever the machine
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    proc = subprocess.run(["bash", "scripts/test.sh"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"[test] mxnet environment: tests/mxnet did not run: {NOT_BUILT}" in proc.stdout
+    assert log.read_text().splitlines() == ["-m pytest tests --ignore=tests/mxnet", "-m mypy"]
+
+
+def test_compare_gives_setups_reason_for_skipping_mxnet(tmp_path: Path, monkeypatch) -> None:
+    """benchmarks.harness.unavailable, which compare (run.sh) and the other runners ask before
+    any run: mxnet-gluon's reason is setup.sh's note where it left one, else the missing
+    interpreter and its install command."""
+    from benchmarks import harness
+
+    monkeypatch.setattr(harness, "ROOT", tmp_path)
+    monkeypatch.delenv("DPBENCH_PYTHON_MXNET_GLUON", raising=False)
+    (tmp_path / "frameworks").mkdir()
+    (tmp_path / "frameworks" / "mxnet_gluon.py").touch()
+    assert harness.unavailable(["mxnet-gluon"]) == {
+        "mxnet-gluon": f"interpreter {tmp_path}/.venv-mxnet/bin/python not found; install with: "
+        "bash scripts/setup.sh mxnet"
+    }
+    (tmp_path / ".venv-mxnet").mkdir()
+    (tmp_path / ".venv-mxnet" / "not-built.txt").write_text(NOT_BUILT)
+    assert harness.unavailable(["mxnet-gluon"]) == {"mxnet-gluon": NOT_BUILT.strip()}
