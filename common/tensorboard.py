@@ -18,6 +18,7 @@ events are written in the calling thread (`EventFile`), so that every error reac
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -133,7 +134,7 @@ class EventLog:
         self.cfg, self.environment = cfg, environment
         self.logdir = cfg.tensorboard
         self._writer: Any = None
-        self.failed = False
+        self.failed = ""  # why writing failed, once it has
 
     def epoch(self, row: dict[str, Any]) -> None:
         """Write the epoch `row` just recorded (and, first, the config and environment texts)."""
@@ -153,19 +154,29 @@ class EventLog:
             self._writer.add_scalar("lr", float(row["lr_last"]), step)  # the epoch's last step's
             self._writer.flush()  # on disk now: a run killed later keeps its curves
         except Exception as exc:
-            self.failed = True
+            self.failed = f"{type(exc).__name__}: {exc}"
+        if self.failed:
             self.close()  # the file's handle released now; what was flushed stays readable
             print(
-                f"tensorboard: writing {self.logdir} failed ({type(exc).__name__}: {exc}); the "
-                "run goes on without TensorBoard (its record is unaffected)",
+                f"tensorboard: writing {self.logdir} failed ({self.failed}); the run goes on "
+                "without TensorBoard (its record is unaffected)",
                 file=sys.stderr,
                 flush=True,
             )
 
     def close(self) -> None:
-        if self._writer is not None:
-            try:
-                self._writer.close()
-            except Exception:
-                pass  # every epoch was flushed when written
-            self._writer = None
+        if self._writer is None:
+            return
+        # A full disk: the writer's buffered bytes cannot be written; its file, closed or freed
+        # later, would print "Exception ignored ... OSError" (Python 3.13). Every epoch was
+        # flushed when written, so those bytes are lost either way: freed here, quietly.
+        writer, self._writer = self._writer, None
+        hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
+        try:
+            writer.close()
+        except Exception:
+            pass
+        finally:
+            del writer
+            gc.collect()
+            sys.unraisablehook = hook

@@ -144,14 +144,24 @@ else
 fi
 echo "gpu_check: $OUT after $SECONDS s (exit $status)" | tee -a "$OUT/commands.txt"
 if [[ -n "$ARCHIVE" ]]; then
-  export XZ_OPT=-T0
-  parent=$(dirname "$OUT") name=$(basename "$OUT")
+  # Python's tarfile, not `tar -J`: a minimal machine may have no xz (Debian 13's has none)
+  pack() {  # pack SUFFIX: OUT into ARCHIVE, leaving out the paths with a part ending in SUFFIX
+    python3 - "$ARCHIVE" "$OUT" "$1" <<'PY'
+import sys, tarfile
+from pathlib import Path
+archive, out, exclude = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+keep = lambda info: info if not exclude or not any(
+    part.endswith(exclude) for part in Path(info.name).parts) else None
+with tarfile.open(archive, "w:xz") as tar:
+    tar.add(out, arcname=out.name, filter=keep)
+PY
+  }
   packed=0
-  tar -cJf "$ARCHIVE" -C "$parent" "$name" && packed=1
+  pack "" && packed=1
   if ((packed)) && (($(stat -c %s "$ARCHIVE") > 15 * 1024 * 1024)); then
     echo "gpu_check: over 15 MiB; packed again without the profiler traces" | tee -a "$OUT/commands.txt"
     packed=0
-    tar -cJf "$ARCHIVE" -C "$parent" --exclude='*.profile' "$name" && packed=1
+    pack ".profile" && packed=1
   fi
   if ((packed)); then  # the loose folder goes only once the archive holds it
     rm -rf -- "$OUT" && echo "gpu_check: packed into $ARCHIVE ($(du -h "$ARCHIVE" | cut -f1))"

@@ -111,7 +111,7 @@ def test_choices_are_enforced(name: str, capsys: pytest.CaptureFixture[str]) -> 
     choices = FIELDS[name].metadata["choices"]
     err = fails([flag(name), "nope"], capsys)
     assert f"argument {flag(name)}: invalid choice: 'nope'" in err
-    assert all(repr(c) in err for c in choices), err
+    assert all(c in err for c in choices), err  # 3.13 names them unquoted
     with pytest.raises(ConfigError, match=", ".join(choices)):
         preset("smoke", **{name: "nope"})  # and by validate(), for configs built in code
 
