@@ -290,11 +290,25 @@ def unwritable(
         return f"{os.fspath(path)} names a directory (a trailing '/', '.' or '..'), not a file"
     path = Path(path).expanduser().absolute()
     try:
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
-            os.stat(path)  # raises for a name too long or a loop of links
-        return _unwritable(path, kind, need)
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        pass
     except OSError as exc:  # ENAMETOOLONG, ELOOP: stat itself fails, not only the write
         return f"{path} cannot be named on this file system ({exc.strerror or exc})"
+    if path.exists() and path.is_dir() != (kind == "dir"):
+        return f"{path} exists and is not a {'directory' if kind == 'dir' else 'file'}"
+    parent = path if kind == "dir" else path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory, so {path} cannot be created"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable (permissions or a read-only file system)"
+    st = os.statvfs(parent)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        return f"the file system of {parent} is full ({free} bytes free, {need} needed)"
+    return None
 
 
 def unnamable(path: str | os.PathLike[str]) -> str | None:
@@ -308,35 +322,6 @@ def unnamable(path: str | os.PathLike[str]) -> str | None:
         return f"a component of {path} is a file, not a directory"
     except OSError as exc:
         return f"{path} cannot be named on this file system ({exc.strerror or exc})"
-    return None
-
-
-def _unwritable(path: Path, kind: str, need: int) -> str | None:
-    if path.exists():
-        if kind == "file" and not path.is_file():
-            return f"{path} exists and is not a file"
-        if kind == "dir" and not path.is_dir():
-            return f"{path} exists and is not a directory"
-        if kind == "dir":
-            return _unwritable_dir(path, need)
-    parent = path if kind == "dir" else path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{parent} is not a directory, so {path} cannot be created"
-    return _unwritable_dir(parent, need)
-
-
-def _unwritable_dir(d: Path, need: int) -> str | None:
-    if not os.access(d, os.W_OK | os.X_OK):
-        return f"{d} is not writable (permissions or a read-only file system)"
-    try:
-        st = os.statvfs(d)
-    except OSError:
-        return None
-    free = st.f_bavail * st.f_frsize
-    if free < need:
-        return f"the file system of {d} is full ({free} bytes free, {need} needed)"
     return None
 
 
