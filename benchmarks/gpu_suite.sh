@@ -10,6 +10,8 @@
 #   STEPS=5,6 bash benchmarks/gpu_suite.sh OUT_DIR-2         # about 6 minutes
 #   STEPS=8 bash benchmarks/gpu_suite.sh OUT_DIR-3           # the GPU tests (3-6 min, estimated)
 #   STEPS=8,1 bash benchmarks/gpu_suite.sh OUT_DIR           # steps run in the order given
+#   (scripts/gpu_check.sh's default: STEPS=1,7,8, the headline table first on a quiet host)
+#   DRY_RUN=1 bash benchmarks/gpu_suite.sh OUT_DIR           # the plan: every command, none run
 #
 # The interpreter: the project's own .venv when it holds the CUDA builds (what `bash
 # scripts/setup.sh` installs on a machine with an NVIDIA driver), else python3 (e.g. a lent
@@ -40,8 +42,8 @@ if [[ "${1:-}" == "--python" ]]; then
 fi
 # STEPS (default: all, in order) picks steps by number and runs them in the order given, e.g.
 # STEPS=8,1 bash benchmarks/gpu_suite.sh ... runs the GPU tests first, then the headline table.
-STEPS=${STEPS:-1,2,3,4,5,6,8}  # 7, the JAX step cache, went with it
-[[ "$STEPS" =~ ^[1-689](,[1-689])*$ ]] || { echo "gpu_suite.sh: STEPS takes step numbers 1-6, 8, 9 such as 1,8, not '$STEPS'" >&2; exit 2; }
+STEPS=${STEPS:-1,7,2,3,4,5,6,8}
+[[ "$STEPS" =~ ^[1-9](,[1-9])*$ ]] || { echo "gpu_suite.sh: STEPS takes step numbers 1-9 such as 1,8, not '$STEPS'" >&2; exit 2; }
 OUT=${1:-$ROOT/docs/results/gpu-$(date -u +%Y%m%d)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -64,7 +66,7 @@ fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   echo "interpreter $PY"
   "$PY" -c 'import sys, torch, jax; print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version()); print("jax", jax.__version__, jax.devices())'
-  "$PY" -m benchmarks.devices --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard,jax-shardmap
+  "$PY" -m benchmarks.devices --frameworks torch-ddp,torch-dp,jax-pmap,jax-shard,jax-shardmap,torch-fsdp,jax-fsdp
   # The commit, "-dirty" when the working tree differs from it (a copied tree may carry an
   # older .git: then the tree, not the commit, is what ran).
   echo "git $(git describe --always --dirty --abbrev=40 2>/dev/null)"
@@ -85,6 +87,7 @@ run() {
     return
   fi
   echo "+ $*" | tee -a "$OUT/commands.txt"
+  [[ -n "${DRY_RUN:-}" ]] && return  # DRY_RUN=1: the plan, nothing run
   local t0=$SECONDS
   # SIGINT, as Ctrl-C: the runners keep every finished measurement and pytest writes its
   # summary and XML; what ignores it is killed 5 s later
@@ -99,19 +102,22 @@ COMMON=(--python "$PY" --gpus 1 --model resnet18 --image-size 32 --batch-size 51
 # reduce-overhead = torch.compile with CUDA graphs (the compiled forward and backward replayed
 # in one launch each, instead of ~440 launches per step).
 # The like-for-like rows first (the throughput runner measures in this order: a step cut short
-# keeps what it measured): torch with CUDA graphs, jax-pmap, eager torch, then the rest.
-# torch-dp with CUDA graphs is left out: at one GPU it is torch-ddp's compiled step (79,757 and
-# 79,753 img/s on the first H200 run), a row that costs 35 s and says nothing new.
-HEADLINE=torch-ddp+reduce-overhead,jax-pmap,torch-ddp,torch-dp,jax-shard,jax-shardmap
-# 1. THE HEADLINE TABLE. Mixed precision, every torch and JAX module, each torch module both
-#    eager and with CUDA graphs (a row each, the mode column says which), beside JAX: torch
-#    autocast bf16 + channels_last + cudnn.benchmark; JAX bf16 activations. The input pipeline is
-#    --pipeline auto: on a GPU the training set is resident there and each step's crops are
-#    gathered there. --profile 8: each run's first (untimed) epoch traces 8 steps with its
-#    framework's profiler; the cells get the step's breakdown (issue 30), the timed epochs stay
-#    unprofiled. 3 epochs (the first untimed): within 3 minutes on one H200 (issue 39).
+# keeps what it measured): torch with CUDA graphs, jax-pmap, eager torch, then the rest, the
+# sharded strategies last. torch-dp with CUDA graphs is left out: at one GPU it is torch-ddp's
+# compiled step (79,757 and 79,753 img/s on the first H200 run).
+HEADLINE=torch-ddp+reduce-overhead,jax-pmap,torch-ddp,torch-dp,jax-shard,jax-shardmap,torch-fsdp,jax-fsdp
+# A CIFAR-10 epoch at global batch 512: 98 steps. Shorter epochs weigh the per-epoch costs
+# (evaluation, the epoch's sync) several times more than a real run does (16-step epochs on the
+# 2026-11-28 H200 check gave jax-pmap 0.79 of its compute-only step).
+CIFAR_EPOCH=98
+# 1. THE HEADLINE TABLE. Mixed precision, every torch and JAX trainer (torch-ddp eager and with
+#    CUDA graphs, a row each, the mode column says which): torch autocast bf16 + channels_last +
+#    cudnn.benchmark; JAX bf16 activations. --pipeline auto: on a GPU the training set is
+#    resident there and each step's crops are gathered there. --profile 8: each run's first
+#    (untimed) epoch traces 8 steps with its framework's profiler; the cells get the step's
+#    breakdown, the timed epochs stay unprofiled. 3 epochs of 98 steps, the first untimed.
 step1() { run "$PY" -m benchmarks.throughput --frameworks "$HEADLINE" \
-    "${COMMON[@]}" --epochs 3 --precision bf16 --channels-last --profile 8 \
+    "${COMMON[@]}" --steps "$CIFAR_EPOCH" --epochs 3 --precision bf16 --channels-last --profile 8 \
     --out "$OUT/throughput-bf16"; }
 # 2. The same with the host pipeline (numpy crops on a prefetch thread, copied every step): what
 #    the device pipeline is worth.
@@ -143,6 +149,15 @@ step6() { run "$PY" -m benchmarks.tutorial_loops --python "$PY" \
     --tutorials d2l-torch,nvidia-course,flax-imagenet,d2l-jax --gpus 1 --repeat 2 \
     --preset throughput --width 1 --train-limit 8192 --epochs 3 --timeout 120 \
     --out "$OUT/tutorial-loops"; }
+# 7. The JAX rows of 1 with XLA's command buffers off (XLA_FLAGS, passed to the trainers and
+#    recorded in their records): the 2026-11-28 H200 profile of jax-pmap showed the host thread
+#    in XLA's command-buffer updates for about 5 of each 8.6 ms step while the GPU waited 2.8 ms.
+#    Set beside step 1's JAX rows, this says whether the command buffers cause the host gap.
+step7() { run env XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" \
+    "$PY" -m benchmarks.throughput --frameworks jax-pmap,jax-shard,jax-fsdp "${COMMON[@]}" \
+    --steps "$CIFAR_EPOCH" --epochs 3 --precision bf16 --channels-last \
+    --out "$OUT/throughput-bf16-no-command-buffers"; }
+
 # 8. The GPU tests (tests marked `gpu`: every trainer on cuda, NCCL, DataParallel's device ids,
 #    pmap and shardings, parity, CUDA graphs, --devices cpu on a GPU machine),
 #    the GPU pass of scripts/test.sh. The rest of the suite runs with the CPU pinned, as in CI:
@@ -157,6 +172,7 @@ step8() {
     run env DPBENCH_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false DPBENCH_TEST_PYTHON="$PY" \
         DPBENCH_PYTHON_TORCH_DP="$PY" DPBENCH_PYTHON_TORCH_DDP="$PY" \
         DPBENCH_PYTHON_JAX_PMAP="$PY" DPBENCH_PYTHON_JAX_SHARD="$PY" DPBENCH_PYTHON_JAX_SHARDMAP="$PY" \
+        DPBENCH_PYTHON_TORCH_FSDP="$PY" DPBENCH_PYTHON_JAX_FSDP="$PY" \
         "$PY" -m pytest -q -rs -p no:cacheprovider tests -m gpu --ignore=tests/mxnet \
         ${workers[@]+"${workers[@]}"} --junitxml="$OUT/gpu-tests.xml"
   else

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The whole GPU check in one call, for a machine whose own python already holds CUDA builds of
 # torch and JAX (a lent or an offline machine, where scripts/setup.sh cannot install them):
-#   0. a check of that python (scripts/gpu_preflight.py: torch and JAX see the GPU; Flax, Optax, pytest, pytest-xdist
-#      import) that stops the call in seconds, exit 2, where they do not,
-#   1. the main test suite as CI runs it (every test pinned to the CPU; parallel workers),
-#   2. then benchmarks/gpu_suite.sh's steps in the order given (default 8, then 1: the GPU tests,
-#      which have run on no GPU in their present form, then the headline table), in the time
-#      left,
+#   0. a check of that python (scripts/gpu_preflight.py: torch and JAX see the GPU; Flax, Optax,
+#      pytest, pytest-xdist import) that stops the call in seconds, exit 2, where they do not,
+#   1. benchmarks/gpu_suite.sh's steps in the order given (default 1,7,8: the headline table
+#      first, on a quiet host, every row in epochs of a CIFAR-10 epoch's length; the JAX rows
+#      with XLA's command buffers off; the GPU tests),
+#   2. then the main test suite as CI runs it (every test pinned to the CPU; parallel workers)
+#      in the time left,
 # and, with --archive, everything packed into ONE file (the logs, the exact commands, the
 # tables and the records), the loose folder removed. It ends with the verdicts on what it wrote
-# (benchmarks/analysis/gpu_verdicts.py: tests, precision, real/compute-only, the GPU; also written to
-# OUT_DIR/verdicts.txt), when step 1, the table they judge, was asked: exit 1 if one fails.
+# (benchmarks/analysis/gpu_verdicts.py: tests, rows reached, precision, real/compute-only, the
+# GPU; also written to OUT_DIR/verdicts.txt), when step 1, the table they judge, was asked:
+# exit 1 if one fails.
 #
 #   bash scripts/gpu_check.sh [--python PATH] [--steps LIST] [--no-tests] [--archive FILE] \
 #       OUT_DIR [SECONDS]
@@ -23,36 +25,31 @@
 #           script as it is and never rebuilds it.
 # --judge   print the verdicts on ARCHIVE (or an OUT_DIR) and exit: 0 all pass, 1 one fails, 2
 #           it cannot be read. Runs on .venv/bin/python, else python3 (--python PATH: that one).
-# --steps   gpu_suite.sh's steps, run in this order (default 8,1); "" for none.
-# SECONDS   the budget of the whole call (default 540): the tests get at most TESTS_SEC of it
-#           (default 180), the suite's steps what is left, 30 s are kept for packing.
+# --steps   gpu_suite.sh's steps, run in this order (default 1,7,8); "" for none.
+# SECONDS   the budget of the whole call (default 540): the steps get all of it but the last
+#           TESTS_SEC (default 60) and the 30 s kept for packing; the suite gets what is left.
 #
 # The plan: 9 minutes on one H100 or H200 (a 15-minute device slot, 1-2 of them the machine's
-# start). Sized from the first H200 run (2026-11-27, ../shared/gpu-runs/h200-20261127: main
-# suite 175 s at -n 12, the GPU tests 225 s one at a time, the headline table 246 s: 11
-# minutes):
-#   pre-flight          10-30 s  (stops the call, exit 2, where the python cannot run it)
-#   1. main suite        <= 180 s (TESTS_SEC; -n up to 12 workers, CPU-pinned as in CI)
-#   2. GPU tests (8)     <= 180 s (gpu_suite.sh step 8: -n 4 workers where the GPU tests
-#                                  share one GPU; about 225 s of tests, the longest 24 s)
-#   3. headline (1)      <= 180 s (gpu_suite.sh step 1: 6 rows, not 7 (torch-dp with CUDA
-#                                  graphs is torch-ddp's at one GPU: 79.8k img/s both), 3
-#                                  epochs of 16 steps, the last 2 timed, instead of 4)
-#   verdicts, packing     < 30 s
-# The MFU step (9) is optional: --steps 8,1,9 where the slot has 4 minutes more.
+# start). Estimated from the H200 runs of 2026-11-27 and 2026-11-28 (6 rows of 3 epochs of 16
+# steps in 246 s; the GPU tests 225 s one at a time): the 8 headline rows of 3 epochs of 98
+# steps about 5 minutes, the 3 JAX rows without command buffers about 1.5, the GPU tests (-n 4)
+# the rest; the CPU-pinned suite only where time is left (a step cut short keeps what it
+# measured, and the verdicts name the rows it did not reach).
+# The MFU step (9) is optional: --steps 1,7,8,9 where the slot has 4 minutes more.
+# DRY_RUN=1: the plan, in commands.txt and on screen, with nothing run but the pre-flight.
 # Writes under OUT_DIR: machine.txt (the GPU, the python, which optional packages it has),
 # commands.txt (every command, its exit status and seconds), tests.log and tests.xml (the
 # suite), suite.log and suite/ (gpu_suite.sh's output) and, with --archive, nothing else: FILE
 # (.tar.xz) holds OUT_DIR (without the profiler traces if it would pass 15 MiB).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=python3 STEPS_LIST=8,1 TESTS=1 ARCHIVE="" JUDGE="" PY_GIVEN=0
+PY=python3 STEPS_LIST=1,7,8 TESTS=1 ARCHIVE="" JUDGE="" PY_GIVEN=0
 fail() { echo "gpu_check.sh: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --python) PY=${2:?--python needs the path of an interpreter}; PY_GIVEN=1; shift 2 ;;
     --judge) JUDGE=${2:?--judge needs the archive to judge}; shift 2 ;;
-    --steps) STEPS_LIST=${2?--steps needs a list such as 8,1}; shift 2 ;;
+    --steps) STEPS_LIST=${2?--steps needs a list such as 1,7,8}; shift 2 ;;
     --no-tests) TESTS=0; shift ;;
     --archive) ARCHIVE=${2:?--archive needs a file name}; shift 2 ;;
     -*) fail "unknown option $1 (see the comment at the top of $0)" ;;
@@ -67,9 +64,9 @@ if [[ -n "$JUDGE" ]]; then  # the verdicts on an earlier check, nothing else
 fi
 OUT=${1:?usage: bash scripts/gpu_check.sh [--python PATH] [--steps LIST] [--no-tests] [--archive FILE] OUT_DIR [SECONDS]}
 BUDGET=${2:-540}
-TESTS_SEC=${TESTS_SEC:-180}
+TESTS_SEC=${TESTS_SEC:-60}
 [[ "$BUDGET" =~ ^[0-9]+$ ]] || fail "SECONDS must be a whole number, not $BUDGET"
-[[ "$STEPS_LIST" =~ ^([1-9](,[1-9])*)?$ ]] || fail "--steps takes step numbers 1-9 such as 8,1, not $STEPS_LIST"
+[[ "$STEPS_LIST" =~ ^([1-9](,[1-9])*)?$ ]] || fail "--steps takes step numbers 1-9 such as 1,7,8, not $STEPS_LIST"
 PYPATH=$(command -v "$PY") || fail "no interpreter $PY (give --python PATH)"
 [[ "$PYPATH" == /* ]] || PYPATH="$PWD/$PYPATH"  # absolute, links kept (a venv's python is one)
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || fail "cannot create $OUT"
@@ -112,26 +109,27 @@ timed() {
     return
   fi
   echo "+ $* (at most $limit s)" | tee -a "$OUT/commands.txt"
+  [[ -n "${DRY_RUN:-}" && "$*" != *gpu_suite.sh* ]] && return  # the plan only (gpu_suite.sh's own)
   local t0=$SECONDS rc=0
   timeout -s INT --kill-after=10 "$limit" "$@" || rc=$?
   echo "  exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/commands.txt"
   ((rc == 0)) || status=1
 }
 
-if ((TESTS)); then
-  cores=$(nproc)
-  timed "$TESTS_SEC" env XLA_PYTHON_CLIENT_PREALLOCATE=false OMP_WAIT_POLICY=PASSIVE \
-    .venv/bin/python -m pytest tests --ignore=tests/mxnet -q -rs -p no:cacheprovider \
-    -n "$((cores < 12 ? cores : 12))" --dist loadfile --durations=20 \
-    --junitxml="$OUT/tests.xml" >"$OUT/tests.log" 2>&1
-  tail -3 "$OUT/tests.log" 2>/dev/null
-fi
 if [[ -n "$STEPS_LIST" ]]; then
-  left=$((BUDGET - 30 - SECONDS))
+  left=$((BUDGET - 30 - SECONDS - (TESTS ? TESTS_SEC : 0)))
   # the suite ends its steps 20 s before this call's limit: its own children are stopped first
   timed "$left" env STEPS="$STEPS_LIST" bash benchmarks/gpu_suite.sh --python "$ROOT/.venv/bin/python" \
     "$OUT/suite" "$((left - 20))" >"$OUT/suite.log" 2>&1
   tail -40 "$OUT/suite.log"
+fi
+if ((TESTS)); then  # the time left, at least TESTS_SEC
+  cores=$(nproc)
+  timed "$((BUDGET - 30 - SECONDS))" env XLA_PYTHON_CLIENT_PREALLOCATE=false OMP_WAIT_POLICY=PASSIVE \
+    .venv/bin/python -m pytest tests --ignore=tests/mxnet -q -rs -p no:cacheprovider \
+    -n "$((cores < 12 ? cores : 12))" --dist loadfile --durations=20 \
+    --junitxml="$OUT/tests.xml" >"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log" 2>/dev/null
 fi
 verdicts=""
 if [[ ",$STEPS_LIST," == *,1,* ]]; then  # the verdicts judge step 1's table: none without it

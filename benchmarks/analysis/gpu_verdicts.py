@@ -16,7 +16,9 @@ per check, PASS or FAIL, the check and its figure:
   float32 none is bf16 or fp16;
 - real loop / compute-only, per compiled row (JAX; torch with torch.compile): at least 0.85.
   Eager rows are reported, not judged: an eager step launches every kernel from Python;
-- the GPU, per row: the record's and the compute-only run's device_kind start with "cuda:".
+- the GPU, per row: the record's and the compute-only run's device_kind start with "cuda:";
+- rows reached, per table: every framework its command asked for has a row (a call that ran out
+  of time names the rows it did not reach).
 
 Exit status: 0 when every check passes, 1 when one fails, 2 (one line on stderr) when the input
 cannot be read (no such file, not a .tar.xz or a folder, no throughput.json). The standard
@@ -40,7 +42,7 @@ from typing import Any
 from benchmarks.analysis.breakdowns import kernel_dtype_shares
 from common.breakdown import TraceError
 
-MIN_RATIO = 0.85  # a compiled row's real loop against its compute-only step
+MIN_RATIO = 0.9  # a compiled row's real loop against its compute-only step
 ASKED = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # --precision -> dtype
 NO_SUITE = "the main suite did not run (--no-tests?)"
 NO_GPU_TESTS = "the GPU tests did not run (step 8)"
@@ -236,6 +238,17 @@ def saw_gpu(where: Path, table: dict[str, Any], row: dict[str, Any], label: str)
     return Verdict(ok, f"saw the GPU {label}", ", ".join(dict.fromkeys(seen)) or "no device_kind")
 
 
+def reached(table: dict[str, Any], where: str) -> Verdict:
+    """Every framework the table's command asked for (`--frameworks`) has a row."""
+    command = table.get("command") or []
+    asked = []
+    if "--frameworks" in command:
+        asked = command[command.index("--frameworks") + 1].split(",")
+    missing = [f for f in asked if f not in {row.get("framework") for row in table["rows"]}]
+    figure = f"not reached: {', '.join(missing)}" if missing else f"all {len(asked)} rows"
+    return Verdict(not missing, f"rows reached ({where})", figure)
+
+
 def verdicts(root: Path) -> list[Verdict]:
     """Every check on gpu_check.sh's OUT_DIR `root`. InputError when it holds no table."""
     found = tables(root)
@@ -245,6 +258,7 @@ def verdicts(root: Path) -> list[Verdict]:
         junit(suite / "gpu-tests.xml", "GPU tests: 0 failed", NO_GPU_TESTS),
     ]
     for where, table in found:
+        out.append(reached(table, where.name))
         for row in table["rows"]:
             label = f"{row.get('framework')} x{row.get('devices')}"
             label += f" ({where.name})" if len(found) > 1 else ""

@@ -100,15 +100,40 @@ def test_a_run_ends_with_the_verdicts_on_what_it_wrote(tmp_path: Path) -> None:
                  "--archive", str(archive), str(tmp_path / "run"), "100")  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr  # what the judge failed
     last = proc.stdout.splitlines()
-    assert last[-1] == "gpu_verdicts: 6 of 10 checks pass, 4 FAIL", proc.stdout
+    assert last[-1] == "gpu_verdicts: 6 of 11 checks pass, 5 FAIL", proc.stdout
     assert any(ln.startswith("FAIL  precision jax-pmap x1") for ln in last[-13:])
     with tarfile.open(archive) as tar:
         names = {Path(n).name: n for n in tar.getnames()}
-        assert tar.extractfile(names["verdicts.txt"]).read().decode().endswith("4 FAIL\n")
+        assert tar.extractfile(names["verdicts.txt"]).read().decode().endswith("5 FAIL\n")
     again = check(root, "--judge", str(archive))  # the same verdicts, from the archive
     assert again.returncode == 1 and again.stdout.splitlines()[-1] == last[-1], again.stderr
     proc = check(root, "--judge", str(tmp_path / "nope.tar.xz"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no file" in proc.stderr
+
+
+def test_the_default_plan_measures_every_headline_row_first_in_cifar_epochs(tmp_path: Path) -> None:
+    """DRY_RUN=1 on a stand-in GPU machine (a fake nvidia-smi, the fake CUDA packages): the
+    plan's commands in order, none run. The 8 headline rows, 98 steps an epoch, come first; the
+    JAX rows without command buffers, the GPU tests, then the CPU-pinned suite."""
+    root = project(tmp_path / "p")
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"\n')
+    smi.chmod(0o755)
+    python = stand_in(tmp_path / "py" / "python")
+    env = os.environ | {"DRY_RUN": "1", "PATH": f"{smi.parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--python", str(python),
+                           str(tmp_path / "run")], cwd=root, capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    plan = [ln for ln in (tmp_path / "run" / "suite" / "commands.txt").read_text().splitlines()]
+    plan += (tmp_path / "run" / "commands.txt").read_text().splitlines()
+    runs = [ln for ln in plan if ln.startswith("+ ")]
+    headline = "torch-ddp+reduce-overhead,jax-pmap,torch-ddp,torch-dp,jax-shard,jax-shardmap,"
+    assert f"--frameworks {headline}torch-fsdp,jax-fsdp " in runs[0], proc.stdout + proc.stderr
+    assert "--steps 98 --epochs 3" in runs[0] and "GPU 0: NVIDIA H100" in proc.stdout
+    assert "xla_gpu_enable_command_buffer=" in runs[1] and "--steps 98" in runs[1]
+    assert "-m pytest" in runs[2] and "-m gpu" in runs[2]
+    assert "--ignore=tests/mxnet" in runs[-1] and "-m gpu" not in runs[-1]  # the suite, last
 
 
 def test_a_real_environment_is_left_alone_and_the_tests_step_is_timed(tmp_path: Path) -> None:
@@ -145,7 +170,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     root = project(tmp_path / "p")
     loop = root / ".venv" / "bin" / "python"
     for args, says in (
-        (["--steps", "one", "out"], "--steps takes step numbers 1-9 such as 8,1, not one"),
+        (["--steps", "one", "out"], "--steps takes step numbers 1-9 such as 1,7,8, not one"),
         (["--steps", ",8", "out"], "not ,8"),  # an empty entry would mean every step
         (["--fast", "out"], "unknown option --fast"),
         (["--python", str(tmp_path / "nope"), "out"], "no interpreter"),
