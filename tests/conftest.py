@@ -1,12 +1,5 @@
-"""Shared test helpers. Imports numpy + stdlib only: this file is also loaded by the MXNet
-environment's pytest run (tests/mxnet).
-
-- `run_trainer(framework, *args)`: `python -m frameworks.<module> args...` with the framework's
-  own interpreter (MXNet's is .venv-mxnet/bin/python), from the project root.
-- `ok(proc)`: assert exit 0, showing the ends of stdout and stderr otherwise.
-- `one_line_error(proc, *fragments)`: exit 2 with exactly one stderr line naming the problem.
-- the `no_probe` fixture: compare and the other runners plan without probing the machine.
-"""
+"""Shared test helpers. Imports numpy + stdlib only: the MXNet environment's pytest run
+(tests/mxnet) loads this file too."""
 
 from __future__ import annotations
 
@@ -77,8 +70,8 @@ IN_TEST: list[bool] = [False]  # FAST: a test (its fixtures included) is running
 
 
 def only_in_process() -> None:
-    """Under FAST, make every way a test could start a process skip the test instead. Outside
-    a test (collection, imports: torch's import runs `uname -p`) processes start as usual."""
+    """Under FAST, every way a test could start a process skips the test instead (outside a
+    test processes start as usual: torch's import runs `uname -p`)."""
     import multiprocessing.util
 
     def guarded(start: Any) -> Any:
@@ -98,11 +91,9 @@ def only_in_process() -> None:
 
 
 def pin_xdist_worker() -> None:
-    """Each of N pytest-xdist workers runs on its own share of the cores (every N-th of them),
-    and so does every process its tests start (the affinity is inherited): a trainer sizes its
-    threads to the cores it may run on (common.runtime.available_cores), so 2 workers on 2
-    cores run a thread each instead of 2 each that wait for each other. Nothing is pinned
-    outside a worker, with more workers than cores, or without an affinity call."""
+    """Each of N xdist workers, and the processes its tests start, runs on every N-th core: a
+    trainer sizes its threads to its cores (common.runtime.available_cores), so 2 workers on 2
+    cores run a thread each instead of 2 each that wait for each other."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
@@ -116,10 +107,8 @@ pin_xdist_worker()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The JAX programs built in this process go to the session's compilation cache, the
-    folder the trainers it starts use by default (<HOME>/.cache/dp-bench/jax): a program that
-    another test, worker or trainer compiled is loaded, not compiled again. A test that needs
-    a cold compile names a cache folder of its own. Under FAST, processes are off first."""
+    """JAX programs built here go to the session's compilation cache, the trainers' default
+    (<HOME>/.cache/dp-bench/jax): one compiled by another test, worker or trainer is loaded."""
     if FAST and (hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", 0)):
         only_in_process()  # not in xdist's controller: it starts the workers
     import importlib.util
@@ -163,9 +152,8 @@ def _device_env_as_the_session_set_it() -> None:
 
 @pytest.fixture(autouse=True)
 def session_device_env():
-    """Every test starts with the device variables the session set, and leaves them so: a
-    main() run in this process calls devices.pin, which sets DPBENCH_USER_DEVICE_ENV, and every
-    process a later test starts would inherit it."""
+    """Every test starts and ends with the session's device variables (an in-process main()
+    calls devices.pin, whose variables later tests' processes would inherit)."""
     _device_env_as_the_session_set_it()
     yield
     _device_env_as_the_session_set_it()
@@ -173,9 +161,8 @@ def session_device_env():
 
 @pytest.fixture(autouse=True)
 def stop_signal_dispositions(request: pytest.FixtureRequest):
-    """Every test starts with the SIGINT / SIGTERM / SIGHUP handlers the one before it found: a
-    test that leaves one changed is named in a warning and its handlers are put back, so that
-    a later test's check of "the handlers restored" does not depend on the order of the files."""
+    """A test that leaves a SIGINT / SIGTERM / SIGHUP handler changed is named in a warning and
+    the handler put back: a later test's "handlers restored" must not depend on file order."""
     import warnings
 
     found = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -189,9 +176,8 @@ def stop_signal_dispositions(request: pytest.FixtureRequest):
 
 
 def _tensorboard_missing() -> str:
-    """Why --tensorboard cannot write and be read back here ("" where it can): tensorboardX (the
-    writer) and tensorboard (the reader) are installed by `bash scripts/setup.sh`; a GPU
-    machine's own python, used as .venv/bin/python, may lack them."""
+    """Why --tensorboard cannot be written and read back here ("" where it can): a GPU
+    machine's own python, used as .venv/bin/python, may lack tensorboardX and tensorboard."""
     import importlib.util
 
     missing = [p for p in ("tensorboardX", "tensorboard") if importlib.util.find_spec(p) is None]
@@ -202,8 +188,7 @@ TENSORBOARD_MISSING = _tensorboard_missing()
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs nvidia-smi lists, as the runners count them (CUDA_VISIBLE_DEVICES honoured); []
-    where there is none, or in the main pass, which hides them."""
+    """The GPUs the runners count ([] in the main pass, which hides them)."""
     if not GPU_PASS:
         return []
     from benchmarks.harness import detect_gpus
@@ -216,10 +201,8 @@ CPU_LOG = os.environ.get("DPBENCH_TEST_CPU_LOG")  # scripts/test_weights.py's in
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """With DPBENCH_TEST_CPU_LOG=FILE, each test's CPU seconds (this process and the processes
-    it started and reaped: trainers, ranks, probes) and wall seconds, one JSON line per test.
-    CPU time barely moves with the machine's load, wall time does: scripts/test_weights.py
-    turns the lines into tests/weights.json, the order in which xdist hands out the files."""
+    """With DPBENCH_TEST_CPU_LOG=FILE, one JSON line per test: its CPU seconds (children
+    reaped included) and wall seconds, for scripts/test_weights.py (tests/weights.json)."""
     if not CPU_LOG:
         IN_TEST[0] = FAST
         try:
@@ -245,9 +228,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def heaviest_files_first(items: list[pytest.Item]) -> None:
-    """Order the files by their measured CPU seconds (tests/weights.json), heaviest first, each
-    file's own order kept: scripts/test.sh's workers take whole files in this order, so the
-    longest does not start last. A file not measured yet counts as NEW_FILE_WEIGHT seconds."""
+    """Files by their CPU seconds (tests/weights.json), heaviest first, each file's own order
+    kept: xdist's workers take whole files in this order, so the longest does not start last."""
     path = ROOT / "tests" / "weights.json"
     weights: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
 
@@ -261,8 +243,7 @@ NEW_FILE_WEIGHT = 30.0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files heaviest first; the main pass skips the `gpu` tests; the GPU pass runs only them,
-    and skips them where no GPU is visible."""
+    """Files heaviest first; the main pass skips the `gpu` tests, the GPU pass runs only them."""
     heaviest_files_first(items)
     if not GPU_PASS:
         skip = pytest.mark.skip(
@@ -316,9 +297,8 @@ def run_python(
     env: dict[str, str | None] | None = None,
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python args...` from the project root; capture text output. XLA_FLAGS is not
-    inherited (a JAX trainer sets its own device count) unless `env` gives it; a variable that
-    `env` gives as None is unset."""
+    """`python args...` from the project root, output captured. XLA_FLAGS is not inherited (a
+    JAX trainer sets its own device count) unless `env` gives it; None in `env` unsets."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     full_env.pop("XLA_FLAGS", None)
     for name, value in (env or {}).items():
@@ -371,8 +351,7 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> s
 
 
 def run_recorded(module: str, tmp_path: Path, *args: str) -> tuple[dict, str]:
-    """Run `python -m module args --output tmp_path/record.json`, which must succeed; its record
-    and its stdout."""
+    """`python -m module args --output tmp_path/record.json` must succeed: (record, stdout)."""
     out = tmp_path / "record.json"
     proc = run_module(module, *args, "--output", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -394,9 +373,8 @@ def payload(path: Path) -> bytes:
 def relative_update_difference(
     before: dict[str, np.ndarray], a: dict[str, np.ndarray], b: dict[str, np.ndarray]
 ) -> float:
-    """||dA - dB|| / ||dB|| over all float tensors together, dX = X - before: how far two
-    programs' updates from the same start disagree, relative to the update. Over all tensors,
-    not per tensor: a near-cancelling BN bias gradient moves by percents from rounding alone."""
+    """||dA - dB|| / ||dB|| over all float tensors together (dX = X - before): per tensor, a
+    near-cancelling BN bias gradient moves by percents from rounding alone."""
     keys = [k for k in before if np.issubdtype(np.asarray(before[k]).dtype, np.floating)]
     assert keys and set(keys) <= set(a) and set(keys) <= set(b), (sorted(a), sorted(b))
     da = np.concatenate([(np.asarray(a[k], np.float64) - before[k]).ravel() for k in keys])
@@ -407,9 +385,7 @@ def relative_update_difference(
 
 @pytest.fixture
 def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plan as if every framework were installed, on a machine without GPUs: the runners'
-    probes (benchmarks.harness.unavailable, detect_gpus) answer at once, nothing is started.
-    For the tests of compare, throughput, parity and report that plan or refuse in-process."""
+    """Plan as if every framework were installed, on a machine without GPUs, probing nothing."""
     from benchmarks import harness
 
     monkeypatch.setattr(harness, "unavailable", lambda names: {})
@@ -424,11 +400,8 @@ def fake_nvidia_smi(
     cuda: str = "13.0",
     driver: str = "580.95.05",
 ) -> dict[str, str | None]:
-    """A stand-in `nvidia-smi` in `bin_dir` listing `gpus` GPUs (-L, the --query-gpu forms the
-    project uses, and the plain table's CUDA version), and the environment that puts it first on
-    PATH with the GPUs neither hidden (CUDA_VISIBLE_DEVICES) nor the CPU pinned (--devices'
-    default), for `run_python(env=...)` (None: unset): what a GPU machine looks like to the
-    runners' device check."""
+    """A stand-in `nvidia-smi` in `bin_dir` listing `gpus` GPUs, and the `run_python(env=...)`
+    that puts it first on PATH with neither the GPUs hidden nor the CPU pinned."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     listing = "".join(f"echo 'GPU {i}: {name} (UUID: GPU-{i})'\n" for i in range(gpus))
     rows = lambda fields: "".join(f"echo '{fields}'\n" for _ in range(gpus))  # noqa: E731
@@ -447,9 +420,8 @@ def fake_nvidia_smi(
     return {"PATH": path, "CUDA_VISIBLE_DEVICES": None, "DPBENCH_DEVICES": None}
 
 
-# Run by stand_in_interpreter's script in place of `-m benchmarks.device_probe FAMILY`: the
-# framework's answers about the machine are replaced (what a CUDA build would report on a GPU
-# machine), then the real probe runs (runpy), its own code and output unchanged.
+# Run in place of `-m benchmarks.device_probe FAMILY`: the framework's answers about the machine
+# are a CUDA build's on a GPU machine, then the real probe runs, unchanged.
 FAKE_CUDA_PROBE = """
 import json, os, runpy, sys, types
 sys.path.insert(0, os.getcwd())  # the project root (the runners start the probe there)
@@ -477,11 +449,8 @@ runpy.run_module("benchmarks.device_probe", run_name="__main__", alter_sys=True)
 
 
 def stand_in_interpreter(path: Path, gpus: list[str], real: str | os.PathLike[str]) -> Path:
-    """A framework interpreter whose framework sees `gpus` (a CUDA build on a GPU machine, stood
-    in for on a CPU machine): for the runners' device probe (`-m benchmarks.device_probe`) it
-    runs the real probe in the `real` interpreter with the framework's CUDA answers replaced
-    (FAKE_CUDA_PROBE: the machine is stood in for, not the probe); everything else it runs
-    with the `real` interpreter as it is."""
+    """An interpreter whose framework sees `gpus` in the device probe (FAKE_CUDA_PROBE in the
+    `real` interpreter); everything else runs in `real` as it is."""
     path.parent.mkdir(parents=True, exist_ok=True)
     probe = path.parent / f"{path.name}-fake-cuda-probe.py"
     probe.write_text(FAKE_CUDA_PROBE)

@@ -45,17 +45,16 @@ TINY = ("--width", "0.125", "--image-size", "16")
 
 def test_throughput_table_has_every_framework_and_device_count(tmp_path: Path) -> None:
     out = tmp_path / "tp"
-    # Weak scaling keeps the per-device batch at 8, so each family needs one compute-only run.
-    args = ["--frameworks", ",".join(PAIR), "--gpus", "2", "--scaling", "weak", *TINY,
+    # Weak scaling at 2 devices ("2,": not also 1): a per-device batch of 8, each family's
+    # compute-only run at that batch.
+    args = ["--frameworks", ",".join(PAIR), "--gpus", "2,", "--scaling", "weak", *TINY,
             "--batch-size", "8", "--steps", "3", "--epochs", "2", "--warmup", "2",
             "--out", str(out)]  # fmt: skip
     proc = run_module("benchmarks.throughput", *args, python=MAIN_PYTHON, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = read_json(out / "throughput.json")
     rows = result["rows"]
-    assert [(r["framework"], r["devices"]) for r in rows] == [
-        (fw, n) for fw in PAIR for n in (1, 2)
-    ]
+    assert [(r["framework"], r["devices"]) for r in rows] == [(fw, 2) for fw in PAIR]
     assert result["device_kind"] == "cpu-simulated" and "cpu-simulated" in result["title"]
     assert not result["interrupted"]
     for r in rows:
@@ -64,11 +63,9 @@ def test_throughput_table_has_every_framework_and_device_count(tmp_path: Path) -
         assert r["real_images_per_sec"] > 0 and r["compute_images_per_sec"] > 0
         expected = r["real_images_per_sec"] / (r["devices"] * r["compute_images_per_sec"])
         assert r["ratio"] == pytest.approx(expected)
-        if r["devices"] == 1:  # at 2 simulated devices the thread counts differ (1 vs 2 each)
-            # Two loops of 3 steps, timed minutes apart on shared cores: 2.06 seen once with
-            # the suite's other worker and other sessions busy (load 5); a ratio off by the
-            # per-device batch (8x) would still be far outside.
-            assert 0 < r["ratio"] < 4
+        # loops of 3 steps timed apart on shared cores: a ratio off by the per-device batch
+        # (8x) would still be far outside
+        assert 0 < r["ratio"] < 4
         assert r["first_epoch_sec"] > 0 and r["first_step_sec"] > 0
         assert r["compute_peak_memory_bytes"] > 0 and r["real_peak_rss_bytes"] > 0
         assert r["memory_source"].startswith("peak RSS")
@@ -86,10 +83,9 @@ def test_throughput_table_has_every_framework_and_device_count(tmp_path: Path) -
         assert compute["device_kind"] == "cpu-simulated" and compute["steps"] == 3
         assert compute["images_per_sec"] == pytest.approx(8 / (compute["step_ms"] / 1000))
         assert compute["params"] == RESNET18_NUMEL
-    assert rows[0]["compute"] == rows[1]["compute"]  # one measurement per family and batch
     md = (out / "throughput.md").read_text()
     assert "cpu-simulated" in md.splitlines()[0]
-    assert md.count("| torch-ddp |") == 2 and md.count("| jax-pmap |") == 2
+    assert md.count("| torch-ddp |") == 1 and md.count("| jax-pmap |") == 1
 
 
 def test_compute_only_interleaves_the_trainer_loop() -> None:
@@ -165,20 +161,11 @@ def test_missing_interpreter_is_one_line_and_exit_2(
     [
         ("throughput", ["--frameworks", "tensorflow"]),
         ("throughput", ["--epochs", "1"]),
-        ("throughput", ["--gpus", "0"]),
         ("throughput", ["--gpus", "2", "--batch-size", "5"]),
-        ("throughput", ["--timeout", "0"]),
-        ("throughput", ["--compile-mode", "reduce-overhead"]),  # without --compile
-        ("throughput", ["--frameworks", "torch-ddp+turbo"]),  # no such variant
         ("throughput", ["--frameworks", "jax-pmap+compile"]),  # JAX has one mode
         ("analysis.comm_probe", ["--frameworks", "torch-ddp+compile"]),  # no variant
-        ("compute_only", ["--framework", "torch", "--compile-mode", "max-autotune"]),
-        ("compute_only", ["--framework", "mxnet"]),  # MXNet is not in .venv
-        ("analysis.comm_probe", ["--models", "resnet50"]),
         ("analysis.comm_probe", ["--reps", "0"]),
-        ("analysis.comm_probe", ["--frameworks", "caffe"]),
-        ("compute_only", ["--framework", "caffe"]),
-        ("compute_only", ["--framework", "torch", "--steps", "0"]),
+        ("compute_only", ["--framework", "mxnet"]),  # MXNet is not in .venv
         ("compute_only", ["--framework", "torch", "--interleave", "2"]),  # which trainer's loop?
     ],
 )

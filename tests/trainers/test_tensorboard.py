@@ -221,11 +221,3 @@ def test_compare_gives_every_run_its_own_directory(no_probe: None, tmp_path: Pat
     off = compare.make_plan([*argv, "--out", str(out), "--no-tensorboard"])
     assert all("--tensorboard" not in s.command and not s.cfg.tensorboard for s in off.runs)
     assert not out.exists()  # planning writes nothing
-
-
-def test_compare_help_offers_only_the_switch(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        compare.main(["--help"])
-    help_text = capsys.readouterr().out
-    assert "--tensorboard, --no-tensorboard" in help_text
-    assert "--tensorboard TENSORBOARD" not in help_text  # the trainers' DIR is set per run
