@@ -409,8 +409,9 @@ CSV_COLUMNS = """
     test_accuracy test_accuracy_std epoch1_train_loss epoch1_train_loss_std sec_per_epoch
     sec_per_epoch_std sec_per_epoch_min sec_per_epoch_max first_epoch_sec first_epoch_sec_std
     images_per_sec images_per_sec_std images_per_sec_min images_per_sec_max within_noise_of
-    speedup efficiency state_mib comm_mib comm_source bn_mode device_kind time_to_target_sec time_to_target_sec_std
-    epochs_to_target reached_target test_examples test_set_size load_avg_max cores note
+    speedup efficiency state_mib comm_mib comm_source bn_mode device_kind time_to_target_sec
+    time_to_target_sec_std epochs_to_target reached_target test_examples test_set_size
+    load_avg_max cores note
 """.split()
 # runs.csv's columns (one row per run), in order
 RUN_COLUMNS = """
