@@ -35,8 +35,10 @@ def collective_bytes(
     - torch-fsdp / jax-fsdp: every device keeps 1/N of params and grads, so the full tensors
       are N x the shard: params all-gathered for the forward and, where the unit reshards after
       it (`reshard`: FSDP2's reshard_after_forward, its default), again for the backward;
-      grads reduce-scattered. jax-fsdp's default (None) is one gather: XLA keeps the gathered
-      params of the one jitted step for its backward;
+      grads reduce-scattered (FSDP2 keeps the root unit, stem and head, gathered from its
+      forward to its backward: counted twice here: under 0.1% of ResNet-18's params). jax-fsdp's
+      default (None) is one gather: ASSUMED that XLA keeps the gathered params of the one
+      jitted step for its backward;
     - torch-dp: every step replicate() broadcasts device 0's params and buffers, and the
       replicas' grads are reduce-added onto device 0; NCCL pipelines both along a ring, so the
       busiest device sends the full B of each (the inputs' scatter and the outputs' gather are

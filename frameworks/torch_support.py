@@ -343,6 +343,7 @@ def start_run(
         precision=state.plan.float32,
         ran=ran,
         state_bytes=state_bytes(state.module, state.optimizer),
+        reshard=getattr(cfg, "reshard_after_forward", None),  # torch-fsdp's config: its gathers
     )
     if dist.is_initialized():
         rec.extra["process_group"] = dist.get_backend()  # nccl on GPUs, gloo on the CPU
