@@ -33,6 +33,8 @@ LEFT = ("framework", "mode", "status", "BN", "device kind")
 CPU_NOTE = "cpu-simulated = logical devices carved out of one CPU, NOT GPU scaling"
 NOISE_MARK = "†"  # after images/s: its min-max range overlaps another framework's at that count
 UNTIMED_MARK = "‡"  # after s/epoch and images/s: a run had no timed epoch (warm-up included)
+MIB = 2**20
+FOOTPRINT = ("state_bytes_per_device", "collective_bytes_per_step")  # common/footprint.py
 SPREAD = ("images_per_sec", "sec_per_epoch")  # median (min-max) per cell
 
 
@@ -166,6 +168,12 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             examples = {r.get("test_examples") for r in ok}
             row["test_examples"] = examples.pop() if len(examples) == 1 else None
             row["test_set_size"] = next((r.get("test_set_size") for r in ok), None)
+            # What a device keeps and sends (common/footprint.py): the same in every run of a
+            # cell; "-" for records older than the fields.
+            kept, sent = (next((r[k] for r in ok if r.get(k)), None) for k in FOOTPRINT)
+            row["state_mib"] = kept and kept["total"] / MIB
+            row["comm_mib"] = sent and sent["total"] / MIB
+            row["comm_source"] = sent and sent["source"].split()[0]  # computed / profile
             if n == 1 and row["images_per_sec"]:
                 one_device_ips = row["images_per_sec"]
             if one_device_ips and row["images_per_sec"]:
@@ -266,6 +274,13 @@ def _images_per_sec(row: dict[str, Any]) -> str:
     return _median(row, "images_per_sec", ".0f") + mark + _untimed(row)
 
 
+def _comm(row: dict[str, Any]) -> str:
+    """Bytes a device sends per step, and whether computed from the shardings or profiled."""
+    if row.get("comm_mib") is None:
+        return "-"
+    return f"{row['comm_mib']:.3g} ({row['comm_source']})"
+
+
 def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
     """(header, formatter) of the printed and Markdown tables."""
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
@@ -281,6 +296,8 @@ def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
         ("images/s", _images_per_sec),
         ("speed-up", lambda r: _num(r.get("speedup"), None, ".2f") + ("x" * ("speedup" in r))),
         ("efficiency", lambda r: f"{r['efficiency']:.0%}" if "efficiency" in r else "-"),
+        ("state/device MiB", lambda r: _num(r.get("state_mib"), None, ".3g")),
+        ("sent/step MiB", _comm),
         ("BN", lambda r: r.get("bn_mode") or "-"),
         ("device kind", lambda r: r.get("device_kind") or "-"),
     ]
@@ -392,8 +409,9 @@ CSV_COLUMNS = """
     test_accuracy test_accuracy_std epoch1_train_loss epoch1_train_loss_std sec_per_epoch
     sec_per_epoch_std sec_per_epoch_min sec_per_epoch_max first_epoch_sec first_epoch_sec_std
     images_per_sec images_per_sec_std images_per_sec_min images_per_sec_max within_noise_of
-    speedup efficiency bn_mode device_kind time_to_target_sec time_to_target_sec_std
-    epochs_to_target reached_target test_examples test_set_size load_avg_max cores note
+    speedup efficiency state_mib comm_mib comm_source bn_mode device_kind time_to_target_sec
+    time_to_target_sec_std epochs_to_target reached_target test_examples test_set_size
+    load_avg_max cores note
 """.split()
 # runs.csv's columns (one row per run), in order
 RUN_COLUMNS = """
@@ -471,8 +489,11 @@ def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plo
         "(--repeat) both show the median over the runs and (min-max), test acc the mean ± std; "
         f"{NOISE_MARK} = images/s within noise of another framework's (ranges overlap); "
         "speed-up = images/s over the same framework's 1-device row; efficiency = speed-up / "
-        "devices; mode = the execution mode the runs' records say they ran (NAME+VARIANT in "
-        "--frameworks: the framework in another mode, a row of its own).",
+        "devices; state/device = params, grads, optimiser state and buffers one device keeps; "
+        "sent/step = bytes one device's collectives send per step (computed from the "
+        "shardings, ring algorithms, or read from a --profile trace); mode = the execution "
+        "mode the runs' records say they ran (NAME+VARIANT in --frameworks: the framework in "
+        "another mode, a row of its own).",
         "",
         markdown_table(headers, body),
         "",

@@ -166,6 +166,9 @@ class RunRecorder:
         self.execution: str | None = None
         self.float32_precision: str | None = None
         self.pipeline: str | None = None  # common.pipeline.pipeline_record
+        # What one device keeps between steps and sends per step (common/footprint.py).
+        self.state_bytes: dict[str, int] | None = None
+        self.collective_bytes: dict[str, Any] | None = None
         # What the step ran, read from the run (never copied from a flag): the activations'
         # dtype, the input's memory format, the execution mode ({"activation_dtype", ...}).
         self.ran: dict[str, str] | None = None
@@ -298,6 +301,8 @@ class RunRecorder:
             "float32_precision": self.float32_precision,
             "ran": self.ran,
             "pipeline": self.pipeline,
+            "state_bytes_per_device": self.state_bytes,
+            "collective_bytes_per_step": self.collective_bytes,
             "time_to_target_sec": self.time_to_target,
             "epochs_to_target": self.epochs_to_target,
             "wall_sec": self.elapsed(),

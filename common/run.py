@@ -6,7 +6,8 @@ transform and the epoch loop with its sync points. `Run` holds the rest, written
     run = Run(cfg, FRAMEWORK, PACKAGES, rank=rank, world=world, layout="NCHW", gpu=cuda,
               sync=sync, profiler=TorchProfiler)  # the data: run.ds, run.loader, run.evals
     state = create_train_state(cfg, model, ..., len(run.loader))
-    run.record(devices=..., kind=..., params=..., execution=..., precision=..., ran=...)
+    run.record(devices=..., kind=..., params=..., execution=..., precision=..., ran=...,
+               state_bytes=...)
     state, start = run.resume(state, CHECKPOINTS)
     with run.measured():                     # a crash keeps the epochs measured so far
         for epoch in range(start, cfg.epochs):
@@ -34,6 +35,7 @@ from typing import Any, TypeVar
 from common.checkpoints import Checkpoints, save_final_state
 from common.config import Config
 from common.datasets import load_for
+from common.footprint import collective_bytes
 from common.init import init_record
 from common.memory import check_memory
 from common.pipeline import (
@@ -128,11 +130,15 @@ class Run:
         execution: str,
         precision: str,
         ran: dict[str, str],
+        state_bytes: dict[str, int],
+        reshard: bool | None = None,
     ) -> RunRecorder:
         """Start the run record: how the run executes (device kind, threads, execution mode,
         float32 precision, and `ran`, what the step runs as read from the run: activation_dtype,
-        input_memory_format, mode), and what every record holds alike (the shared start, the BN
-        mode, the test set, where the batches are made)."""
+        input_memory_format, mode), what one device keeps (`state_bytes`, common.footprint's
+        `state_record`, read from the framework's arrays) and so sends per step (`reshard`:
+        FSDP's reshard after forward; common.footprint.collective_bytes), and what every record
+        holds alike (the shared start, the BN mode, the test set, where the batches are made)."""
         cfg = self.cfg
         rec = RunRecorder(
             cfg,
@@ -148,6 +154,8 @@ class Run:
         rec.threads, rec.execution, rec.float32_precision = threads, execution, precision
         rec.ran = dict(ran)
         rec.pipeline = pipeline_record(self.loader.on_device)
+        rec.state_bytes = state_bytes
+        rec.collective_bytes = collective_bytes(cfg.framework, state_bytes, devices, reshard)
         self.recorder = rec
         return rec
 

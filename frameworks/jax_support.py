@@ -41,6 +41,7 @@ from common.checkpoints import (
 from common.config import Config, ConfigError, image_side, per_device
 from common.datasets import check_available
 from common.devices import need_gpus
+from common.footprint import state_record
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
 from common.run import Run
@@ -593,6 +594,29 @@ def select_devices(n: int) -> tuple[list[jax.Device], str, Platform]:
     return devices, kind, platform_of(local[0])
 
 
+def device_bytes(tree: Any) -> int:
+    """The bytes of `tree`'s arrays on this process's fullest device: each device holds its
+    addressable shards (the whole array where replicated, 1/N of it where sharded N ways)."""
+    per_device: collections.Counter[Any] = collections.Counter()
+    for leaf in jax.tree.leaves(tree):
+        for shard in getattr(leaf, "addressable_shards", ()):
+            per_device[shard.device] += shard.data.nbytes
+    return max(per_device.values(), default=0)
+
+
+def state_bytes(state: TrainState) -> dict[str, int]:
+    """What one device keeps between steps (common.footprint.state_record), read from the
+    state's arrays. Grads live inside the step only, with the params' shardings (the GSPMD
+    partitioner and pmap keep them so): counted as the params' bytes."""
+    params = device_bytes(state.params)
+    return state_record(
+        params=params,
+        grads=params,
+        optimizer=device_bytes(state.opt_state),
+        buffers=device_bytes(state.batch_stats),
+    )
+
+
 # -- the run: what every JAX trainer's train() does before its epoch loop ----------------------
 
 Put = Callable[[Batch], tuple[jax.Array, ...]]  # a batch of numpy arrays -> on the devices
@@ -644,6 +668,7 @@ def start_run(
         execution=execution(transform, devices),
         precision=fp32,
         ran=what_ran(model, params, unreplicate(state.batch_stats), run.ds.image_shape),
+        state_bytes=state_bytes(state),
     )
     put: Put = lambda batch: to_device(batch, mesh)  # this run's mesh
     # --pipeline device: the training set goes to the devices here, the crops are made there.

@@ -43,6 +43,7 @@ from common.checkpoints import (
 from common.config import Config, ConfigError
 from common.datasets import check_available
 from common.devices import need_gpus
+from common.footprint import state_record
 from common.pipeline import TrainLoader
 from common.results import RunRecorder
 from common.run import Run
@@ -257,12 +258,40 @@ def start_run(run: Run, state: TrainState, kind: str) -> tuple[TrainState, int]:
         execution="hybridized (static_alloc, static_shape)",
         precision=tf32 if gpu else "fp32 (CPU)",
         ran=what_ran(state.model),
+        state_bytes=state_bytes(state),
     )
     if not gpu and cfg.compile:
         run.log("note: --compile applies to torch only; this run is hybridized")
     state, start = run.resume(state, CHECKPOINTS)
     state.phases = run.phases
     return state, start
+
+
+def state_bytes(state: TrainState) -> dict[str, int]:
+    """What one context keeps between steps (common.footprint.state_record): every context
+    holds a full copy of the params, their grads (allocated with them) and the BN statistics,
+    and with update_on_kvstore=False the Trainer keeps one updater per context, whose optimiser
+    state lives on that context (read: context 0's). The states appear at the first update:
+    before it, the optimiser's own `create_state` of each param says their size. Not counted:
+    kvstore "device"'s merge buffers (on the context that owns each key)."""
+    ctx = state.ctx[0]
+
+    def nbytes(arrays: Any) -> int:
+        if isinstance(arrays, mx.nd.NDArray):
+            return int(arrays.size) * np.dtype(arrays.dtype).itemsize
+        return sum(nbytes(a) for a in arrays) if isinstance(arrays, list | tuple) else 0
+
+    params = list(state.model.collect_params().values())
+    trainable = [p for p in params if p.grad_req != "null"]
+    kept = state.trainer._updaters[0].states  # {index: state} of context 0's updater
+    opt = state.trainer._optimizer
+    return state_record(
+        params=nbytes([p.data(ctx) for p in trainable]),
+        grads=nbytes([p.grad(ctx) for p in trainable]),
+        optimizer=nbytes(list(kept.values()))
+        or nbytes([opt.create_state(i, p.data(ctx)) for i, p in enumerate(trainable)]),
+        buffers=nbytes([p.data(ctx) for p in params if p.grad_req == "null"]),
+    )
 
 
 def what_ran(model: gluon.Block) -> dict[str, str]:

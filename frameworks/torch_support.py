@@ -25,6 +25,7 @@ from common import checkpoints
 from common.config import CUDA_GRAPH_MODES, Config, ConfigError
 from common.datasets import check_available
 from common.devices import need_gpus
+from common.footprint import state_record
 from common.init import initial_state
 from common.pipeline import EvalLoader, TrainLoader
 from common.results import RunRecorder
@@ -341,6 +342,8 @@ def start_run(
         execution=execution(state.plan, compiled=compiled),
         precision=state.plan.float32,
         ran=ran,
+        state_bytes=state_bytes(state.module, state.optimizer),
+        reshard=getattr(cfg, "reshard_after_forward", None),  # torch-fsdp's config: its gathers
     )
     if dist.is_initialized():
         rec.extra["process_group"] = dist.get_backend()  # nccl on GPUs, gloo on the CPU
@@ -354,6 +357,37 @@ def start_run(
     state, start = run.resume(state, CHECKPOINTS)
     state.phases = run.phases
     return state, start, CompileMeter(compiled)
+
+
+def state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """What this process's device keeps between steps (common.footprint.state_record), read
+    from `module` (torch-dp: device 0's copy; the replicas are made anew every step) and its
+    `optimizer`: each tensor's local shard where it is a DTensor (FSDP2), else the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    def nbytes(t: torch.Tensor) -> int:
+        return local(t).numel() * t.element_size()
+
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    kept = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    if not kept:  # created lazily at the first step: the slots the optimiser's config makes
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if isinstance(optimizer, NovoGrad):  # exp_avg, and exp_avg_sq: one scalar
+                    kept += [local(p), torch.zeros((), dtype=p.dtype)]
+                elif group["momentum"]:  # SGD: one momentum_buffer
+                    kept.append(local(p))
+    return state_record(
+        params=sum(nbytes(p) for p in module.parameters()),
+        # Grads exist from the first backward on: FSDP2 and DDP keep them as the parameters'
+        # shards (the whole tensor under DDP) in the parameters' dtype.
+        grads=sum(nbytes(p) for p in trainable),
+        optimizer=sum(nbytes(t) for t in kept),
+        buffers=sum(nbytes(b) for b in module.buffers()),
+    )
 
 
 def seed_for(seed: int, epoch: int, rank: int) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.harness import UsageError
-from common.init import parameter_spec, trainable_sizes
+from common.init import TRAINABLE, parameter_spec, trainable_sizes
 from common.results import write_json_atomic
 
 PROG = "python -m benchmarks.analysis.predict"
@@ -180,7 +180,12 @@ GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DDP_FIRST_BUCKET = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_CAP = 25 * MIB  # DistributedDataParallel(bucket_cap_mb=25), MiB
 XLA_COMBINE_THRESHOLD = 30 * MIB + 7  # xla/service/collective_utils.h kDefaultAllReduceCombine..
-FRAMEWORKS = ("torch-ddp", "torch-dp", "jax-pmap", "jax-shard", "jax-shardmap", "mxnet-gluon")
+# Sharded data parallelism: the params all-gathered before the forward (and again before the
+# backward where a unit reshards after its forward: FSDP2's default) and the grads reduce-
+# scattered, per unit; the gathers each step makes (common/footprint.py, the same counts).
+FSDP_GATHERS = {"torch-fsdp": 2, "torch-fsdp+no-reshard": 1, "jax-fsdp": 1}
+FRAMEWORKS = ("torch-ddp", "torch-dp", "jax-pmap", "jax-shard", "jax-shardmap", "mxnet-gluon",
+              *FSDP_GATHERS)  # fmt: skip
 
 
 def ddp_buckets(sizes: Sequence[int], first: int = DDP_FIRST_BUCKET, cap: int = DDP_BUCKET_CAP):
@@ -208,15 +213,29 @@ def xla_combined(sizes: Sequence[int], threshold: int = XLA_COMBINE_THRESHOLD) -
     return groups
 
 
+def fsdp_units(model: str, sizes: Sequence[int]) -> list[int]:
+    """torch-fsdp's units (bytes each, forward order): one per residual block and the rest
+    (stem, head) as the root's, first (frameworks/torch_fsdp.py, as torchtitan wraps)."""
+    if model not in ("resnet18", "wideresnet"):
+        raise UsageError(f"torch-fsdp's units are modelled for resnet18 or wideresnet, not {model}")
+    names = [n for n, _, kind in parameter_spec(model, 1.0, 3, 10) if kind in TRAINABLE]
+    units: dict[str, int] = {}
+    for name, nbytes in zip(names, sizes, strict=True):
+        block = ".".join(name.split(".")[:2]) if name.startswith("layer") else ""
+        units[block] = units.get(block, 0) + nbytes
+    return [units.pop(""), *units.values()]
+
+
 def messages(framework: str, sizes: Sequence[int]) -> list[int]:
-    """The all-reduces (bytes each, in the order they run) a framework's step makes."""
+    """The all-reduces (bytes each, in the order they run) a framework's step makes; for the
+    sharded ones (FSDP_GATHERS) the units each all-gathered and reduce-scattered."""
     if framework == "torch-ddp":
         return ddp_buckets(sizes)
     if framework.startswith("jax-"):
         return xla_combined(sizes)
     if framework == "mxnet-gluon":  # kvstore "device": one pushpull per parameter key
         return list(reversed(sizes))
-    raise ValueError(f"{framework} does not all-reduce (see dp_comm)")
+    raise ValueError(f"{framework} does not all-reduce (see dp_comm, fsdp_units)")
 
 
 @dataclass(frozen=True)
@@ -231,6 +250,16 @@ class Comm:
 def allreduce_comm(msgs: Sequence[int], n: int, link: Link) -> Comm:
     times = [ring_allreduce_ms(m, n, link.busbw_gbps, link.latency_us) for m in msgs]
     return Comm(sum(times), times[-1] if times else 0.0, len(msgs), int(sum(msgs)), "all-reduce")
+
+
+def sharded_comm(units: Sequence[int], gathers: int, n: int, link: Link) -> Comm:
+    """Every unit all-gathered `gathers` times and reduce-scattered once (backward order): on a
+    ring each costs half an all-reduce of the unit's full bytes, (N-1)·α + (N-1)/N · S/B."""
+    half = [ring_allreduce_ms(u, n, link.busbw_gbps, link.latency_us) / 2 for u in units]
+    times = half * gathers + half[::-1]
+    how = f"all-gather x{gathers} + reduce-scatter per unit"
+    nbytes = (gathers + 1) * sum(units)
+    return Comm(sum(times), times[-1] if times else 0.0, len(times), nbytes, how)
 
 
 def dp_comm(grad_bytes: int, input_bytes: int, output_bytes: int, n: int, link: Link) -> Comm:
@@ -298,8 +327,15 @@ OVERLAP = {  # framework -> (the fraction of the backward that can hide communic
                  "latency-hiding scheduler off by default, runs them after the backward"),
     "torch-dp": (0.0, "nn.DataParallel broadcasts before the forward and reduce-adds after the "
                  "whole backward"),
+    "torch-fsdp": (0.5, "FSDP2 prefetches the next unit's all-gather during this one's compute "
+                   "and reduce-scatters each unit once its backward is done; the same "
+                   "assumption as DDP's (the forward's gathers count against the same bound)"),
+    "jax-fsdp": (0.0, "XLA combines the gathers and reduce-scatters (<= 30 MiB each) and, with "
+                 "its latency-hiding scheduler off by default, runs them apart from compute; "
+                 "ASSUMED: one gather, kept for the backward"),
 }  # fmt: skip
 OVERLAP["jax-shard"] = OVERLAP["jax-shardmap"] = OVERLAP["jax-pmap"]
+OVERLAP["torch-fsdp+no-reshard"] = OVERLAP["torch-fsdp"]
 
 
 def overlap_for(framework: str, bd: Breakdown, given: float | None) -> tuple[float, str]:
@@ -342,6 +378,9 @@ def step_comm(s: Setup, n: int, per_device_batch: float, model: Model | None = N
         inputs = n * per_device_batch * c * h * w * 4  # float32 images of the global batch
         outputs = n * per_device_batch * model.num_classes * 4  # float32 logits
         return dp_comm(sum(grad), int(inputs), int(outputs), n, link)
+    if s.framework in FSDP_GATHERS:  # jax-fsdp: XLA's combiner joins the units
+        units = xla_combined(grad) if s.framework == "jax-fsdp" else fsdp_units(s.model, grad)
+        return sharded_comm(units, FSDP_GATHERS[s.framework], n, link)
     return allreduce_comm(messages(s.framework, grad), n, link)
 
 
@@ -951,8 +990,13 @@ def inputs_table(scenarios, setups, args) -> list[str]:
         if fw == "torch-dp":
             how = "broadcast + reduce of all gradients, scatter/gather of the batch, via GPU 0"
         else:
-            msgs = messages(fw, grad)
-            how = f"{len(msgs)} all-reduces of {', '.join(f'{m / MIB:.2f}' for m in msgs[:8])}"
+            kind = "all-reduces"
+            if fw in FSDP_GATHERS:
+                msgs = xla_combined(grad) if fw == "jax-fsdp" else fsdp_units(args.model, grad)
+                kind = f"units (all-gathered x{FSDP_GATHERS[fw]}, reduce-scattered once)"
+            else:
+                msgs = messages(fw, grad)
+            how = f"{len(msgs)} {kind} of {', '.join(f'{m / MIB:.2f}' for m in msgs[:8])}"
             how += f"{' ...' if len(msgs) > 8 else ''} MiB"
         lines.append(f"| collectives, {fw} | {how} |")
     for s in dict((s.intra, s) for s in setups).values():
@@ -1073,8 +1117,9 @@ def build_parser() -> harness.Parser:
     src.add_argument(
         "--framework",
         default="torch-ddp",
-        choices=FRAMEWORKS,
-        help="how the gradients are sent (not with --throughput-table)",
+        metavar="LIST",
+        help=f"how the gradients are sent, comma-separated, each beside the others: "
+        f"{', '.join(FRAMEWORKS)} (not with --throughput-table)",
     )
     src.add_argument("--frameworks", metavar="LIST", help="--throughput-table rows to keep")
     m = p.add_argument_group("model and communication")
@@ -1166,7 +1211,13 @@ def scenarios_from(args) -> list[tuple[str, str, Breakdown]]:
         bd = Breakdown(step_ms=step, batch=args.batch_per_device, compute_ms=args.compute_ms,
                        backward_ms=args.backward_ms, input_wait_ms=args.input_wait_ms)  # fmt: skip
     check_breakdown(bd)
-    return [(args.framework, args.framework, bd)]
+    fws = [x.strip() for x in args.framework.split(",") if x.strip()]
+    unknown = [x for x in fws if x not in FRAMEWORKS]
+    if unknown or not fws:
+        raise UsageError(
+            f"unknown --framework {', '.join(unknown) or '(empty)'}; one of {', '.join(FRAMEWORKS)}"
+        )
+    return [(fw, fw, bd) for fw in fws]
 
 
 def check_breakdown(bd: Breakdown) -> None:
@@ -1213,6 +1264,8 @@ def make_plan(argv: list[str]) -> dict[str, Any]:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
     links = links_from(args)
     scenarios = scenarios_from(args)
+    if any(fw.startswith("torch-fsdp") for _, fw, _ in scenarios):
+        fsdp_units(args.model, MODELS[args.model].tensors)  # UsageError: no units modelled
     positive("--global-batch", args.global_batch)
     if args.scaling == "strong" and args.global_batch is None:
         args.global_batch = float(scenarios[0][2].batch)

@@ -518,6 +518,18 @@ def test_epoch1_loss_and_the_shared_start_are_reported() -> None:
     assert "not one shared start" in report.start_note(records)
 
 
+def test_state_and_collective_bytes_are_shown_and_an_older_record_gets_a_dash() -> None:
+    sweep = _repeat_sweep(["a", "b"], repeat=1)
+    new = _record("a", 2, 0, 100.0, 0.9)
+    new["state_bytes_per_device"] = {"total": 3 * 2**20}
+    new["collective_bytes_per_step"] = {"total": 2**19, "source": "computed from the shardings"}
+    rows = report.rows(sweep, [new, _record("b", 2, 0, 100.0, 0.9)])  # b: an older record
+    headers, body = report.table_cells(sweep, rows)
+    cells = {line[0]: dict(zip(headers, line)) for line in body if line[2] == "2"}
+    assert cells["a"]["state/device MiB"] == "3" and cells["a"]["sent/step MiB"] == "0.5 (computed)"
+    assert cells["b"]["state/device MiB"] == cells["b"]["sent/step MiB"] == "-"
+
+
 def test_a_run_without_a_timed_epoch_is_marked() -> None:
     """A record without a timed epoch (its figures are warm-up's) is marked and named in a note."""
     sweep = _repeat_sweep(["a", "b"], repeat=1)

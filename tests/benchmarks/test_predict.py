@@ -116,6 +116,28 @@ def test_full_overlap_and_no_overlap_bracket_the_step(framework):
     assert full["step_ms"] < none["step_ms"]
 
 
+def test_sharded_data_parallel_sends_1_5x_ddp_resharded_and_as_much_without():
+    """FSDP per unit (a residual block, the stem and head): an all-gather or a reduce-scatter
+    costs half an all-reduce of its bytes, so the bandwidth term of gathering twice and
+    reduce-scattering once is 1.5x the all-reduce's (α aside: a zero-latency link)."""
+    fast = P.Link(35, 0.0, "no latency", "test")
+    comm = {fw: P.step_comm(replace(setup(fw), intra_link=fast), 8, 256) for fw in P.FRAMEWORKS}
+    ddp = comm["torch-ddp"].total_ms
+    assert comm["torch-fsdp"].total_ms == pytest.approx(1.5 * ddp)
+    assert comm["torch-fsdp+no-reshard"].total_ms == pytest.approx(ddp)
+    assert comm["jax-fsdp"].total_ms == pytest.approx(comm["jax-pmap"].total_ms)
+    units = P.fsdp_units("resnet18", P.MODELS["resnet18"].tensors)
+    assert len(units) == 9 and sum(units) == sum(P.MODELS["resnet18"].tensors)  # 8 blocks + root
+    assert comm["torch-fsdp"].count == 27 and comm["jax-fsdp"].count == 2 * comm["jax-pmap"].count
+
+
+def test_the_framework_list_puts_each_beside_the_others(capsys):
+    args = ["--step-ms", "100", "--batch-per-device", "256", "-N", "8", "--no-plot"]
+    assert P.main([*args, "--framework", "torch-ddp,torch-fsdp", "--interconnect", "pcie5"]) == 0
+    rows = [ln.split(" | ")[0] for ln in capsys.readouterr().out.splitlines() if "| pcie5 |" in ln]
+    assert rows == ["| torch-ddp", "| torch-fsdp"]
+
+
 def test_a_measured_breakdown_sets_the_overlap():
     bd = replace(BD, backward_ms=6.0, comm_ms=2.0, exposed_comm_ms=0.5)
     assert P.overlap_for("jax-pmap", bd, None) == (0.25, "from a measured breakdown")
@@ -167,6 +189,8 @@ def test_the_command_writes_a_labelled_prediction(tmp_path):
         (["-N", "0,8"], "GPU counts >= 1"),
         (["--overlap", "1.5"], "--overlap must be in [0, 1]"),
         (["--compute-ms", "20"], "exceed the step"),
+        (["--framework", "torch-ddp,tf-mirrored"], "unknown --framework tf-mirrored"),
+        (["--framework", "torch-fsdp", "--model", "resnet50"], "modelled for resnet18 or wide"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, fragment):

@@ -113,3 +113,17 @@ def test_a_planted_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
     assert not marker.exists()
     pickle.loads(states_file.read_bytes())  # the file is live: unpickling it does run it
     assert marker.exists()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "novograd"])
+def test_state_bytes_before_the_first_step_are_those_after_it(optimizer: str) -> None:
+    """The optimiser state appears at the first update; counted before it by the optimiser's
+    own create_state, it is what the updater of each context then holds (the record's
+    state_bytes_per_device)."""
+    from frameworks.mxnet_support import state_bytes
+
+    state = make_state(preset("smoke", optimizer=optimizer, momentum=0.9, gpus=2), 2)
+    before = state_bytes(state)
+    state, _ = G.train_step(state, G.to_device(batch(1), state))
+    assert state.trainer._updaters[1].states  # one updater per context, each with its state
+    assert state_bytes(state) == before and before["optimizer"] >= before["params"] > 0

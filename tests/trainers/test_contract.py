@@ -404,6 +404,10 @@ def test_learns_real_digits_and_records_how_it_ran(framework: str, tmp_path: Pat
     assert rec["execution"] and rec["float32_precision"] == "fp32 (CPU)"
     assert rec["ran"]["activation_dtype"] == "float32"  # the default fp32, read from the run
     assert rec["pipeline"].startswith("host")  # --pipeline auto on a CPU
+    kept, sent = rec["state_bytes_per_device"], rec["collective_bytes_per_step"]
+    assert kept["params"] == 4 * rec["params"] and kept["total"] > 3 * kept["params"]  # SGD+m
+    sends_grads = 0 if framework == "torch-dp" else kept["grads"]  # 2 ways: 2(N-1)/N = 1
+    assert sent["total"] == sends_grads and sent["source"] == "computed from the shardings"
     if framework.startswith("jax"):  # the default XLA:CPU path at 16x16 on 2 devices
         assert rec["execution"].endswith("XLA:CPU (its own code)")  # tests/trainers/test_xla_cpu.py
     assert [e["timed"] for e in rec["epochs"]] == [False, True, True, True]
