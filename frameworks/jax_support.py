@@ -660,7 +660,7 @@ def start_run(
     model = build_model(cfg, run.ds.channels, run.ds.num_classes, plan.compute_dtype)
     state = create_train_state(cfg, model, run.ds.image_shape, mesh, len(run.loader))
     params = unreplicate(state.params)  # host copy: the size, and what the program runs
-    run.record(
+    rec = run.record(
         devices=len(devices),
         kind=kind,
         params=count_params(params),
@@ -670,6 +670,7 @@ def start_run(
         ran=what_ran(model, params, unreplicate(state.batch_stats), run.ds.image_shape),
         state_bytes=state_bytes(state),
     )
+    rec.extra["xla_flags"] = os.environ.get("XLA_FLAGS", "")  # XLA's options, as this run ran
     put: Put = lambda batch: to_device(batch, mesh)  # this run's mesh
     # --pipeline device: the training set goes to the devices here, the crops are made there.
     put_train = train_put(
