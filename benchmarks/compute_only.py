@@ -494,26 +494,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch, jax or mxnet, or a framework name such as torch-ddp (needed by --interleave)",
     )
     harness.add_workload_flags(p, 128, "the per-device batch (default 128)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (>= 1; default 3)")
-    p.add_argument(
-        "--lr",
-        type=float,
-        default=0.1,
-        help="learning rate (speed does not depend on it; default 0.1)",
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of the weights and the batch (default 0)"
-    )
-    p.add_argument(
-        "--interleave",
-        type=int,
-        default=0,
-        metavar="R",
-        help="also time the framework's own training loop (train_step fed by the real input "
-        "pipeline) in this process, alternating R rounds of --steps steps with the bare step; "
-        "needs a framework name, e.g. --framework torch-ddp",
-    )
+    harness.add_numbers(
+        p,
+        ("--steps", int, 10, "timed steps (default 10)"),
+        ("--warmup", int, 3, "untimed steps first (>= 1; default 3)"),
+        ("--lr", float, 0.1, "learning rate (speed does not depend on it; default 0.1)"),
+        ("--seed", int, 0, "seed of the weights and the batch (default 0)"),
+        ("--interleave", int, 0, "also time the framework's own training loop (train_step fed by "
+         "the real input pipeline) in this process, alternating R rounds of --steps steps with "
+         "the bare step; needs a framework name, e.g. --framework torch-ddp", "R"),
+    )  # fmt: skip
     return p
 
 

@@ -2,24 +2,9 @@
 
 Each tool is plan -> run -> summarise: it validates its whole command line into a plan before
 anything starts (bad input: one line, `<tool>: error: <problem>; <fix>`, exit code 2), runs every
-measurement as a child process through `run_child`, and writes its tables from the records.
-Everything those steps share lives here, once:
-
-- the framework registry (name -> module, interpreter, install command) and whether each
-  framework can run here, decided without importing it (`unavailable`);
-- framework variants (`torch-ddp+reduce-overhead`: one framework in another execution mode, a
-  row of its own) and every table's execution-mode column and note (`mode_label`, `mode_note`);
-- `--gpus` (`parse_gpus`) and the GPUs this machine has (`detect_gpus`, `check_counts`);
-- the standard flags of the tools (`add_flags`), `--python` (`use_interpreter`), the
-  timestamped output directory (`output_dir`), a shared flag back on a command line (`flag`);
-- running a child (`run_child`): its interpreter, environment (`child_env`) and own process
-  group (killed as a whole on a timeout and an interrupt; a trainer gets SIGTERM when this tool
-  dies, even by kill -9: common.runtime.stop_with_harness), a wait for a quiet machine, the
-  log, the last lines, the peak RSS;
-- reading records (`read_record`, `Child.json_line`), atomic files (`write_atomic`) and tables.
-
-The only module of benchmarks/ that starts processes. The
-runners import no framework (they start fast and run in either environment).
+measurement as a child process in a process group of its own (`run_child`; a trainer gets
+SIGTERM when this tool dies, even by kill -9: common.runtime.stop_with_harness), and writes its
+tables from the records. The runners import no framework (they start fast in either environment).
 """
 
 from __future__ import annotations
@@ -96,14 +81,11 @@ class Framework:
     multi_device_needs_cuda: str | None = None
 
     @property
-    def family(self) -> str:
-        """torch, jax or mxnet: the compute-only loop and the package set it shares."""
+    def family(self) -> str:  # torch, jax or mxnet
         return self.name.split("-")[0]
 
     @property
-    def packages(self) -> tuple[str, ...]:
-        """What its interpreter must import (common.runtime.ENTRY_POINTS, which also checks
-        `python -m <module>` run by the wrong interpreter)."""
+    def packages(self) -> tuple[str, ...]:  # what its interpreter must import
         return ENTRY_POINTS[self.module]
 
     @property
@@ -112,8 +94,7 @@ class Framework:
 
     @property
     def python(self) -> Path:
-        """`DPBENCH_PYTHON_<NAME>` (e.g. DPBENCH_PYTHON_MXNET_GLUON=/opt/mx/bin/python) points
-        one framework at another interpreter; otherwise its environment's python."""
+        """DPBENCH_PYTHON_<NAME> (e.g. _MXNET_GLUON=/opt/mx/bin/python), else its venv's python."""
         override = os.environ.get(PYTHON_ENV.format(self.name.upper().replace("-", "_")))
         return Path(override) if override else ROOT / self.venv / "bin" / "python"
 
@@ -144,11 +125,9 @@ _PROBE = (
 )
 
 
-# A variant runs a framework in another execution mode, as a row of its own in the tables of
-# benchmarks.compare and benchmarks.throughput: "<framework>+<variant>", e.g.
-# torch-ddp+reduce-overhead beside torch-ddp and jax-pmap. Each names the trainer settings it
-# sets (over the same flags given to the whole sweep). torch.compile is PyTorch's: JAX always
-# compiles its step with XLA, and MXNet's trainer always hybridizes.
+# "<framework>+<variant>" (torch-ddp+reduce-overhead) runs a framework in another execution mode,
+# a row of its own in compare's and throughput's tables; each names the trainer settings it sets.
+# torch only: JAX always compiles its step with XLA, and MXNet's trainer always hybridizes.
 VARIANTS: dict[str, dict[str, Any]] = {
     "eager": {"compile": False, "compile_mode": "default"},
     "compile": {"compile": True, "compile_mode": "default"},
@@ -239,9 +218,7 @@ def _missing_packages(python: Path, packages: tuple[str, ...]) -> str | None:
 
 
 def in_parallel(probe: Callable[[Any], Any], keys: list[Any]) -> list[Any]:
-    """[probe(key) for key in keys], in threads (each probe waits for its child). An interrupt
-    (Ctrl-C in the main thread) kills the children still running at once, so that the threads
-    end now rather than at their timeouts, and goes on up."""
+    """[probe(key) for key in keys], in threads; Ctrl-C kills the probes' children at once."""
     with ThreadPoolExecutor(max_workers=max(1, len(keys))) as pool:
         try:
             return list(pool.map(probe, keys))
@@ -251,10 +228,8 @@ def in_parallel(probe: Callable[[Any], Any], keys: list[Any]) -> list[Any]:
 
 
 def unavailable(names: Sequence[str]) -> dict[str, str]:
-    """Frameworks among `names` that cannot run here -> why, ending with the install command:
-    the module file must be in the checkout, its interpreter must exist, and
-    `importlib.util.find_spec` must find its packages there (one probe per interpreter, in
-    parallel)."""
+    """Frameworks among `names` that cannot run here -> why, ending with the install command
+    (one find_spec probe per interpreter, in parallel; nothing is imported)."""
     reasons: dict[str, str] = {}
     probes: dict[tuple[Path, tuple[str, ...]], list[str]] = {}
     for name in names:
@@ -280,9 +255,8 @@ def unavailable(names: Sequence[str]) -> dict[str, str]:
 
 
 def use_interpreter(path: str) -> None:
-    """`--python PATH`: run every framework with that interpreter (Framework.python reads the
-    DPBENCH_PYTHON_<NAME> variables). The path is made absolute but not resolved: a virtual
-    environment's python is a symlink whose target would lose the environment."""
+    """`--python PATH` for every framework. Absolute but not resolved: a venv's python is a
+    symlink whose target would lose the environment."""
     python = Path(path).expanduser()
     if not (python.is_file() and os.access(python, os.X_OK)):
         raise UsageError(
@@ -338,9 +312,8 @@ def detect_gpus() -> list[str]:
 
 
 def visible_count(listed: int) -> int:
-    """How many of the `listed` GPUs CUDA_VISIBLE_DEVICES leaves visible. CUDA reads its entries
-    in order and stops at the first invalid one: "-1", "" or "0,-1,1" hide all, or all after
-    the entry before it. (Which GPUs those are does not matter here: all are alike.)"""
+    """How many of the `listed` GPUs CUDA_VISIBLE_DEVICES leaves visible: CUDA stops at the
+    first invalid entry ("-1", "" or "0,-1,1" hide all after it)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return listed
@@ -377,9 +350,7 @@ def gpu_compute_capabilities() -> list[float]:
 
 
 @dataclass(frozen=True)
-class Seen:
-    """What one framework's interpreter sees: its GPUs' names and a description of its build."""
-
+class Seen:  # what one framework's interpreter sees
     gpus: tuple[str, ...]
     detail: str
 
@@ -402,8 +373,7 @@ def _probe(python: Path, family: str) -> Seen:
 
 
 def probe_devices(names: Sequence[str]) -> dict[str, Seen]:
-    """What each framework's interpreter sees (one probe per interpreter and framework family,
-    in parallel; each imports its framework, a few seconds)."""
+    """One probe per interpreter and family, in parallel (each imports its framework)."""
     keys = {name: (framework(name).python, framework(name).family) for name in names}
     unique = list(dict.fromkeys(keys.values()))
     seen = dict(zip(unique, in_parallel(lambda key: _probe(*key), unique)))
@@ -412,8 +382,7 @@ def probe_devices(names: Sequence[str]) -> dict[str, Seen]:
 
 @dataclass
 class Devices:
-    """Where a tool's runs go, decided once before any starts (`choose_devices`): every child
-    gets `--devices <choice>`, so no trainer picks another kind of device on its own."""
+    """Where a tool's runs go, decided before any starts: every child gets `--devices <choice>`."""
 
     choice: str  # "cpu" (simulated CPU devices) or "cuda"
     gpus: list[str]  # the GPUs' names (nvidia-smi -L); [] with "cpu"
@@ -426,7 +395,6 @@ class Devices:
         return ["--devices", self.choice]
 
     def line(self) -> str:
-        """One line for the start of a run: which device each framework will use."""
         if self.choice == "cpu":
             return f"devices: simulated CPU devices for every framework ({self.why})"
         used = [f"{n} on cuda ({', '.join(dict.fromkeys(s.gpus))})" for n, s in self.seen.items()]
@@ -461,11 +429,9 @@ MXNET_NO_HOPPER = (
 def choose_devices(
     asked: str | None, names: Sequence[str], seen: dict[str, Seen] | None = None
 ) -> Devices:
-    """`--devices` for a tool's runs of `names` (None: $DPBENCH_DEVICES, else auto). auto and
-    cuda on a machine with GPUs ask every framework's interpreter what it sees: a framework that
-    sees none stops the tool here (UsageError naming it, what it sees and its install command),
-    so that no table mixes GPU rows with CPU ones; MXNet on Hopper, which has no GPU build, is
-    skipped with the reason instead. Without GPUs auto is the simulated CPU devices."""
+    """`--devices` for the runs of `names` (None: $DPBENCH_DEVICES, else auto). With GPUs, a
+    framework that sees none stops the tool (no table mixes GPU rows with CPU ones); MXNet on
+    Hopper, which has no GPU build, is skipped with the reason."""
     gpus = machine_gpus(asked)
     if not gpus:
         why = "--devices cpu" if _asked(asked) == "cpu" else "no GPU here: nvidia-smi -L lists none"
@@ -499,9 +465,8 @@ def _asked(asked: str | None) -> str:
 
 
 def machine_gpus(asked: str | None) -> list[str]:
-    """The GPUs `--devices` (None: $DPBENCH_DEVICES, else auto) gives a tool's runs, from
-    nvidia-smi alone (cheap: a tool checks its other input before `choose_devices` asks the
-    frameworks); [] = simulated CPU devices. `cuda` without a GPU is a UsageError."""
+    """The GPUs `--devices` gives a tool's runs, from nvidia-smi alone (cheap, before
+    `choose_devices` asks the frameworks); [] = simulated CPU devices."""
     choice = _asked(asked)
     gpus = [] if choice == "cpu" else detect_gpus()
     if choice == "cuda" and not gpus:
@@ -543,86 +508,56 @@ def add_flags(
     devices: bool = False,
     variants: bool = False,
 ) -> None:
-    """The flags the tools share, with one meaning and one help text each; a value given here is
-    that tool's default (None: the tool has no such flag). `out` names the default directory;
-    `variants`: --frameworks takes NAME+VARIANT (parse_frameworks)."""
-    if frameworks is not None:
-        p.add_argument(
-            "--frameworks",
-            default=frameworks,
-            metavar="LIST",
-            help=f"comma-separated, from: {', '.join(REGISTRY)} (default: "
-            f"{'all' if frameworks == ','.join(REGISTRY) else frameworks}; a framework whose "
-            "environment is missing is reported as skipped)" + (VARIANT_HELP if variants else ""),
-        )
-    if gpus is not None:
-        p.add_argument(
-            "--gpus",
-            default=gpus,
-            metavar="N|LIST",
-            help="device counts: N runs 1, 2, 4, ... (powers of two below N) and N; a list such "
-            f"as 1,2,3 (or '2,' for 2 alone) runs exactly those (default {gpus}). Without GPUs "
-            "the devices are simulated on the CPU",
-        )
-    if devices:
-        add_devices_flag(p)
-    if repeat is not None:
-        p.add_argument(
-            "--repeat",
-            type=int,
-            default=repeat,
-            metavar="K",
-            help=f"measure every cell K times (default {repeat})",
-        )
-    if python:
-        p.add_argument(
-            "--python",
-            metavar="PATH",
-            help="one interpreter for every framework, e.g. a GPU machine's python3 holding "
-            "torch and JAX (default: each framework's own environment, .venv or .venv-mxnet)",
-        )
-    if wait_load:
-        p.add_argument(
-            "--wait-load",
-            type=float,
-            default=0.0,
-            metavar="L",
-            help="on a shared machine: before each run wait (up to 10 minutes) until the "
-            "1-minute load average is below L (0 = do not wait; the load is recorded either way)",
-        )
-    if timeout is not None:
-        p.add_argument(
-            "--timeout",
-            type=float,
-            default=timeout,
-            metavar="SEC",
-            help=f"time limit per child process; one still going is killed with every process "
-            f"it started (default {timeout:g})",
-        )
-    if out is not None:
-        p.add_argument(
-            "--out",
-            metavar="DIR",
-            help=f"output directory (default {out}<UTC timestamp>/ under the project root)",
-        )
+    """The flags the tools share, one meaning and help text each; a value given here is that
+    tool's default (None, False: no such flag); `variants`: --frameworks takes NAME+VARIANT."""
+    every = "all" if frameworks == ",".join(REGISTRY) else frameworks
+    for given, name, kwargs in (
+        (frameworks, "--frameworks", dict(default=frameworks, metavar="LIST",
+         help=f"comma-separated, from: {', '.join(REGISTRY)} (default: {every}; a framework whose "
+         "environment is missing is reported as skipped)" + (VARIANT_HELP if variants else ""))),
+        (gpus, "--gpus", dict(default=gpus, metavar="N|LIST",
+         help="device counts: N runs 1, 2, 4, ... (powers of two below N) and N; a list such as "
+         "1,2,3 (or '2,' for 2 alone) runs exactly those (default %(default)s). Without GPUs the "
+         "devices are simulated on the CPU")),
+        (devices or None, "--devices", DEVICES_FLAG),
+        (repeat, "--repeat", dict(type=int, default=repeat, metavar="K",
+         help="measure every cell K times (default %(default)s)")),
+        (python or None, "--python", dict(metavar="PATH",
+         help="one interpreter for every framework, e.g. a GPU machine's python3 holding torch "
+         "and JAX (default: each framework's own environment, .venv or .venv-mxnet)")),
+        (wait_load or None, "--wait-load", dict(type=float, default=0.0, metavar="L",
+         help="on a shared machine: before each run wait (up to 10 minutes) until the 1-minute "
+         "load average is below L (0 = do not wait; the load is recorded either way)")),
+        (timeout, "--timeout", dict(type=float, default=timeout, metavar="SEC",
+         help="time limit per child process; one still going is killed with every process it "
+         "started (default %(default)g)")),
+        (out, "--out", dict(metavar="DIR",
+         help=f"output directory (default {out}<UTC timestamp>/ under the project root)")),
+    ):  # fmt: skip
+        if given is not None:
+            p.add_argument(name, **kwargs)  # type: ignore[arg-type]
 
 
-def add_devices_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--devices",
-        choices=DEVICE_CHOICES,
-        help="where every framework runs: auto (default, or $DPBENCH_DEVICES) = the GPUs when "
-        "nvidia-smi lists some, and then every framework must see them (one that sees none "
-        "stops the tool before any run), else simulated CPU devices; cpu = simulated CPU "
-        "devices for every framework, also on a GPU machine; cuda = the GPUs or nothing",
-    )
+def add_numbers(p: argparse.ArgumentParser, *flags: tuple[Any, ...]) -> None:
+    """A tool's own numeric flags, each (name, type, default, help[, metavar])."""
+    for name, kind, default, text, *metavar in flags:
+        p.add_argument(name, type=kind, default=default, help=text, metavar=(metavar or [None])[0])
+
+
+DEVICES_FLAG: dict[str, Any] = dict(
+    choices=DEVICE_CHOICES,
+    help="where every framework runs: auto (default, or $DPBENCH_DEVICES) = the GPUs when "
+    "nvidia-smi lists some, and then every framework must see them (one that sees none stops "
+    "the tool before any run), else simulated CPU devices; cpu = simulated CPU devices for "
+    "every framework, also on a GPU machine; cuda = the GPUs or nothing",
+)
 
 
 def add_workload_flags(p: argparse.ArgumentParser, batch_size: int, batch_help: str) -> None:
     """The step the throughput tools time: model, images, batch, the fast paths and where."""
-    add_devices_flag(p)
     on_off = argparse.BooleanOptionalAction
     for name, kwargs in (
+        ("--devices", DEVICES_FLAG),
         ("--model", dict(default="resnet18", choices=("resnet18", "wideresnet"),
                          help="model architecture (default resnet18)")),
         ("--width", dict(type=float, default=1.0, help="channel-width multiplier (default 1.0)")),
@@ -654,8 +589,7 @@ def workload_config(ns: argparse.Namespace, **more: Any) -> Config:
 
 
 def check_positive(**values: float) -> None:
-    """`--repeat 0`, `--timeout 0`, `--width nan` ...: one line naming the flag (names as
-    keyword arguments)."""
+    """`--repeat 0`, `--timeout 0`, `--width nan` ...: one line naming the flag."""
     for name, value in values.items():
         if not (value > 0 and math.isfinite(value)):
             least = ">= 1" if isinstance(value, int) else "a finite number > 0"
@@ -686,8 +620,8 @@ OPTION_LIMITS: dict[str, float] = {
 
 
 def check_options(ns: argparse.Namespace) -> None:
-    """Every number a tool was given: finite, not negative, and at most OPTION_LIMITS (one line
-    naming the flag). Each tool then checks its own lower bounds (>= 1 and so on)."""
+    """Every number a tool was given: finite, >= 0, at most OPTION_LIMITS; each tool then checks
+    its own lower bounds."""
     for name, value in vars(ns).items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
@@ -723,9 +657,8 @@ def utc_now() -> str:
 
 
 def output_dir(given: str | None, prefix: str, marker: str, need: int = MIN_FREE_BYTES) -> Path:
-    """--out DIR, or results/<prefix><UTC timestamp>/; a directory already holding `marker` (a
-    finished result of the same tool) is refused rather than overwritten, as is one that cannot
-    be written (checked now, not after the runs). `run_tool` then claims it (`claim`)."""
+    """--out DIR, or results/<prefix><UTC timestamp>/; refused where it holds `marker` (a
+    finished result of the tool) or cannot be written (now, not after the runs)."""
     if given is not None and not given.strip():  # `--out ""` (an unset variable) is no default
         raise UsageError("--out is empty; give a directory, or leave --out out for results/")
     if given:
@@ -742,8 +675,7 @@ def output_dir(given: str | None, prefix: str, marker: str, need: int = MIN_FREE
 
 
 def claim_existing(out: Path) -> None:
-    """A tool that rewrites files in an existing result directory (`benchmarks.report DIR`):
-    `run_tool` locks it as it does an --out, so a runner still writing there is not raced."""
+    """`benchmarks.report DIR` rewrites files there: `run_tool` locks it as it does an --out."""
     _CLAIMS.append((out, None))
 
 
@@ -752,10 +684,8 @@ LOCK_NAME = ".lock"
 
 
 def claim(out: Path, marker: str | None) -> Any:
-    """Hold `out` for this tool run: an exclusive lock on out/.lock (two tools started at once
-    on one --out cannot both pass the `marker` check and then both write), then the marker
-    check again under the lock (none for a tool that rewrites a finished result: marker None).
-    Returns the open lock file (the lock lasts while it is open)."""
+    """An exclusive lock on out/.lock (two tools started at once on one --out cannot both pass
+    the `marker` check), then the check again under it; the open file holds the lock."""
     import fcntl  # POSIX only, like the process groups below
 
     out.mkdir(parents=True, exist_ok=True)
@@ -778,11 +708,9 @@ def run_tool(
     make_plan: Callable[[list[str]], Any],
     execute: Callable[[Any], int],
 ) -> int:
-    """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM (a cancelled
-    CI job, a time limit around the tool) ends the run like Ctrl-C, as a KeyboardInterrupt that
-    `execute` turns into saved partial results and exit code 128 + the signal (`interrupted`).
-    Every child's process group is killed, none is left running; also during the checks, whose
-    probes are killed (one line)."""
+    """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM ends the run
+    like Ctrl-C, a KeyboardInterrupt that `execute` turns into saved partial results and exit
+    128 + the signal (`interrupted`); no child is left running."""
     args = list(sys.argv[1:] if argv is None else argv)
     _CLAIMS.clear()
     locks: list[tuple[Any, Path]] = []
@@ -816,14 +744,13 @@ def run_tool(
 _STOPPED_BY = [signal.SIGINT]  # the signal that stopped this tool (Ctrl-C: Python's own raise)
 
 
-def _interrupt(signum: int, frame: Any) -> NoReturn:
+def _interrupt(signum: int, _frame: Any) -> NoReturn:
     _STOPPED_BY[0] = signal.Signals(signum)
     raise KeyboardInterrupt
 
 
 def interrupted() -> int:
-    """The exit code of a tool that a signal stopped: 128 + the signal, as a trainer's (130
-    Ctrl-C, 143 SIGTERM), so that a CI job or a scheduler sees which it was."""
+    """128 + the signal that stopped the tool, as a trainer's (130 Ctrl-C, 143 SIGTERM)."""
     return 128 + _STOPPED_BY[0]
 
 
@@ -831,9 +758,8 @@ def interrupted() -> int:
 
 
 def child_env() -> dict[str, str]:
-    """The environment of every child: the project on PYTHONPATH, unbuffered output (lines arrive
-    as they are printed), OpenMP threads that fill the cores and sleep when idle, and no
-    simulated-device count inherited (every JAX child sets its own)."""
+    """Every child's: the project on PYTHONPATH, unbuffered output, OpenMP threads that fill the
+    cores, no simulated-device count inherited (every JAX child sets its own)."""
     env = dict(os.environ)
     env[PARENT_ENV] = str(os.getpid())  # a trainer stops if this process dies (stop_with_harness)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -853,11 +779,9 @@ _running: set[subprocess.Popen[str]] = set()  # run_captured's children, for kil
 
 
 def wait_group(proc: subprocess.Popen[str], timeout: float) -> tuple[int, Any, str]:
-    """Reap `proc`, the leader of its own process group, with os.wait4, whose resource usage
-    covers it and its reaped descendants (ru_maxrss: the largest). Returns (wait status,
-    resource usage, how it ended): "exited" on its own, "timeout" (`timeout` seconds) or
-    "interrupted" (Ctrl-C, or SIGTERM turned into KeyboardInterrupt); in those two the group
-    gets SIGTERM, then SIGKILL after STOP_GRACE seconds. What the leader leaves is killed."""
+    """Reap group leader `proc` with os.wait4 (ru_maxrss covers its reaped descendants) ->
+    (status, usage, "exited" | "timeout" | "interrupted"); the latter two SIGTERM the group,
+    then SIGKILL it after STOP_GRACE s. What the leader leaves is killed."""
     deadline, ended = time.monotonic() + timeout, "exited"
     try:
         while not (reaped := os.wait4(proc.pid, os.WNOHANG))[0]:
@@ -893,8 +817,8 @@ def _end_group(pid: int) -> tuple[int, int, Any]:
 def run_captured(
     command: Sequence[str], timeout: float, **popen: Any
 ) -> subprocess.CompletedProcess[str]:
-    """`subprocess.run(command, capture_output=True, text=True, timeout=timeout)` for a probe,
-    in a process group of its own, all of which a timeout or `kill_children` kills."""
+    """subprocess.run(capture_output=True, text=True) for a probe, in a process group of its own
+    that a timeout or `kill_children` kills."""
     with subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, errors="replace", start_new_session=True, **popen,
@@ -913,16 +837,14 @@ def run_captured(
 
 
 def kill_children() -> None:
-    """Kill the process groups of the probes still running (an interrupt in the main thread,
-    while other threads wait for them)."""
+    """Kill the process groups of the probes still running."""
     for proc in list(_running):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
 def identity() -> dict[str, Any]:
-    """What names this process for as long as it lives: host, pid and start time (pids are
-    reused, the pair is not)."""
+    """Host, pid and start time: names this process (pids are reused, the pair is not)."""
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -931,8 +853,7 @@ def identity() -> dict[str, Any]:
 
 
 def gone(who: Any) -> bool | None:
-    """Whether the process an `identity` names has ended: True (gone, a zombie, or its pid is
-    another process now), False (still there), None (cannot tell: another host, no identity)."""
+    """Whether the process an `identity` names has ended (a zombie counts); None: cannot tell."""
     if not isinstance(who, dict) or who.get("host") != socket.gethostname():
         return None
     pid, start = who.get("pid"), who.get("start")
@@ -948,8 +869,7 @@ def gone(who: Any) -> bool | None:
 
 
 def settle(limit: float, max_wait: float = 600.0) -> float:
-    """Wait until the 1-minute load average is below `limit` (0: do not wait), at most
-    `max_wait` seconds; return the load average at the start of the measurement."""
+    """Wait (at most `max_wait` s) until the 1-minute load is below `limit` (0: no wait); -> it."""
     deadline = time.monotonic() + max_wait
     while limit > 0 and os.getloadavg()[0] >= limit and time.monotonic() < deadline:
         time.sleep(5)
@@ -958,8 +878,7 @@ def settle(limit: float, max_wait: float = 600.0) -> float:
 
 @dataclass
 class Child:
-    """One finished child process. `ended`: "exited" (on its own), "timeout" or "interrupted"
-    (killed by the harness with its whole process group)."""
+    """One finished child; `ended`: "exited", "timeout" or "interrupted" (its group killed)."""
 
     command: list[str]
     log: Path
@@ -1009,11 +928,10 @@ def run_child(
     wait_load: float = 0.0,
     reraise: bool = False,
 ) -> Child:
-    """Run `command` from the project root in a process group of its own, output (stdout and
-    stderr) to `log` behind a `$ command` line, each line also handed to `on_line`. The whole group
-    (torch-ddp's workers included) is killed at `timeout` seconds and on Ctrl-C / SIGTERM, which
-    end the child as "interrupted" rather than raising: the caller saves what it has and stops
-    (`reraise`: raises KeyboardInterrupt then, once the child is reaped and its log closed)."""
+    """Run `command` from the project root in a process group of its own, stdout and stderr to
+    `log` behind a `$ command` line and to `on_line`. The group is killed at `timeout` and on
+    Ctrl-C / SIGTERM, which end the child as "interrupted" (`reraise`: then KeyboardInterrupt,
+    once it is reaped and its log closed)."""
     child = Child(list(command), log, timeout, tail=[])
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -1067,15 +985,12 @@ EAGER = ("eager", "imperative")  # op by op from Python: the host issues every k
 
 
 def row_key(record: dict[str, Any]) -> str:
-    """The row a record belongs to in every table of a sweep: the name in --frameworks the
-    runner ran it for (a variant such as torch-ddp+reduce-overhead), else the trainer's
-    framework."""
+    """A record's row: the name in --frameworks it ran for (a variant), else its framework."""
     return str((record.get("runner") or {}).get("framework") or record.get("framework") or "?")
 
 
 def mode_label(execution: str | None) -> str:
-    """A row's execution mode in a few words, from its record's `execution` (what ran, which is
-    not always what was asked: torch.compile applies on CUDA only); "" when unknown."""
+    """A row's execution mode in a few words, from its record's `execution` ("" when unknown)."""
     if not execution:
         return ""
     if execution.startswith("hybridized"):  # MXNet: "hybridized (static_alloc, static_shape)"
@@ -1090,9 +1005,7 @@ def mode_label(execution: str | None) -> str:
 
 
 def ran_label(record: dict[str, Any]) -> str:
-    """A row's mode as its record says it ran (`mode_label`), and the activations' dtype read
-    from the run (the record's `ran`) where it is not float32: "XLA (pmap), bfloat16". A row
-    asked for bf16 that computed in float32 shows no dtype: the table's title says bf16."""
+    """`mode_label`, and the dtype that ran where not float32: "XLA (pmap), bfloat16"."""
     mode = mode_label(record.get("execution"))
     dtype = (record.get("ran") or {}).get("activation_dtype")
     return f"{mode}, {dtype}" if mode and dtype and dtype != "float32" else mode
@@ -1108,8 +1021,7 @@ def compile_label(compile: bool, compile_mode: str) -> str:
 
 
 def asked_label(name: str, config: dict[str, Any] | None) -> str:
-    """The mode a torch run's settings asked for ("" for the other families, whose mode is
-    not a flag): `name`'s variant over the sweep's `config` (compile, compile_mode)."""
+    """The mode a torch run's settings ask for: `name`'s variant over `config` ("" not torch)."""
     base = REGISTRY.get(name.partition("+")[0])
     if base is None or base.family != "torch" or config is None:
         return ""
@@ -1118,9 +1030,8 @@ def asked_label(name: str, config: dict[str, Any] | None) -> str:
 
 
 def mode_note(rows: Sequence[tuple[str, str]], cuda: bool, fix: str | None = None) -> str:
-    """One line for under a table whose `rows` (name, mode label) ran in different kinds of
-    mode, eager and compiled, naming what would make them alike: `fix`, or by default the torch
-    variant that compiles with CUDA graphs. "" when they are alike (or unknown)."""
+    """A note under a table whose `rows` (name, mode label) mix eager and compiled, naming what
+    would make them alike (`fix`, or the torch variant with CUDA graphs); "" when alike."""
     eager = list(dict.fromkeys(n for n, m in rows if m.startswith(EAGER)))
     compiled = list(dict.fromkeys(n for n, m in rows if m and not m.startswith(EAGER)))
     if not eager or not compiled:
@@ -1150,9 +1061,7 @@ def mode_note(rows: Sequence[tuple[str, str]], cuda: bool, fix: str | None = Non
 
 
 def asked_note(rows: Sequence[tuple[str, str, str]]) -> str:
-    """One line naming the rows (name, mode asked, mode that ran) that ran another mode than
-    their flags asked for: torch.compile is not applied on the CPU (nor by torch-dp on several
-    GPUs), and the trainer ran eager instead. "" when every row ran what it asked."""
+    """A note naming the rows (name, asked, ran) that ran another mode than asked ("" if none)."""
     moved = [
         f"{n} ran {ran}, not {asked}" for n, asked, ran in rows if ran and asked not in ("", ran)
     ]
@@ -1165,9 +1074,8 @@ def asked_note(rows: Sequence[tuple[str, str, str]]) -> str:
 
 
 def mode_notes(table: Sequence[dict[str, Any]]) -> list[str]:
-    """The notes under a table of rows (dicts with framework, devices, device_kind, mode and
-    mode_asked: compare's and throughput's): `mode_note` and `asked_note`, rows named by their
-    framework, or by framework and devices where that framework's rows differ in mode."""
+    """`mode_note` and `asked_note` under compare's and throughput's tables; a row is named by
+    framework, with its devices where that framework's rows differ in mode."""
     modes: dict[str, str] = {}
     for r in table:
         if r.get("mode"):
@@ -1186,8 +1094,7 @@ def mode_notes(table: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def read_json_file(path: Path, what: str, fix: str) -> Any:
-    """The JSON in `path`; UsageError (one line naming the file and `fix`) where it is missing,
-    unreadable or no JSON."""
+    """The JSON in `path`; UsageError naming it and `fix` where it cannot be read as JSON."""
     try:
         return json.loads(path.read_bytes())
     except OSError as exc:
@@ -1215,9 +1122,8 @@ def read_throughput(path: Path, what: str = "throughput table") -> dict[str, Any
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
-    """A run's record; None where there is none (missing: the run did not finish) or one the
-    tools cannot use (cut short, not JSON, no status or devices: a broken machine's file),
-    then with one line on stderr naming it."""
+    """A run's record; None where missing (the run did not finish) or damaged (then one line on
+    stderr naming it)."""
     try:
         record = json.loads(path.read_bytes())
     except FileNotFoundError:
@@ -1231,8 +1137,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write text or bytes via a temporary file and a rename: a reader (or a tool killed
-    half-way) sees the previous complete version or the new one, never half of it."""
+    """Text or bytes via a temporary file and a rename: never half a file."""
     atomic_write_bytes(path, data.encode() if isinstance(data, str) else data)
 
 
@@ -1277,8 +1182,8 @@ def print_table(
     styles: Sequence[str | None] | None = None,
     stream: Any = None,
 ) -> None:
-    """A table on stdout (or `stream`): rich where installed, Markdown text otherwise (a GPU
-    machine's plain python3 may lack rich); then the notes, one "- " line each."""
+    """A table on stdout: rich where installed (a GPU machine's python3 may lack it), else
+    Markdown; then the notes."""
     notes = [n for n in notes if n]
     try:
         from rich.console import Console

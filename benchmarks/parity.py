@@ -70,38 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="BatchNorm modes, comma-separated: local, sync (default: both)",
     )
-    p.add_argument(
-        "--steps", type=int, default=1, metavar="K", help="training steps compared (default 1)"
-    )
-    p.add_argument(
-        "--tolerance",
-        type=float,
-        help=f"largest update_rel_diff that is ok (default {TOLERANCE:g} at K=1, "
-        f"{TOLERANCE_MULTI_STEP:g} for K > 1)",
-    )
-    p.add_argument(
-        "--mean-tolerance",
-        type=float,
-        default=MEAN_TOLERANCE,
-        help=f"largest running_mean_rel_diff that is ok (default {MEAN_TOLERANCE:g})",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=32,
-        help="GLOBAL batch (default 32: 16 images per device at 2 devices)",
-    )
-    p.add_argument("--image-size", type=int, default=16, help="image side (default 16)")
-    p.add_argument("--width", type=float, default=0.125, help="width multiplier (default 0.125)")
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=SEED,
-        help=f"weights, data, augmentation (default {SEED}: see SEED in the source)",
-    )
-    p.add_argument(
-        "--jobs", type=int, default=2, help="runs at a time (default 2; a check, not a timing)"
-    )
+    harness.add_numbers(
+        p,
+        ("--steps", int, 1, "training steps compared (default 1)", "K"),
+        ("--tolerance", float, None, f"largest update_rel_diff that is ok (default {TOLERANCE:g} "
+         f"at K=1, {TOLERANCE_MULTI_STEP:g} for K > 1)"),
+        ("--mean-tolerance", float, MEAN_TOLERANCE,
+         f"largest running_mean_rel_diff that is ok (default {MEAN_TOLERANCE:g})"),
+        ("--batch-size", int, 32, "GLOBAL batch (default 32: 16 images per device at 2 devices)"),
+        ("--image-size", int, 16, "image side (default 16)"),
+        ("--width", float, 0.125, "width multiplier (default 0.125)"),
+        ("--seed", int, SEED, f"weights, data, augmentation (default {SEED}: SEED in the source)"),
+        ("--jobs", int, 2, "runs at a time (default 2; a check, not a timing)"),
+    )  # fmt: skip
     harness.add_flags(p, python=True, out="results/parity-", timeout=600.0, devices=True)
     return p
 
@@ -134,8 +115,7 @@ def make_plan(argv: list[str]) -> Plan:
     models = parse_list("--models", ns.models, MODELS)
     bns = parse_list("--bn", ns.bn, BN_MODES)
     counts = harness.parse_gpus(ns.gpus)
-    for name in ("steps", "batch_size", "jobs"):
-        harness.check_positive(**{name: getattr(ns, name)})
+    harness.check_positive(steps=ns.steps, batch_size=ns.batch_size, jobs=ns.jobs)
     harness.check_positive(timeout=ns.timeout, mean_tolerance=ns.mean_tolerance)
     if ns.tolerance is not None:
         harness.check_positive(tolerance=ns.tolerance)
@@ -172,29 +152,12 @@ def make_plan(argv: list[str]) -> Plan:
 def workload(ns: argparse.Namespace, model: str, bn: str, devices: int) -> dict[str, Any]:
     """The Config values of every run (the flags below, as `preset` keywords)."""
     return dict(
-        model=model,
-        width=ns.width,
-        dataset="synthetic",
-        image_size=ns.image_size,
-        augment=True,
-        batch_size=ns.batch_size,
-        epochs=1,
-        max_steps_per_epoch=ns.steps,
-        lr=0.1,
-        lr_base_batch=ns.batch_size,
-        lr_schedule="cosine",
-        warmup_epochs=0.5,
-        momentum=0.9,
-        nesterov=True,
-        weight_decay=5e-4,
-        label_smoothing=0.1,
-        dropout=0.0,
-        bn=bn,
-        gpus=devices,
-        devices=ns.devices or "auto",
-        seed=ns.seed,
-        prefetch=1,
-    )
+        model=model, width=ns.width, dataset="synthetic", image_size=ns.image_size, augment=True,
+        batch_size=ns.batch_size, epochs=1, max_steps_per_epoch=ns.steps, lr=0.1,
+        lr_base_batch=ns.batch_size, lr_schedule="cosine", warmup_epochs=0.5, momentum=0.9,
+        nesterov=True, weight_decay=5e-4, label_smoothing=0.1, dropout=0.0, bn=bn, gpus=devices,
+        devices=ns.devices or "auto", seed=ns.seed, prefetch=1,
+    )  # fmt: skip
 
 
 # -- the grid -----------------------------------------------------------------------------------

@@ -44,31 +44,25 @@ def duration(sec: float | None) -> str:
     return f"{int(sec // 3600)}h{int(sec % 3600 // 60):02d}m"
 
 
-class Tracker:
-    """Elapsed and remaining-time estimates, counted in epochs (the unit every run reports)."""
+class PlainProgress:
+    """One line per event, for logs. Elapsed and remaining time are counted in epochs (the unit
+    every run reports); every event updates them and shows itself under the lock (`started`,
+    `show_epoch`, `show_sweep`: what RichProgress draws instead)."""
 
-    def __init__(self, planned_epochs: list[int]):
-        self.total_epochs = sum(planned_epochs)
-        self.total_runs = len(planned_epochs)
-        self.t0 = time.monotonic()
+    def __init__(self, planned_epochs: list[int], stream: Any = None):
+        self.total_epochs, self.total_runs = sum(planned_epochs), len(planned_epochs)
+        self.t0 = self.run_t0 = time.monotonic()
         self.done_epochs = 0  # epochs of finished runs count in full, even if stopped early
-        self.run_index = 0
-        self.run_t0 = self.t0
-        self.run_epochs = 1
-        self.run_done = 0
+        self.run_index, self.run_epochs, self.run_done = 0, 1, 0
+        self.stream = stream or sys.stdout
+        self.lock = threading.Lock()
+        self.label = ""
 
-    def start_run(self, epochs: int) -> None:
-        self.run_index += 1
-        self.run_t0 = time.monotonic()
-        self.run_epochs = max(1, epochs)
-        self.run_done = 0
+    def __enter__(self) -> PlainProgress:
+        return self
 
-    def epoch(self, epoch: int) -> None:
-        self.run_done = epoch
-
-    def end_run(self) -> None:
-        self.done_epochs += self.run_epochs
-        self.run_done = 0
+    def __exit__(self, *exc: object) -> None:
+        return None
 
     def run_elapsed(self) -> float:
         return time.monotonic() - self.run_t0
@@ -84,40 +78,24 @@ class Tracker:
         done = self.done_epochs + self.run_done
         return self.elapsed() / done * (self.total_epochs - done) if done else None
 
-
-class PlainProgress:
-    """One line per event, for logs. Every event updates the Tracker and shows itself under the
-    lock (`started`, `show_epoch`, `show_sweep`: what RichProgress draws instead)."""
-
-    def __init__(self, planned_epochs: list[int], stream: Any = None):
-        self.track = Tracker(planned_epochs)
-        self.stream = stream or sys.stdout
-        self.lock = threading.Lock()
-        self.label = ""
-
-    def __enter__(self) -> PlainProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
     def print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
     def start_run(self, label: str, epochs: int, log: str) -> None:
         with self.lock:
-            self.track.start_run(epochs)
-            self.label = f"[{self.track.run_index}/{self.track.total_runs}] {label}"
+            self.run_index, self.run_t0 = self.run_index + 1, time.monotonic()
+            self.run_epochs, self.run_done = max(1, epochs), 0
+            self.label = f"[{self.run_index}/{self.total_runs}] {label}"
             self.started(epochs, log)
 
     def epoch(self, row: dict[str, float]) -> None:
         with self.lock:
-            self.track.epoch(int(row["epoch"]))
+            self.run_done = int(row["epoch"])
             self.show_epoch(row)
 
     def end_run(self, summary: str) -> None:
         with self.lock:
-            self.track.end_run()
+            self.done_epochs, self.run_done = self.done_epochs + self.run_epochs, 0
             self.show_sweep()
             self.print(f"{self.label}: {summary}")
 
@@ -125,13 +103,12 @@ class PlainProgress:
         self.print(f"{self.label}: started (log: {log})")
 
     def show_epoch(self, row: dict[str, float]) -> None:
-        t = self.track
         self.print(
             f"{self.label}: epoch {int(row['epoch'])}/{int(row['epochs'])} "
             f"test_accuracy={row.get('test_accuracy', float('nan')):.4f} "
-            f"sec={row.get('sec', float('nan')):.2f} | run {duration(t.run_elapsed())}, "
-            f"~{duration(t.run_remaining())} left | all {duration(t.elapsed())}, "
-            f"~{duration(t.remaining())} left"
+            f"sec={row.get('sec', float('nan')):.2f} | run {duration(self.run_elapsed())}, "
+            f"~{duration(self.run_remaining())} left | all {duration(self.elapsed())}, "
+            f"~{duration(self.remaining())} left"
         )
 
     def show_sweep(self) -> None:
@@ -155,7 +132,7 @@ class RichProgress(PlainProgress):
         )
         self.console = console
         self.sweep = self.progress.add_task(
-            "all runs", total=self.track.total_epochs, info="epochs, ~? left"
+            "all runs", total=self.total_epochs, info="epochs, ~? left"
         )
         self.run: Any = None
 
@@ -170,11 +147,10 @@ class RichProgress(PlainProgress):
         self.progress.console.print(text, markup=False, highlight=False)
 
     def show_sweep(self) -> None:
-        t = self.track
         self.progress.update(
             self.sweep,
-            completed=t.done_epochs + t.run_done,
-            info=f"epochs  {duration(t.elapsed())} elapsed, ~{duration(t.remaining())} left",
+            completed=self.done_epochs + self.run_done,
+            info=f"epochs  {duration(self.elapsed())} elapsed, ~{duration(self.remaining())} left",
         )
 
     def started(self, epochs: int, log: str) -> None:
@@ -184,13 +160,12 @@ class RichProgress(PlainProgress):
         self.show_sweep()
 
     def show_epoch(self, row: dict[str, float]) -> None:
-        t = self.track
         self.progress.update(
             self.run,
             completed=int(row["epoch"]),
             info=(
                 f"epochs  test_accuracy={row.get('test_accuracy', float('nan')):.4f}  "
-                f"{duration(t.run_elapsed())} elapsed, ~{duration(t.run_remaining())} left"
+                f"{duration(self.run_elapsed())} elapsed, ~{duration(self.run_remaining())} left"
             ),
         )
         self.show_sweep()

@@ -1,16 +1,9 @@
 """Tables, CSV, Markdown and plots of a comparison, built from the run-result records.
 
-One row per (framework, device count), over the row's successful runs (one per seed, --repeat):
-the median (min-max) of images/s and s/epoch, the mean +- std of test accuracy, the speed-up and
-scaling efficiency, "within noise" marks, busy-machine warnings, the execution mode each row ran
-(harness.mode_label, harness.mode_note) and a title that says the device kind; what each column
-means: docs/usage.md, "The compare runner". Every file is written atomically.
-
-    python -m benchmarks.report results/<timestamp>/
-
-rebuilds a comparison's tables and plots from its config.json and runs/*.json: after the runner
-was killed (even with kill -9, which leaves no final tables), or to render old results with this
-version of the report.
+One row per (framework, device count) over its successful runs (one per seed, --repeat); what
+each column means: docs/usage.md, "The compare runner". `python -m benchmarks.report DIR`
+rebuilds a comparison's files from its config.json and runs/*.json (after the runner was killed,
+or to render old results with this version of the report).
 """
 
 from __future__ import annotations
@@ -39,9 +32,7 @@ SPREAD = ("images_per_sec", "sec_per_epoch")  # median (min-max) per cell
 
 
 @dataclass
-class Sweep:
-    """What the runner planned; the report needs it for rows that have no record."""
-
+class Sweep:  # what the runner planned: the report needs it for rows that have no record
     title: str  # e.g. "resnet18 (width 1.0) on digits, strong scaling"
     command: str
     frameworks: list[str]
@@ -74,30 +65,26 @@ def heading(sweep: Sweep, records: list[dict[str, Any]], sep: str = " ") -> str:
 
 
 def _stats(values: list[float | None]) -> tuple[float | None, float | None]:
+    """(mean, std) of the finite values."""
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
+    return (statistics.fmean(xs) if xs else None), (statistics.stdev(xs) if len(xs) > 1 else None)
 
 
-def _spread(values: list[float | None]) -> tuple[float | None, float | None, float | None]:
+def _spread(values: list[float | None]) -> tuple[float | None, ...]:
     """(median, min, max) of the finite values."""
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if not xs:
-        return None, None, None
-    return statistics.median(xs), min(xs), max(xs)
+    return (statistics.median(xs), min(xs), max(xs)) if xs else (None, None, None)
 
 
 def _load(record: dict[str, Any]) -> tuple[list[float], int | None]:
-    """The 1-minute load averages around one run (the run's own at start and end, the runner's
-    before and after the process) and the host's core count."""
+    """The 1-minute loads around one run (its own at start and end, the runner's before and
+    after) and the host's core count."""
     own = record.get("load_avg") or {}
     loads = [own.get("start"), own.get("end"), *record.get("runner", {}).get("load_avg", [])]
     return [float(x) for x in loads if x is not None], own.get("cores")
 
 
-def _busy(record: dict[str, Any]) -> bool:
-    """A 1-minute load average around the run above the host's core count."""
+def _busy(record: dict[str, Any]) -> bool:  # a load around the run above the core count
     loads, cores = _load(record)
     return bool(loads and cores and max(loads) > cores)
 
@@ -144,9 +131,8 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             for key in ("test_accuracy", "sec_per_epoch", "first_epoch_sec", "images_per_sec"):
                 row[key], row[key + "_std"] = _stats([r.get(key) for r in ok])
-            # Same start, same data: epoch 1's training loss differs between frameworks only
-            # by what training makes of float rounding (the first step agrees to ~1e-6:
-            # benchmarks.parity).
+            # Same start, same data: epoch 1's loss differs between frameworks only by what
+            # training makes of float rounding (the first step agrees to ~1e-6: parity).
             row["epoch1_train_loss"], row["epoch1_train_loss_std"] = _stats(
                 [epoch1_loss(r) for r in ok]
             )
@@ -197,8 +183,7 @@ def _joined(values: Iterable[str]) -> str:
     return ", ".join(dict.fromkeys(v for v in values if v))
 
 
-def epoch1_loss(record: dict[str, Any]) -> float | None:
-    """Epoch 1's mean training loss (None for a tutorial record, which has no losses)."""
+def epoch1_loss(record: dict[str, Any]) -> float | None:  # None: a tutorial's record
     epochs = record.get("epochs") or []
     return epochs[0].get("train_loss") if epochs else None
 
@@ -220,8 +205,8 @@ def start_note(records: list[dict[str, Any]]) -> str:
 
 
 def mark_within_noise(table: list[dict[str, Any]]) -> None:
-    """Per device count, set row["within_noise_of"] to the frameworks whose images/s min-max
-    range overlaps this row's (only cells with >= 2 successful runs have a range)."""
+    """row["within_noise_of"]: the frameworks whose images/s min-max range overlaps this row's
+    at its device count (cells with >= 2 successful runs)."""
     ranged = [
         r for r in table if r.get("runs_ok", 0) >= 2 and r.get("images_per_sec_min") is not None
     ]
@@ -282,7 +267,6 @@ def _comm(row: dict[str, Any]) -> str:
 
 
 def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
-    """(header, formatter) of the printed and Markdown tables."""
     cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("framework", lambda r: r["framework"]),
         ("mode", lambda r: r.get("mode") or "-"),
@@ -328,19 +312,8 @@ def table_cells(sweep: Sweep, table: list[dict[str, Any]]) -> tuple[list[str], l
     return [h for h, _ in cols], [[f(r) for _, f in cols] for r in table]
 
 
-def notes(sweep: Sweep, table: list[dict[str, Any]]) -> list[str]:
-    """One line per skipped framework, n/a cell and failed cell."""
-    lines = []
-    for r in table:
-        if r["note"]:
-            who = r["framework"] + ("" if r["status"] == "skipped" else f" x{r['devices']}")
-            lines.append(f"{who}: {r['status']}: {r['note']}")
-    return lines
-
-
 def spread_notes(table: list[dict[str, Any]]) -> list[str]:
-    """The "within noise" pairs per device count, or, for cells of one run, that differences
-    under the (unmeasured) run-to-run spread are noise; and the cells with an untimed run."""
+    """The "within noise" pairs per device count, the cells of one run, the untimed ones."""
     lines = []
     untimed = [f"{r['framework']} x{r['devices']}" for r in table if r.get("untimed_runs")]
     if untimed:
@@ -378,7 +351,12 @@ def table_notes(sweep: Sweep, table: list[dict[str, Any]], records: list[dict]) 
     """The lines under the summary table, on stdout and in results.md."""
     return [
         *harness.mode_notes(table),
-        *notes(sweep, table),
+        *(  # one per skipped framework, n/a cell and failed cell
+            f"{r['framework']}{'' if r['status'] == 'skipped' else ' x' + str(r['devices'])}: "
+            f"{r['status']}: {r['note']}"
+            for r in table
+            if r["note"]
+        ),
         *spread_notes(table),
         start_note(records),
     ]
@@ -452,9 +430,8 @@ def run_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_note(sweep: Sweep, table: list[dict[str, Any]]) -> str:
-    """A warning naming the cells whose host 1-minute load average (at a run's start or end)
-    exceeded the core count: more work than cores competed with those runs, so their timings are
-    noisy. The runs' own processes count too: a 2-process run on 2 cores adds about 2."""
+    """A warning naming the cells whose 1-minute load exceeded the core count (the runs' own
+    processes count too: a 2-process run on 2 cores adds about 2)."""
     busy = [r for r in table if (r.get("load_avg_max") or 0) > (r.get("cores") or math.inf)]
     if not busy:
         return ""
@@ -688,29 +665,19 @@ def sweep_from_config(config: dict[str, Any]) -> Sweep:
     )
 
 
-def damaged_record(run: dict[str, Any]) -> dict[str, Any]:
-    """The stand-in for a run whose record file is there but cannot be read (truncated, not
-    JSON, not a run record): status "damaged" and a note naming the file, not "not run"."""
-    return {
-        "framework": run["framework"],
-        "devices": run["devices"],
-        "global_batch_size": run.get("global_batch_size"),
-        "config": run.get("config"),
-        "status": "damaged",
-        "error": f"{run['output']} is damaged (truncated or not a run record); rerun this run",
-    }
-
-
 def records_of(out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every planned run's record, in the sweep's order; a run without one was not run, one whose
-    file cannot be read is "damaged" (`damaged_record`). A record
-    the runner did not finish (it was killed while the run went on: the trainer's own record
-    has no `runner` part) gets the runner facts config.json has."""
+    """Every planned run's record, in the sweep's order; one whose file cannot be read is
+    "damaged", not "not run". A record the runner did not finish (the trainer's own: no
+    `runner` part) gets the runner facts config.json has."""
     records = []
     for run in config["runs"]:
         record = harness.read_record(out / run["output"])
         if record is None and (out / run["output"]).exists():  # truncated / not a record
-            record = damaged_record(run)
+            record = {
+                **{k: run.get(k) for k in ("framework", "devices", "global_batch_size", "config")},
+                "status": "damaged",
+                "error": f"{run['output']} is damaged (truncated or not a run record); rerun it",
+            }
         if record is None:
             continue
         record.setdefault(
@@ -772,8 +739,7 @@ def rebuild(plan: Rebuild) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.report DIR`. Exit 0 rebuilt, 1 not written, 2 bad
-    input."""
+    """Exit 0 rebuilt, 1 not written, 2 bad input."""
     return harness.run_tool(TOOL, argv, make_rebuild, rebuild)
 
 

@@ -42,39 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="strong",
         help="strong: the global batch is fixed; weak: the per-device batch is",
     )
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=10,
-        metavar="K",
-        help="training steps per epoch of the real loop (default 10; at most "
-        f"{TRAIN_IMAGES} / global batch)",
-    )
-    p.add_argument(
-        "--epochs",
-        type=int,
-        default=3,
-        metavar="E",
-        help="epochs of the real loop; the first (compile, warm-up) is not timed",
-    )
-    p.add_argument(
-        "--compute-steps",
-        type=int,
-        default=0,
-        metavar="K",
-        help="timed compute-only steps (default: the real loop's timed steps, "
-        "steps x (epochs - 1))",
-    )
-    p.add_argument(
-        "--warmup", type=int, default=3, help="untimed compute-only steps (>= 1; default 3)"
-    )
-    p.add_argument(
-        "--lr",
-        type=float,
-        default=0.01,
-        help="learning rate of both loops (default 0.01: speed does not depend on it, and a "
-        "small one keeps training on random labels finite; a diverged run stops early)",
-    )
+    harness.add_numbers(
+        p,
+        ("--steps", int, 10, "training steps per epoch of the real loop (default 10; at most "
+         f"{TRAIN_IMAGES} / global batch)", "K"),
+        ("--epochs", int, 3, "epochs of the real loop; the first (compile, warm-up) is not timed",
+         "E"),
+        ("--compute-steps", int, 0, "timed compute-only steps (default: the real loop's timed "
+         "steps, steps x (epochs - 1))", "K"),
+        ("--warmup", int, 3, "untimed compute-only steps (>= 1; default 3)"),
+        ("--lr", float, 0.01, "learning rate of both loops (default 0.01: speed does not depend "
+         "on it, and a small one keeps training on random labels finite; a diverged run stops "
+         "early)"),
+    )  # fmt: skip
     p.add_argument(
         "--pipeline",
         choices=("auto", "host", "device"),
@@ -89,14 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="one extra real-loop run per cell with --phase-timing (its syncs slow "
         "the step, so it never feeds the images/s columns)",
     )
-    p.add_argument(
-        "--profile",
-        type=int,
-        default=0,
-        metavar="STEPS",
-        help="profile STEPS steps of each real loop's first (untimed) epoch with the "
-        "framework's profiler: the step's breakdown joins the cell (docs/profiling.md)",
-    )
+    harness.add_numbers(
+        p,
+        ("--profile", int, 0, "profile STEPS steps of each real loop's first (untimed) epoch "
+         "with the framework's profiler: the step's breakdown joins the cell "
+         "(docs/profiling.md)", "STEPS"),
+    )  # fmt: skip
     harness.add_flags(p, python=True, out="results/throughput-", timeout=900.0, wait_load=True)
     return p
 

@@ -1,17 +1,16 @@
 """`python -m benchmarks.tutorial_loops`: our training loops against the seed tutorials' loops.
 
-Each trainer is timed against the tutorial loop it grew out of (TUTORIALS below; each module
-of tutorials/ says what its loop costs), on the same work: the same Config (the same
-flags go to both), the same arrays from `common.datasets`, the same model built by the trainer's
-own `build_model`; only the loop differs. Both sides run in their own processes, alternately
-(ours first in even repeats), with augmentation off and a constant LR on both (the tutorials have
-neither). Compared: the records' `images_per_sec` and the per-repeat ratio ours / tutorial;
-`epoch_sec` adds evaluation; each side's execution mode (harness.mode_label). Results:
-docs/performance.md, "Against the seed tutorials' loops".
+Each trainer is timed against the tutorial loop it grew out of (TUTORIALS; each module of
+tutorials/ says what its loop costs) on the same work: the same Config and flags, the same arrays
+and model; only the loop differs. Both sides run in their own processes, alternately (ours first
+in even repeats), with augmentation off and a constant LR (the tutorials have neither). Compared:
+the records' `images_per_sec`, the per-repeat ratio ours / tutorial, `epoch_sec` (with
+evaluation). Results: docs/performance.md, "Against the seed tutorials' loops".
 
 outputs (in --out DIR): tutorial_loops.json (every run and the summary), tutorial_loops.md,
 runs/*.json (each run's record), logs/*.log.
-exit code: 0 every run ok, 1 a run failed or timed out, 2 bad input (nothing ran).
+exit code: 0 every run ok, 1 a run failed or timed out, 2 bad input (nothing ran), 128 + the
+signal interrupted.
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ class Tutorial:
     mode: str  # its loop's execution mode (harness.mode_label's words), where its record has none
 
     @property
-    def module(self) -> str:
-        """Run as `python -m <module>` with the compared framework's interpreter."""
+    def module(self) -> str:  # run with the compared framework's interpreter
         return "tutorials." + self.name.replace("-", "_")
 
 
@@ -64,15 +62,8 @@ DEFAULT_WORK = dict(preset="throughput", width=0.25, train_limit=4096, epochs=3)
 # augmentation and a constant LR, and run NCHW on CUDA: channels-last is a layout choice, not a
 # loop one, so it stays off; cuDNN autotuning stays on in ours, part of its loop). No
 # --tensorboard: every timed run would write into the one directory.
-RUNNER_OWNED = (
-    "gpus",
-    "devices",
-    "output",
-    "checkpoint_dir",
-    "resume",
-    "log_every",
-    "phase_timing",
-    "tensorboard",
+RUNNER_OWNED = tuple(
+    "gpus devices output checkpoint_dir resume log_every phase_timing tensorboard".split()
 )
 FORCED: dict[str, Any] = dict(
     augment=False, lr_schedule="constant", warmup_epochs=0.0, channels_last=False
@@ -179,6 +170,10 @@ def plan_from(argv: list[str]) -> Plan:
 # -- running ------------------------------------------------------------------------------------
 
 
+KEPT = "first_epoch_sec wall_sec test_examples test_accuracy device_kind deviations execution"
+KEPT_KEYS = KEPT.split()  # from each run's record into its row
+
+
 def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str, Any]:
     """One run of our trainer (side "ours") or of the tutorial loop (side "tutorial")."""
     fw = REGISTRY[tut.framework]
@@ -190,17 +185,9 @@ def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str
     child = harness.run_child(
         command, log, plan.timeout, tag="tutorial_loops", wait_load=plan.wait_load, reraise=True
     )
-    row: dict[str, Any] = {
-        "tutorial": tut.name,
-        "framework": tut.framework,
-        "side": side,
-        "devices": n,
-        "repeat": rep,
-        "command": command,
-        "log": str(log.relative_to(plan.out)),
-        "load_before": child.load_avg[0],
-        "exit_code": child.returncode,
-    }
+    row = dict(tutorial=tut.name, framework=tut.framework, side=side, devices=n, repeat=rep,
+               command=command, log=str(log.relative_to(plan.out)),
+               load_before=child.load_avg[0], exit_code=child.returncode)  # fmt: skip
     record = harness.read_record(output) or {}
     status = record.get("status", "failed")
     if child.ended == "timeout":
@@ -219,13 +206,7 @@ def run_side(plan: Plan, tut: Tutorial, side: str, n: int, rep: int) -> dict[str
         record=str(output.relative_to(plan.out)) if output.exists() else None,
         images_per_sec=record.get("images_per_sec") if status == "ok" else None,
         epoch_sec=statistics.median(epoch_secs) if status == "ok" and epoch_secs else None,
-        first_epoch_sec=record.get("first_epoch_sec"),
-        wall_sec=record.get("wall_sec"),
-        test_examples=record.get("test_examples"),
-        test_accuracy=record.get("test_accuracy"),
-        device_kind=record.get("device_kind"),
-        deviations=record.get("deviations"),
-        execution=record.get("execution"),
+        **{k: record.get(k) for k in KEPT_KEYS},
         # what ran: its record's word, else (a tutorial loop that does not say) the loop's own
         mode=harness.mode_label(record.get("execution"))
         or (tut.mode if side == "tutorial" else ""),
@@ -261,23 +242,17 @@ def summarise(plan: Plan, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             def mode(s: str, side: dict[str, list[dict[str, Any]]] = side) -> str:
                 return ", ".join(dict.fromkeys(r["mode"] for r in side[s] if r.get("mode")))
 
-            rows.append(
-                {
-                    "tutorial": tut.name,
-                    "framework": tut.framework,
-                    "devices": n,
-                    "ours_mode": mode("ours"),
-                    "tutorial_mode": mode("tutorial"),
-                    "ours_images_per_sec": med("images_per_sec", "ours"),
-                    "tutorial_images_per_sec": med("images_per_sec", "tutorial"),
-                    "ratio": statistics.median(ratios) if ratios else None,
-                    "ratios": ratios,
-                    "epoch_speedup": statistics.median(epoch_ratios) if epoch_ratios else None,
-                    "ours_test_examples": med("test_examples", "ours"),
-                    "tutorial_test_examples": med("test_examples", "tutorial"),
-                    "status": "ok" if all(r["status"] == "ok" for r in cell) else "failed",
-                }
-            )
+            rows.append(dict(
+                tutorial=tut.name, framework=tut.framework, devices=n,
+                ours_mode=mode("ours"), tutorial_mode=mode("tutorial"),
+                ours_images_per_sec=med("images_per_sec", "ours"),
+                tutorial_images_per_sec=med("images_per_sec", "tutorial"),
+                ratio=statistics.median(ratios) if ratios else None, ratios=ratios,
+                epoch_speedup=statistics.median(epoch_ratios) if epoch_ratios else None,
+                ours_test_examples=med("test_examples", "ours"),
+                tutorial_test_examples=med("test_examples", "tutorial"),
+                status="ok" if all(r["status"] == "ok" for r in cell) else "failed",
+            ))  # fmt: skip
     return rows
 
 
@@ -320,9 +295,7 @@ def markdown(plan: Plan, rows: list[dict[str, Any]], host: dict[str, Any]) -> st
 
 
 def mode_note(plan: Plan, rows: list[dict[str, Any]]) -> str:
-    """Under the table, where its rows (or a row's two sides) differ in execution mode: read
-    each row's ratio, not images/s across rows; the flag that compares compiled steps is
-    benchmarks.throughput's (--compile is refused here: the tutorials' loops cannot compile)."""
+    """Under the table, where its rows (or a row's two sides) differ in execution mode."""
     modes = []
     for r in rows:
         same = r["ours_mode"] == r["tutorial_mode"]
@@ -379,8 +352,6 @@ def execute(plan: Plan) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.tutorial_loops --help`. Exit 0 every run ok, 1 a run
-    failed or timed out, 2 bad input, 128 + the signal interrupted (130: Ctrl-C)."""
     return harness.run_tool("tutorial_loops", argv, plan_from, execute)
 
 

@@ -56,12 +56,7 @@ from common.datasets import Dataset, load_for
 from common.runtime import cpu_threads, set_omp_threads
 from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
-from tutorials.record import (
-    Tutorial,
-    TutorialRecorder,
-    failure_recorder,
-    refuse_options,
-)
+from tutorials.record import Tutorial, TutorialRecorder, failure_recorder, refuse_options
 
 # mxnet (and frameworks.mxnet_gluon's helpers that import it) is imported inside the functions:
 # MXNet reads OMP_NUM_THREADS once, when it is loaded, and main() sets it first.

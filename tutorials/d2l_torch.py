@@ -41,12 +41,7 @@ from common.schedule import scaled_lr
 from common.trainer import keep_measured_epochs, run_main
 from frameworks.torch_dp import FRAMEWORK as COMPARED, build_model, check_config
 from frameworks.torch_support import device_plan, initialize, make_optimizer, sync, use_device_plan
-from tutorials.record import (
-    Tutorial,
-    TutorialRecorder,
-    failure_recorder,
-    refuse_options,
-)
+from tutorials.record import Tutorial, TutorialRecorder, failure_recorder, refuse_options
 
 SOURCE = (
     "Dive into Deep Learning, 13.6 Concise Implementation for Multiple GPUs (PyTorch), "

@@ -56,12 +56,7 @@ from common.trainer import describe, keep_measured_epochs, run_main
 from frameworks.torch_ddp import FRAMEWORK as COMPARED, build_model
 from frameworks.torch_support import device_plan, initialize, make_optimizer, sync, use_device_plan
 from tutorials.d2l_torch import image_datasets  # torchvision-dataset stand-ins
-from tutorials.record import (
-    Tutorial,
-    TutorialRecorder,
-    failure_recorder,
-    refuse_options,
-)
+from tutorials.record import Tutorial, TutorialRecorder, failure_recorder, refuse_options
 
 SOURCE = (
     "NVIDIA DLI, Data Parallelism: How to Train Deep Learning Models on Multiple GPUs, "

@@ -1,9 +1,7 @@
-"""What every tutorial loop shares besides its loop: its run record, its option check and the
-record of a run that failed before its loop began.
+"""What every tutorial loop shares besides its loop: its run record and its option check.
 
-The record is `common.results.RunRecorder`'s, so its timing definitions are the trainers':
-`images_per_sec` is the training images of the epochs after the first divided by their summed
-training seconds (the first epoch holds compilation and warm-up), and `benchmarks.tutorial_loops`
+The record is `common.results.RunRecorder`'s, so its timing definitions are the trainers' (the
+first epoch, with compilation and warm-up, is not timed) and `benchmarks.tutorial_loops`
 compares like with like. Training seconds end at the framework's own sync (a tutorial that
 stops its clock before queued work finishes would otherwise look faster than it is); evaluation
 is timed separately.
@@ -23,20 +21,11 @@ from common.results import RunRecorder
 from common.trainer import process_rank
 
 # Fields of a trainer's record that a tutorial loop does not measure (it reads no loss).
-NOT_MEASURED = (
-    "framework",
-    "bn_mode",
-    "test_loss",
-    "time_to_target_sec",
-    "epochs_to_target",
-    "params",
-    "phases_ms_per_step",
-)
+NOT_MEASURED = "framework bn_mode test_loss time_to_target_sec epochs_to_target params"
+NOT_MEASURED += " phases_ms_per_step"
 
 
-class Tutorial(NamedTuple):
-    """What names a tutorial loop in its records."""
-
+class Tutorial(NamedTuple):  # what names a tutorial loop in its records
     name: str  # e.g. "d2l-torch"
     source: str  # the tutorial's title and address
     deviations: tuple[str, ...]  # where the rebuild differs from it, and why
@@ -44,9 +33,8 @@ class Tutorial(NamedTuple):
 
 
 class TutorialRecorder(RunRecorder):
-    """A RunRecorder for a tutorial loop: per epoch the training and evaluation seconds and the
-    test accuracy (no losses: the tutorials do not read them), and in the record the tutorial,
-    its source and its deviations. Rank 0 prints and writes."""
+    """Per epoch the training and evaluation seconds and the test accuracy (no losses: the
+    tutorials do not read them); the record names the tutorial, its source and deviations."""
 
     def __init__(
         self,
@@ -97,7 +85,7 @@ class TutorialRecorder(RunRecorder):
 
     def result(self) -> dict[str, Any]:
         record = super().result()
-        for key in NOT_MEASURED:
+        for key in NOT_MEASURED.split():
             record.pop(key, None)
         timed = [e for e in self.epochs if e["timed"]] or self.epochs  # as RunRecorder
         return {
@@ -115,8 +103,8 @@ class TutorialRecorder(RunRecorder):
 def failure_recorder(
     tutorial: Tutorial, *, devices: int | None = None, device_kind: str = "unknown"
 ) -> Callable[[Config, str], None]:
-    """`on_failure` for `common.trainer.run_main`: writes a 'failed' record (rank 0 only) for a
-    run that failed before its loop kept any epoch. `devices` defaults to --gpus."""
+    """`on_failure` for `run_main`: a 'failed' record (rank 0) for a run that failed before its
+    loop kept any epoch. `devices` defaults to --gpus."""
 
     def write(cfg: Config, error: str) -> None:
         n = cfg.gpus if devices is None else devices
@@ -129,8 +117,7 @@ def failure_recorder(
 
 
 def tutorial_steps(cfg: Config, n_train: int) -> int:
-    """Training steps per epoch of a tutorial loop (common.pipeline.steps_per_epoch); a global
-    batch larger than the training set is one line (ConfigError), not a traceback."""
+    """Steps per epoch; a global batch larger than the training set is one line (ConfigError)."""
     try:
         return steps_per_epoch(n_train, cfg.batch_size, cfg.max_steps_per_epoch)
     except ValueError as exc:
@@ -140,26 +127,17 @@ def tutorial_steps(cfg: Config, n_train: int) -> int:
 def refuse_options(
     cfg: Config, loop: str, *extra: tuple[bool, str, str], early_stop: bool = False
 ) -> None:
-    """Refuse what `loop` has no equivalent for, with one ConfigError naming the fix, then check
-    the dataset. No tutorial loop has mixed precision, another optimizer, an LR schedule or
-    warm-up, augmentation or checkpoints; `early_stop` for one that stops at
-    --target-accuracy; `extra` rows are (refused, the option, its fix)."""
+    """Refuse what `loop` has no equivalent for (one ConfigError naming the fix), then check the
+    dataset; `early_stop`: it stops at --target-accuracy; `extra`: (refused, option, fix) rows."""
+    lr, target = cfg.lr_schedule, cfg.target_accuracy
     rows = [
         (cfg.precision != "fp32", f"--precision {cfg.precision}", "--precision fp32"),
         (cfg.optimizer != "sgd", f"--optimizer {cfg.optimizer}", "--optimizer sgd"),
-        (
-            cfg.lr_schedule != "constant",
-            f"--lr-schedule {cfg.lr_schedule}",
-            "--lr-schedule constant",
-        ),
+        (lr != "constant", f"--lr-schedule {lr}", "--lr-schedule constant"),
         (cfg.warmup_epochs > 0, f"--warmup-epochs {cfg.warmup_epochs:g}", "--warmup-epochs 0"),
         (cfg.augment, "--augment", "--no-augment"),
         (bool(cfg.checkpoint_dir), "--checkpoint-dir/--resume", "a run without checkpoints"),
-        (
-            not early_stop and cfg.target_accuracy > 0,
-            f"--target-accuracy {cfg.target_accuracy:g}",
-            "--target-accuracy 0",
-        ),
+        (not early_stop and target > 0, f"--target-accuracy {target:g}", "--target-accuracy 0"),
         *extra,
     ]
     for refused, option, fix in rows:

@@ -250,13 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated, from: resnet18, wideresnet; one buffer the size of each model's "
         "gradients (default: both)",
     )
-    p.add_argument(
-        "--width", type=float, default=1.0, help="channel-width multiplier (default 1.0)"
+    harness.add_numbers(
+        p,
+        ("--width", float, 1.0, "channel-width multiplier (default 1.0)"),
+        ("--reps", int, 20, "timed repetitions (median reported; default 20)"),
+        ("--warmup", int, 5, "untimed repetitions first (default 5)"),
     )
-    p.add_argument(
-        "--reps", type=int, default=20, help="timed repetitions (median reported; default 20)"
-    )
-    p.add_argument("--warmup", type=int, default=5, help="untimed repetitions first (default 5)")
     harness.add_flags(p, python=True, out="results/comm-", timeout=600.0, devices=True)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one framework
     p.add_argument("--worker-devices", type=int, default=1, help=argparse.SUPPRESS)
@@ -416,8 +415,7 @@ def run_worker(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `python -m benchmarks.analysis.comm_probe --help`. Exit 0 all ok, 1 a probe
-    failed, 2 bad input, 128 + the signal interrupted (130: Ctrl-C)."""
+    """Exit 0 all ok, 1 a probe failed, 2 bad input, 128 + the signal interrupted."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--worker" in args:
         return run_worker(build_parser().parse_args(args))

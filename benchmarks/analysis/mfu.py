@@ -34,24 +34,15 @@ PROG = "python -m benchmarks.analysis.mfu"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("tables", nargs="+", type=Path, metavar="TABLE", help="throughput.json files")
-    p.add_argument(
-        "--gflop-per-image",
-        type=float,
-        default=3.33,
-        help="training FLOP per image, in GFLOP (default 3.33: ResNet-18, 32x32)",
-    )
-    p.add_argument(
-        "--peak-tflops",
-        type=float,
-        default=989.0,
-        help="the device's peak, TFLOP/s (default 989: H100/H200 dense bf16)",
-    )
-    p.add_argument(
-        "--model",
-        default="resnet18",
-        help="the model the FLOP count is for; a table of another is refused",
-    )
-    p.add_argument("--image-size", type=int, default=32, help="likewise (default 32)")
+    harness.add_numbers(
+        p,
+        ("--gflop-per-image", float, 3.33,
+         "training FLOP per image, in GFLOP (default 3.33: ResNet-18, 32x32)"),
+        ("--peak-tflops", float, 989.0,
+         "the device's peak, TFLOP/s (default 989: H100/H200 dense bf16)"),
+        ("--model", str, "resnet18", "the model the FLOP count is for; another's table is refused"),
+        ("--image-size", int, 32, "likewise (default 32)"),
+    )  # fmt: skip
     p.add_argument("--out", type=Path, help="write mfu.md and mfu.json into this folder")
     return p  # fmt: skip
 
