@@ -65,6 +65,11 @@ from frameworks.torch_support import (
 
 FRAMEWORK = "torch-fsdp"
 PACKAGES = ("torch",)
+# What --phase-timing's phases hold here, for the record: FSDP's collectives run inside the step.
+PHASE_NOTE = (
+    "forward_backward = forward and backward with FSDP's all-gathers of the parameters and "
+    "reduce-scatters of the gradients; allreduce: none (0)"
+)
 
 
 # ---- model ---------------------------------------------------------------------------------
@@ -96,11 +101,11 @@ def create_train_state(
         model = model.to(memory_format=torch.channels_last)
     # fully_shard keeps 1/N of each parameter on each rank (a DTensor sharded on dim 0 over the
     # mesh's one axis), one group per residual block and one for the rest (stem, head), as
-    # torchtitan does: a block's parameters are all-gathered just before it runs, the next
-    # block's all-gather overlapping this one's compute, and its gradients reduce-scattered as
-    # soon as its backward is done. The same code at every size (a world of one shards nothing).
-    # BN buffers are not sharded: each rank keeps the running statistics of its own shard,
-    # averaged at the end of every epoch (sync_batch_stats).
+    # torchtitan does: a block's parameters are all-gathered just before it runs (on CUDA in a
+    # stream of their own, overlapping the previous block's compute), and its gradients
+    # reduce-scattered as soon as its backward is done. The same code at every size (a world of
+    # one shards nothing). BN buffers are not sharded: each rank keeps the running statistics
+    # of its own shard, averaged at the end of every epoch (sync_batch_stats).
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,))
     blocks = [m for m in model.modules() if isinstance(m, (BasicBlock, WideBlock))]
@@ -141,7 +146,7 @@ def train_step(
     for group in state.optimizer.param_groups:
         group["lr"] = float(state.lr[state.step])  # a host array: no sync
     state.optimizer.zero_grad(set_to_none=True)
-    # FSDP's collectives run inside forward and backward, overlapped with the blocks' compute:
+    # FSDP's collectives run inside forward and backward, between the blocks' compute:
     # --phase-timing's forward_backward includes them (there is no separate all-reduce phase).
     with state.phases.phase("forward_backward"):
         with autocast(state):
@@ -263,6 +268,7 @@ def train(cfg: Config, report: Connection | None = None) -> dict:
         return run.finish(
             lambda: canonical_state(state),  # --save-state
             **compiles.record(),  # compile_sec, compile_cache (a compiled step's)
+            **({"phase_note": PHASE_NOTE} if cfg.phase_timing else {}),
         )
     finally:
         dist.destroy_process_group()

@@ -501,11 +501,12 @@ def checkpoint_path(cfg: Config) -> Path:
 def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
     """Write the state after `epoch` (0-based) with its sha256, atomically. A sharded model
     (torch-fsdp): every rank gathers the full state (a collective), rank 0 writes it."""
-    model, optimizer = state.module.state_dict(), state.optimizer.state_dict()
     if isinstance(state.module, FSDPModule):
         model, optimizer = get_state_dict(state.module, state.optimizer, options=FULL_STATE)
         if dist.get_rank() != 0:
             return
+    else:
+        model, optimizer = state.module.state_dict(), state.optimizer.state_dict()
     buf = io.BytesIO()
     torch.save(
         {
@@ -542,9 +543,10 @@ def load_checkpoint(
 def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     """Parameters and BN buffers in torch's names and layouts (--save-state), as numpy. A
     sharded model (torch-fsdp): gathered by every rank (a collective), on rank 0 only."""
-    sd = state.module.state_dict()
     if isinstance(state.module, FSDPModule):
         sd = get_model_state_dict(state.module, options=FULL_STATE)
+    else:
+        sd = state.module.state_dict()
     return {k: v.detach().cpu().numpy() for k, v in sd.items()}
 
 
