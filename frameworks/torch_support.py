@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 
 import numpy as np
 import torch
@@ -543,8 +543,8 @@ def load_checkpoint(
 def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
     """Parameters and BN buffers in torch's names and layouts (--save-state), as numpy. A
     sharded model (torch-fsdp): gathered by every rank (a collective), on rank 0 only."""
-    if isinstance(state.module, FSDPModule):
-        sd = get_model_state_dict(state.module, options=FULL_STATE)
+    if isinstance(state.module, FSDPModule):  # tensors (its type also allows containers)
+        sd = cast(dict[str, torch.Tensor], get_model_state_dict(state.module, options=FULL_STATE))
     else:
         sd = state.module.state_dict()
     return {k: v.detach().cpu().numpy() for k, v in sd.items()}
