@@ -109,6 +109,7 @@ REGISTRY: dict[str, Framework] = {
     for f in (
         Framework("torch-dp", "frameworks.torch_dp", ".venv", "main", DP_NEEDS_CUDA),
         Framework("torch-ddp", "frameworks.torch_ddp", ".venv", "main"),
+        Framework("torch-fsdp", "frameworks.torch_fsdp", ".venv", "main"),
         Framework("jax-pmap", "frameworks.jax_pmap", ".venv", "main"),
         Framework("jax-shard", "frameworks.jax_shard", ".venv", "main"),
         Framework("jax-shardmap", "frameworks.jax_shardmap", ".venv", "main"),
@@ -179,7 +180,7 @@ def parse_frameworks(text: str, variants: bool = False) -> list[str]:
         if base not in VARIANT_BASES:
             raise UsageError(
                 f"{name}: variants choose torch.compile and apply to "
-                f"{' and '.join(VARIANT_BASES)} only ({base} has one execution mode); give {base}"
+                f"{', '.join(VARIANT_BASES)} only ({base} has one execution mode); give {base}"
             )
     if not names:
         raise UsageError(f"--frameworks is empty; give one or more of {', '.join(REGISTRY)}")

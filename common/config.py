@@ -16,7 +16,15 @@ from typing import Any
 from common.devices import CHOICES as DEVICE_CHOICES
 from common.errors import ConfigError
 
-FRAMEWORKS = ("torch-dp", "torch-ddp", "jax-pmap", "jax-shard", "jax-shardmap", "mxnet-gluon")
+FRAMEWORKS = (
+    "torch-dp",
+    "torch-ddp",
+    "torch-fsdp",
+    "jax-pmap",
+    "jax-shard",
+    "jax-shardmap",
+    "mxnet-gluon",
+)
 MODELS = ("resnet18", "wideresnet")
 DATASETS = ("cifar10", "cifar100", "fashion-mnist", "digits", "synthetic")
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -236,6 +244,12 @@ class Config:
         "for images under 32x32 on several simulated devices, where XLA's own code measured "
         "faster (docs/performance.md)",
         switch=True,
+    )
+    reshard_after_forward: bool = opt(
+        True,
+        "torch-fsdp: free each block's gathered parameters after its forward and all-gather them "
+        "again for its backward (ZeRO-3), or keep them until then (--no-reshard-after-forward: "
+        "ZeRO-2's traffic, more memory)",
     )
     tf32: bool = opt(
         False,
@@ -551,7 +565,8 @@ RESUME_KEYS = tuple(
     "eval_batch_size max_steps_per_epoch seed init optimizer lr lr_base_batch lr_scaling "
     "lr_schedule lr_step_epochs lr_step_factor warmup_epochs warmup_start_factor momentum "
     "nesterov weight_decay label_smoothing novograd_betas bn bn_momentum bn_eps precision tf32 "
-    "channels_last compile compile_mode xla_cpu_ynn pipeline prefetch phase_timing".split()
+    "channels_last compile compile_mode xla_cpu_ynn reshard_after_forward pipeline prefetch "
+    "phase_timing".split()
 )
 
 

@@ -28,6 +28,7 @@ from common.pipeline import DEVICE_DATA_LIMIT
 # 7/4 keeps the estimate under every peak measured (torch's eager CPU step held 1.85-2.1).
 SAVED = 1.75
 GIB = 2**30
+PROCESS_PER_DEVICE = ("torch-ddp", "torch-fsdp")  # the trainers that run one process per device
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def estimate(cfg: Config, gpu: bool, world: int = 1) -> Need:
     n_train = train_size(cfg)
     n_test_all = DATA_SHAPES.get(cfg.dataset, (cfg.synthetic_test,))[0]
     n_test = min(n_test_all, cfg.test_limit or n_test_all)
-    ddp = cfg.framework == "torch-ddp"
+    ddp = cfg.framework in PROCESS_PER_DEVICE
     per_process = 1 if ddp else cfg.gpus  # devices each process drives
     devices = per_process * max(1, world)
     local = max(1, cfg.batch_size // devices)  # a replica's share of the global batch
@@ -117,9 +118,9 @@ def estimate(cfg: Config, gpu: bool, world: int = 1) -> Need:
 
 
 def processes_here(cfg: Config, world: int) -> int:
-    """The run's processes on this machine: torch-ddp's ranks (torchrun's LOCAL_WORLD_SIZE on
-    several machines), one for every other trainer (a JAX process per host)."""
-    if cfg.framework != "torch-ddp":
+    """The run's processes on this machine: torch-ddp's and torch-fsdp's ranks (torchrun's
+    LOCAL_WORLD_SIZE on several machines), one for every other trainer (a JAX process per host)."""
+    if cfg.framework not in PROCESS_PER_DEVICE:
         return 1
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     return int(local) if local.isdigit() and int(local) >= 1 else max(1, world)

@@ -65,7 +65,10 @@ class Run:
     to a multiple of it (static shapes). `device_bytes`: the most training-set bytes the
     framework's device arrays hold. torch-ddp's spawned ranks give the parent's `report` pipe
     (rank 0's record after every epoch) and a `barrier` (rank 0's checkpoint on disk before any
-    rank goes on). `profiler`: the framework's (frameworks/profilers.py), for --profile."""
+    rank goes on). `profiler`: the framework's (frameworks/profilers.py), for --profile.
+    `sharded`: the state is sharded over the processes (torch-fsdp): gathering it for the
+    checkpoint and --save-state is a collective, so every process calls the checkpoint's save
+    and `final_state` (which write on process 0 only)."""
 
     def __init__(
         self,
@@ -83,12 +86,13 @@ class Run:
         report: Connection | None = None,
         barrier: Callable[[], Any] | None = None,
         profiler: Callable[[], Profiler] | None = None,
+        sharded: bool = False,
     ):
         injected_failure(framework)  # DPBENCH_FAIL=<framework>: a start-up failure (tests)
         check_memory(cfg, gpu, world)  # sizes against memory, before the data and the model
         self.cfg, self.framework, self.packages = cfg, framework, packages
         self.rank, self.world, self.is_main = rank, world, rank == 0
-        self.report, self.barrier = report, barrier
+        self.report, self.barrier, self.sharded = report, barrier, sharded
         self.recorder: RunRecorder | None = None
         self.log = printer(self.is_main)  # only process 0 prints
         self.ds = load_for(cfg)
@@ -230,7 +234,7 @@ class Run:
         if self.is_main and self.report is not None:  # to the parent: the epochs so far
             self.report.send(rec.result())
         if cfg.checkpoint_dir:
-            if self.is_main:
+            if self.is_main or self.sharded:
                 self._save(state, epoch)
             if self.barrier is not None:  # the checkpoint on disk before any rank may be killed
                 self.barrier()
@@ -252,6 +256,8 @@ class Run:
                 self.profile.record(per_epoch / len(self.loader) if per_epoch else None)
             )
         self.recorder.extra.update(extra)
-        if self.is_main and self.cfg.save_state:
-            save_final_state(self.cfg, final_state())  # --save-state
+        if self.cfg.save_state and (self.is_main or self.sharded):
+            state = final_state()  # sharded: a collective
+            if self.is_main:
+                save_final_state(self.cfg, state)  # --save-state
         return self.recorder.finish()

@@ -30,6 +30,7 @@ _JAX = ("jax", "flax", "optax")
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "frameworks.torch_ddp": ("torch",),
     "frameworks.torch_dp": ("torch",),
+    "frameworks.torch_fsdp": ("torch",),
     "frameworks.jax_pmap": _JAX,
     "frameworks.jax_shard": _JAX,
     "frameworks.jax_shardmap": _JAX,

@@ -1,7 +1,7 @@
-"""The torch models, shared by torch-dp and torch-ddp: the CIFAR ResNet-18 and the NVIDIA
-course's WideResNet, with the submodule names every framework uses (`conv1`, `bn1`, `layer1.0`,
-`fc`), and the CPU SyncBatchNorm. The rest the two trainers share (optimiser, loss, train state,
-device I/O, evaluation, checkpoints) is in frameworks/torch_support.py.
+"""The torch models, shared by torch-dp, torch-ddp and torch-fsdp: the CIFAR ResNet-18 and the
+NVIDIA course's WideResNet, with the submodule names every framework uses (`conv1`, `bn1`,
+`layer1.0`, `fc`), and the CPU SyncBatchNorm. The rest the torch trainers share (optimiser, loss,
+train state, device I/O, evaluation, checkpoints) is in frameworks/torch_support.py.
 
 Every default that differs between frameworks is spelled out here rather than inherited:
 - BatchNorm: momentum 0.1 in torch's convention (running = 0.9 * running + 0.1 * batch; Flax and

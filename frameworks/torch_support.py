@@ -1,7 +1,7 @@
-"""What torch-dp and torch-ddp share besides the models (frameworks/torch_models.py): the
-optimiser (with NovoGrad), the loss, mixed precision and torch.compile, the train state, the
+"""What torch-dp, torch-ddp and torch-fsdp share besides the models (frameworks/torch_models.py):
+the optimiser (with NovoGrad), the loss, mixed precision and torch.compile, the train state, the
 devices torch sees, host-to-device copies and the device pipeline, evaluation and checkpoint
-I/O. The trainers keep only what differs between DataParallel and DDP."""
+I/O. The trainers keep only what differs between DataParallel, DDP and FSDP."""
 
 from __future__ import annotations
 
@@ -13,13 +13,20 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
 
 from common import checkpoints
 from common.config import CUDA_GRAPH_MODES, Config, ConfigError
@@ -486,14 +493,21 @@ def evaluate(
     eval_step: Callable[[TrainState, tuple[torch.Tensor, ...]], dict[str, torch.Tensor]],
     state: TrainState,
     loader: EvalLoader,
+    steps: int = 0,
 ) -> dict[str, Any]:  # tensors on the device (host_sums reads them)
     """Test sums {"loss_sum", "correct", "count"} over the loader's images (each exactly once),
-    left on the device: the caller reads them once."""
+    left on the device: the caller reads them once. `steps` (torch-fsdp, whose forward is a
+    collective): every rank runs that many batches, those past its own of one image at weight 0."""
     state.model.eval()
     totals: dict[str, torch.Tensor] = {}
+    done = 0
     for batch in loader:
+        done += 1
         for k, v in eval_step(state, to_device(batch, state)).items():
             totals[k] = totals[k] + v if k in totals else v
+    blank = (loader.norm(loader.ds.test_x[:1]), loader.ds.test_y[:1], np.zeros(1, np.float32))
+    for _ in range(done, steps):
+        eval_step(state, to_device(blank, state))
     state.model.train()
     return totals
 
@@ -519,12 +533,19 @@ def checkpoint_path(cfg: Config) -> Path:
 
 
 def save_checkpoint(cfg: Config, state: TrainState, recorder: RunRecorder, epoch: int) -> None:
-    """Write the state after `epoch` (0-based) with its sha256, atomically."""
+    """Write the state after `epoch` (0-based) with its sha256, atomically. A sharded model
+    (torch-fsdp): every rank gathers the full state (a collective), rank 0 writes it."""
+    if isinstance(state.module, FSDPModule):
+        model, optimizer = get_state_dict(state.module, state.optimizer, options=FULL_STATE)
+        if dist.get_rank() != 0:
+            return
+    else:
+        model, optimizer = state.module.state_dict(), state.optimizer.state_dict()
     buf = io.BytesIO()
     torch.save(
         {
-            "model": state.module.state_dict(),
-            "optimizer": state.optimizer.state_dict(),
+            "model": model,
+            "optimizer": optimizer,
             "scaler": state.scaler.state_dict(),
             **checkpoints.checkpoint_meta(cfg, recorder, epoch, state.step),
         },
@@ -543,15 +564,29 @@ def load_checkpoint(
     with checkpoints.reading_checkpoint(path):  # damaged or foreign: one line, exit 2
         ckpt = load_tensors(io.BytesIO(checkpoints.read_checkpoint(path)), state.device)
         epoch, state.step = checkpoints.restore_meta(ckpt, recorder, path)
-        state.module.load_state_dict(ckpt["model"])
-        state.optimizer.load_state_dict(ckpt["optimizer"])
+        if isinstance(state.module, FSDPModule):  # every rank keeps its shard of the full state
+            set_state_dict(state.module, state.optimizer, model_state_dict=ckpt["model"],
+                           optim_state_dict=ckpt["optimizer"], options=FULL_STATE)  # fmt: skip
+        else:
+            state.module.load_state_dict(ckpt["model"])
+            state.optimizer.load_state_dict(ckpt["optimizer"])
         state.scaler.load_state_dict(ckpt["scaler"])
     return state, epoch
 
 
 def canonical_state(state: TrainState) -> dict[str, np.ndarray]:
-    """Parameters and BN buffers in torch's names and layouts (--save-state), as numpy."""
-    return {k: v.detach().cpu().numpy() for k, v in state.module.state_dict().items()}
+    """Parameters and BN buffers in torch's names and layouts (--save-state), as numpy. A
+    sharded model (torch-fsdp): gathered by every rank (a collective), on rank 0 only."""
+    if isinstance(state.module, FSDPModule):  # tensors (its type also allows containers)
+        sd = cast(dict[str, torch.Tensor], get_model_state_dict(state.module, options=FULL_STATE))
+    else:
+        sd = state.module.state_dict()
+    return {k: v.detach().cpu().numpy() for k, v in sd.items()}
+
+
+# The full (unsharded) state in torch's names, gathered onto rank 0's host memory (the other
+# ranks get none); loaded, every rank takes its shard of it.
+FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def checkpoint_meta_of(path: Path) -> dict[str, Any]:

@@ -210,7 +210,8 @@ BAD_INPUT = {
     ),
     "a variant of a framework without torch.compile": (
         ["--frameworks", "jax-pmap+compile"],
-        "jax-pmap+compile: variants choose torch.compile and apply to torch-dp and torch-ddp only",
+        "jax-pmap+compile: variants choose torch.compile and apply to torch-dp, torch-ddp, "
+        "torch-fsdp only",
     ),
 }
 

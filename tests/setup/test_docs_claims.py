@@ -18,6 +18,7 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 TRANSFORMS = {
     "torch_dp.py": "DataParallel",  # nn.DataParallel(
     "torch_ddp.py": "DDP",
+    "torch_fsdp.py": "fully_shard",
     "jax_pmap.py": "pmean",  # lax.pmean(
     "jax_shard.py": "NamedSharding",
     "mxnet_gluon.py": "split_and_load",

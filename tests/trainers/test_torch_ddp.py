@@ -1,5 +1,6 @@
-"""torch-ddp on CPU (gloo): evaluation at an uneven process count, --bn local's per-rank BN
-statistics. Launch: tests/trainers/test_launch.py; steps and resume: test_contract.py."""
+"""torch-ddp on CPU (gloo): evaluation at an uneven process count (torch-fsdp's too), --bn
+local's per-rank BN statistics. Launch: tests/trainers/test_launch.py; steps and resume:
+test_contract.py."""
 
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ from common.runtime import free_port
 from tests.conftest import ROOT, read_json
 
 
-def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
+def _eval_worker(rank: int, world: int, port: int, out: str, trainer: str) -> None:
+    from importlib import import_module
+
     from common.datasets import load_for
     from common.pipeline import EvalLoader
-    from frameworks import torch_ddp
     from frameworks.torch_support import device_plan, evaluate
+
+    module = import_module(f"frameworks.{trainer}")
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -28,10 +32,13 @@ def _eval_worker(rank: int, world: int, port: int, out: str) -> None:
     cfg = eval_config()
     ds = load_for(cfg)
     torch.manual_seed(0)
-    model = torch_ddp.build_model(cfg, ds.channels, ds.num_classes)
+    model = module.build_model(cfg, ds.channels, ds.num_classes)
     plan = device_plan(cfg, "cpu")
-    state = torch_ddp.create_train_state(cfg, model, torch.device("cpu"), 1, plan)
-    sums = evaluate(torch_ddp.eval_step, state, EvalLoader(ds, 7, rank, world, layout="NCHW"))
+    state = module.create_train_state(cfg, model, torch.device("cpu"), 1, plan)
+    # as many batches on every rank (torch-fsdp's forward is a collective): 18, 18 and 17 here
+    steps = max(len(EvalLoader(ds, 7, r, world)) for r in range(world))
+    loader = EvalLoader(ds, 7, rank, world, layout="NCHW")
+    sums = evaluate(module.eval_step, state, loader, steps)
     total = torch.stack([sums["correct"], sums["count"], sums["loss_sum"]]).double()
     torch.distributed.all_reduce(total)
     if rank == 0:
@@ -48,7 +55,8 @@ def eval_config():
     return preset("smoke", dataset="digits", image_size=16, test_limit=359)
 
 
-def test_evaluation_at_3_processes_equals_the_whole_test_set_at_once(tmp_path):
+@pytest.mark.parametrize("trainer", ["torch_ddp", "torch_fsdp"])
+def test_evaluation_at_3_processes_equals_the_whole_test_set_at_once(tmp_path, trainer):
     """359 test images do not divide over 3 processes: every image counted once, and the sums
     those of the whole set at once."""
     from common.datasets import load_for
@@ -66,7 +74,7 @@ def test_evaluation_at_3_processes_equals_the_whole_test_set_at_once(tmp_path):
     ref_correct = int((logits.argmax(1).numpy() == ds.test_y).sum())
     out = tmp_path / "3.json"
     torch.multiprocessing.start_processes(
-        _eval_worker, args=(3, free_port(), str(out)), nprocs=3, start_method="spawn"
+        _eval_worker, args=(3, free_port(), str(out), trainer), nprocs=3, start_method="spawn"
     )
     correct, count, loss_sum = read_json(out)
     assert count == 359 and correct == ref_correct  # every test image exactly once
