@@ -350,7 +350,7 @@ def start_run(
         precision=state.plan.float32,
         ran=ran,
         state_bytes=state_bytes(state.module, state.optimizer),
-        reshard=getattr(cfg, "reshard_after_forward", None),  # torch-fsdp's config: its gathers
+        reshard=cfg.reshard_after_forward,  # torch-fsdp: its gathers per step
     )
     if dist.is_initialized():
         rec.extra["process_group"] = dist.get_backend()  # nccl on GPUs, gloo on the CPU
