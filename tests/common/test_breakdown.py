@@ -31,40 +31,23 @@ def write(tmp_path: Path, events, name="trace.json") -> Path:
     return path
 
 
-# ---- intervals -------------------------------------------------------------------------------
-
-
-def test_interval_arithmetic() -> None:
-    assert bd.union([(5, 7), (0, 2), (1, 3), (7, 8)]) == [(0, 3), (5, 8)]
-    assert bd.subtract([(0, 10)], [(2, 3), (5, 6), (9, 12)]) == [(0, 2), (3, 5), (6, 9)]
-    assert bd.intersect([(0, 4), (6, 10)], [(3, 7)]) == [(3, 4), (6, 7)]
-    assert bd.clip([(0, 4), (6, 10), (11, 12)], (2, 8)) == [(2, 4), (6, 8)]
-    assert bd.length([(0, 4), (2, 6)]) == 6
-
-
-# ---- one trace per flavour, worked out by hand ------------------------------------------------
+# One trace per flavour, worked out by hand (it exercises the interval arithmetic: nested, hidden
+# and clipped intervals).
 # Window [0, 25000) us, 1 step: compute [0,10) and [12,20) ms; communication [8,15) ms, of which
 # only [10,12) is not hidden by compute; the host waits for input [20,22) ms, then idles to 25.
-HAND = {
-    "step_ms": 25.0,
-    "compute_ms": 18.0,
-    "comm_ms": 7.0,
-    "exposed_comm_ms": 2.0,
-    "overlapped_comm_ms": 5.0,
-    "input_wait_ms": 2.0,
-    "host_gap_ms": 3.0,
-}
+HAND = {"step_ms": 25.0, "compute_ms": 18.0, "comm_ms": 7.0, "exposed_comm_ms": 2.0,
+        "overlapped_comm_ms": 5.0, "input_wait_ms": 2.0, "host_gap_ms": 3.0}  # fmt: skip
 
 
 def host(pid=1, tid=1):
     return [x(WINDOW, 0, 25000, pid, tid), x(INPUT_WAIT, 20000, 2000, pid, tid)]
 
 
-def check_hand(result: dict) -> None:
-    for key, value in HAND.items():
-        assert result[key] == pytest.approx(value), (key, result)
-    parts = sum(result[k] for k in bd.PARTS)
-    assert parts == pytest.approx(result["step_ms"])
+def check_hand(result: dict) -> dict:
+    """The hand-worked figures, whose parts add up to the step; the devices read."""
+    assert {k: result[k] for k in HAND} == pytest.approx(HAND), result
+    assert sum(result[k] for k in bd.PARTS) == pytest.approx(result["step_ms"])
+    return result["devices"]
 
 
 def test_torch_cpu_trace(tmp_path: Path) -> None:
@@ -77,7 +60,6 @@ def test_torch_cpu_trace(tmp_path: Path) -> None:
         x("aten::mul", 0, 30000, 7, 55, cat="cpu_op"),  # another thread: not the device
     ]
     check_hand(read_trace(write(tmp_path, events), "torch", 1))
-    # per-step figures divide by the steps
     assert read_trace(write(tmp_path, events), "torch", 5)["compute_ms"] == pytest.approx(18 / 5)
 
 
@@ -89,28 +71,19 @@ def test_torch_cuda_trace(tmp_path: Path) -> None:
           args={"device": 0}),
         x("aten::conv2d", 0, 25000, 7, 7, cat="cpu_op"),  # host side: not the GPU's time
     ]  # fmt: skip
-    result = read_trace(write(tmp_path, events), "torch", 1)
-    check_hand(result)
-    assert list(result["devices"]) == ["gpu:0"]
+    assert list(check_hand(read_trace(write(tmp_path, events), "torch", 1))) == ["gpu:0"]
 
 
 def test_jax_trace_two_devices(tmp_path: Path) -> None:
     def op(name, ts, dur, device):
         return x(name, ts, dur, 1, 10 + device, args={"hlo_op": name, "device_ordinal": device})
 
-    events = host() + [
-        e
-        for d in (0, 1)
-        for e in (
-            op("convolution.3", 0, 10000, d),
-            op("fusion.7", 12000, 8000, d),
-            op("all-reduce.1", 8000, 7000, d),
-        )
-    ]
-    events.append(x("PjitFunction(step)", 0, 25000))  # no hlo_op: host dispatch
-    result = read_trace(write(tmp_path, events, "t.trace.json.gz"), "jax", 1)
-    check_hand(result)
-    assert sorted(result["devices"]) == ["device:0", "device:1"]
+    events = host() + [x("PjitFunction(step)", 0, 25000)]  # no hlo_op: host dispatch
+    for d in (0, 1):
+        events += [op("convolution.3", 0, 10000, d), op("fusion.7", 12000, 8000, d),
+                   op("all-reduce.1", 8000, 7000, d)]  # fmt: skip
+    devices = check_hand(read_trace(write(tmp_path, events, "t.trace.json.gz"), "jax", 1))
+    assert sorted(devices) == ["device:0", "device:1"]
 
 
 def test_jax_gpu_trace_reads_the_streams_not_the_summary_lines(tmp_path: Path) -> None:
@@ -126,19 +99,14 @@ def test_jax_gpu_trace_reads_the_streams_not_the_summary_lines(tmp_path: Path) -
     def k(name, ts, dur, tid, op):
         return x(name, ts, dur, 1, tid, args={"hlo_op": op})
 
-    events = (
-        meta
-        + host(701, 5)
-        + [
-            k("loop_convolution_kernel", 0, 10000, 13, "convolution.3"),
-            k("loop_add_fusion", 12000, 8000, 13, "fusion.7"),
-            k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8000, 7000, 14, "all-reduce-start.1"),
-            k("all-reduce-start.1", 8000, 17000, 2, "all-reduce-start.1"),  # the summary line
-        ]
-    )
-    result = read_trace(write(tmp_path, events, "t.trace.json.gz"), "jax", 1)
-    check_hand(result)
-    assert list(result["devices"]) == ["/device:GPU:0"]
+    events = meta + host(701, 5) + [
+        k("loop_convolution_kernel", 0, 10000, 13, "convolution.3"),
+        k("loop_add_fusion", 12000, 8000, 13, "fusion.7"),
+        k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8000, 7000, 14, "all-reduce-start.1"),
+        k("all-reduce-start.1", 8000, 17000, 2, "all-reduce-start.1"),  # the summary line
+    ]  # fmt: skip
+    devices = check_hand(read_trace(write(tmp_path, events, "t.trace.json.gz"), "jax", 1))
+    assert list(devices) == ["/device:GPU:0"]
 
 
 def test_mxnet_trace_with_begin_end_pairs(tmp_path: Path) -> None:
@@ -171,9 +139,6 @@ def test_a_trace_without_the_window_or_cut_short_is_one_trace_error(tmp_path: Pa
         read_trace(tmp_path / "bad.json", "torch", 1)
 
 
-# ---- the window -----------------------------------------------------------------------------
-
-
 class FakeProfiler:
     flavour, viewer = "torch", "a test"
     log: list[str] = []
@@ -194,45 +159,46 @@ class FakeProfiler:
 
 
 class Batches:
-    def __init__(self, n: int):
-        self.it, self.wait_sec = iter(range(n)), 0.25
+    def __init__(self, n: int, fail_at: int = -1):
+        self.it, self.wait_sec, self.fail_at = iter(range(n)), 0.25, fail_at
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return next(self.it)
+        b = next(self.it)
+        if b == self.fail_at:
+            raise OSError("the data went away")
+        return b
 
 
-def drive(tmp_path: Path, steps_per_epoch: int, profile: int, fail_at: int = -1):
+def window(tmp_path: Path, profile: int, profiler=FakeProfiler, say=print, sync=lambda: None):
     FakeProfiler.log = []
     cfg = preset("digits", framework="torch-ddp", profile=profile, profile_dir=str(tmp_path))
-    syncs: list[int] = []
-    window = ProfileWindow(cfg, FakeProfiler, lambda: syncs.append(1), 0, True, lambda s: None)
-    phases = PhaseTimer(lambda: None, False, window.annotate)  # as Run makes it under --profile
-    batches = window.wrap(Batches(steps_per_epoch), steps_per_epoch, 0)
-    seen, annotated = [], []
-    for b in batches:
-        if b == fail_at:
-            raise RuntimeError("a step failed")
-        with phases.phase("forward_backward"):
-            annotated.append(FakeProfiler.log[-1:] == ["<forward_backward"])
-        seen.append(b)
-    assert window.wrap(Batches(3), 3, 0).__class__ is Batches  # only the first epoch
-    return window, seen, annotated, syncs, batches
+    return ProfileWindow(cfg, profiler, sync, 0, True, say)
 
 
 def test_the_window_profiles_the_steps_after_warm_up(tmp_path: Path) -> None:
-    window, seen, annotated, syncs, batches = drive(tmp_path, 20, 5)
+    syncs: list[int] = []
+    win = window(tmp_path, 5, sync=lambda: syncs.append(1))
+    phases = PhaseTimer(lambda: None, False, win.annotate)  # as Run makes it under --profile
+    batches, seen, annotated = win.wrap(Batches(20), 20, 0), [], []
+    for b in batches:
+        with phases.phase("forward_backward"):
+            annotated.append(FakeProfiler.log[-1:] == ["<forward_backward"])
+        seen.append(b)
+    assert win.wrap(Batches(3), 3, 0).__class__ is Batches  # only the first epoch
     assert seen == list(range(20))  # every batch still reaches the loop, in order
-    assert (window.first, window.count) == (3, 5)  # after 3 warm-up steps, as --help says
+    assert (win.first, win.count) == (3, 5)  # after 3 warm-up steps, as --help says
     assert annotated == [False] * WARMUP + [True] * 5 + [False] * (20 - WARMUP - 5)
     log = FakeProfiler.log
     assert log[:2] == ["start", f"<{WINDOW}"] and log[-2:] == [f"{WINDOW}>", "stop"]
-    assert log.count(f"<{INPUT_WAIT}") == 5 and log.count("<forward_backward") == 5
+    assert log.count(f"<{INPUT_WAIT}") == 5
     assert len(syncs) == 2  # one host sync at each end of the window, none in between
     assert batches.wait_sec == 0.25  # the loader's input wait still reaches the record
-    assert window.record(0.01)["profile"]["steps"] == 5
+    assert win.record(0.01)["profile"]["steps"] == 5
+    assert window_of(10, 50) == (WARMUP, 10 - WARMUP - MARGIN)  # cut to the epoch
+    assert window_of(WARMUP + MARGIN, 5)[1] == 0  # none fits: skipped
 
 
 class CyclicProfiler(FakeProfiler):
@@ -252,58 +218,35 @@ def test_the_profiler_is_freed_when_the_window_ends_not_in_a_timed_epoch(tmp_pat
     """Left to Python's cycle collection, torch.profiler's events made the timed epochs after
     a profiled one 5% slower (benchmarks.analysis.ab)."""
     CyclicProfiler.made = []
-    cfg = preset("digits", framework="torch-ddp", profile=4, profile_dir=str(tmp_path))
-    window = ProfileWindow(cfg, CyclicProfiler, lambda: None, 0, True, lambda s: None)
+    win = window(tmp_path, 4, CyclicProfiler)
     gc.disable()  # no collection by chance: only the window's own can free it
     try:
-        for b in window.wrap(Batches(12), 12, 0):
+        for b in win.wrap(Batches(12), 12, 0):
             if b == WARMUP + 4 + 1:  # the window has ended
                 (made,) = CyclicProfiler.made
                 assert made() is None, "the profiler's events are still alive"
     finally:
         gc.enable()
-    assert window.trace is not None
+    assert win.trace is not None
 
 
-def test_the_window_is_cut_to_the_epoch_and_skipped_where_none_fits() -> None:
-    assert window_of(100, 10) == (WARMUP, 10)
-    assert window_of(10, 50) == (WARMUP, 10 - WARMUP - MARGIN)
-    assert window_of(WARMUP + MARGIN, 5)[1] == 0
-
-
-def test_a_step_that_fails_inside_the_window_still_stops_the_profiler(tmp_path: Path) -> None:
-    cfg = preset("digits", framework="torch-ddp", profile=10, profile_dir=str(tmp_path))
-    FakeProfiler.log = []
-    window = ProfileWindow(cfg, FakeProfiler, lambda: None, 0, True, lambda s: None)
+def test_a_failure_in_the_window_stops_the_profiler_and_leaves_a_record(tmp_path: Path) -> None:
+    win = window(tmp_path, 10)
     with pytest.raises(RuntimeError):
-        for b in window.wrap(Batches(20), 20, 0):
+        for b in win.wrap(Batches(20), 20, 0):
             if b == 6:
                 raise RuntimeError("a step failed")
     assert FakeProfiler.log[-1] != "stop"
-    window.close()  # what Run.measured does on the way out
-    assert FakeProfiler.log[-1] == "stop" and window.count == 6 - WARMUP + 1
-    window.close()  # once only
-    assert FakeProfiler.log.count("stop") == 1
-
-
-class FailingBatches(Batches):
-    def __next__(self):
-        b = next(self.it)
-        if b == WARMUP:  # the fetch that opens the window
-            raise OSError("the data went away")
-        return b
-
-
-def test_a_loader_that_fails_as_the_window_opens_leaves_a_record(tmp_path: Path) -> None:
-    cfg = preset("digits", framework="torch-ddp", profile=5, profile_dir=str(tmp_path))
-    window = ProfileWindow(cfg, FakeProfiler, lambda: None, 0, True, lambda s: None)
-    with pytest.raises(OSError):
-        list(window.wrap(FailingBatches(20), 20, 0))
-    assert window.record(0.01)["profile"]["steps"] == 0
-    # after a resume the record names the profiled epoch: the first this process trains
-    window = ProfileWindow(cfg, FakeProfiler, lambda: None, 0, True, lambda s: None)
-    list(window.wrap(Batches(20), 20, 2))
-    assert window.record(0.01)["profile"]["epoch"] == 3
+    win.close()  # what Run.measured does on the way out
+    win.close()  # once only
+    assert FakeProfiler.log.count("stop") == 1 and win.count == 6 - WARMUP + 1
+    win = window(tmp_path, 5)
+    with pytest.raises(OSError):  # the loader fails in the fetch that opens the window
+        list(win.wrap(Batches(20, fail_at=WARMUP), 20, 0))
+    assert win.record(0.01)["profile"]["steps"] == 0
+    win = window(tmp_path, 5)  # after a resume: the first epoch this process trains
+    list(win.wrap(Batches(20), 20, 2))
+    assert win.record(0.01)["profile"]["epoch"] == 3
 
 
 class BrokenProfiler(FakeProfiler):
@@ -312,30 +255,22 @@ class BrokenProfiler(FakeProfiler):
 
 
 def test_a_profiler_that_cannot_start_costs_the_trace_not_the_run(tmp_path: Path) -> None:
-    cfg = preset("digits", framework="torch-ddp", profile=5, profile_dir=str(tmp_path))
     lines: list[str] = []
-    window = ProfileWindow(cfg, BrokenProfiler, lambda: None, 0, True, lines.append)
-    assert list(window.wrap(Batches(20), 20, 0)) == list(range(20))
-    assert lines == ["note: --profile: the profiler did not start (RuntimeError: CUPTI not "
-                     "found); training goes on without a trace"]  # fmt: skip
-    note = window.record(0.01)["profile"]
+    win = window(tmp_path, 5, BrokenProfiler, lines.append)
+    assert list(win.wrap(Batches(20), 20, 0)) == list(range(20))
+    assert len(lines) == 1 and "(RuntimeError: CUPTI not found)" in lines[0]
+    note = win.record(0.01)["profile"]
     assert note["steps"] == 0 and note["note"].startswith("the profiler did not start")
 
 
-def test_trace_dirs_are_per_run_and_rank(tmp_path: Path) -> None:
+def test_trace_dirs_are_per_run_and_rank_and_the_flags_are_checked(tmp_path: Path) -> None:
     cfg = preset("digits", framework="jax-pmap", output=str(tmp_path / "runs" / "a.json"))
     assert trace_dir(cfg, 1) == tmp_path / "runs" / "a.profile" / "rank1"
     assert trace_dir(cfg.replace(output=""), 0) == Path("profile/jax-pmap-1gpu/rank0")
-
-
-def test_profile_flags_are_checked() -> None:
     with pytest.raises(ConfigError, match="--profile must be"):
         preset("digits", framework="torch-ddp", profile=-1)
     with pytest.raises(ConfigError, match="contradict"):
         preset("digits", framework="torch-ddp", profile=5, phase_timing=True)
-
-
-# ---- compare's report ---------------------------------------------------------------------------
 
 
 def record(framework: str, devices: int, compute: float, status: str = "ok") -> dict:
@@ -364,19 +299,14 @@ def test_the_report_shows_one_row_per_cell_with_the_median_over_its_runs() -> No
 
 
 def test_the_report_draws_a_stacked_bar_per_cell() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from benchmarks.analysis import breakdowns
 
     fig = breakdowns.plot(plt, [record("torch-ddp", 2, 10.0), record("jax-pmap", 2, 6.0)], "t")
-    bars = fig.axes[0].patches
-    assert len(bars) == 2 * 4  # two cells x four parts
-    tops: dict[float, float] = {}
-    for p in bars:
+    tops: dict[float, float] = {}  # two cells x four parts, each stack up to its step
+    for p in fig.axes[0].patches:
         tops[p.get_x()] = max(tops.get(p.get_x(), 0.0), p.get_y() + p.get_height())
-    assert sorted(tops.values()) == pytest.approx([8.0, 12.0])  # each stack adds up to its step
+    assert len(fig.axes[0].patches) == 8 and sorted(tops.values()) == pytest.approx([8.0, 12.0])
     plt.close(fig)
     assert breakdowns.plot(plt, [], "t") is None
