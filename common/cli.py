@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # Flags that name a file or directory: an empty value (`--output "$OUT"` with OUT unset) is
-# refused; it used to mean "none", so the run went on without its record or checkpoints.
+# refused, not taken as "none" (the run would go on without its record or checkpoints).
 PATH_FIELDS = frozenset(
     "output tensorboard checkpoint_dir save_state profile_dir cache_dir data_dir".split()
 )
@@ -112,8 +112,8 @@ def overrides_of(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def resolved(ns: argparse.Namespace, framework: str) -> Config:
-    """The Config of parsed flags `ns`. --batch-size and --batch-per-device both given (not by a
-    preset) and disagreeing is refused: --batch-per-device used to win silently."""
+    """The Config of parsed flags `ns`; --batch-size and --batch-per-device both given (not by a
+    preset) and disagreeing is refused."""
     overrides = overrides_of(ns)
     cfg = preset(ns.preset, framework=framework, **overrides)
     check_machine(cfg)  # what this machine can hold at all (common/memory.py)
