@@ -40,10 +40,8 @@ def _path(text: str) -> str:
 
 
 def _flag_kwargs(f: dataclasses.Field[Any]) -> dict[str, Any]:
-    """argparse keywords for Config field `f`, from its metadata and the type of its default.
-
-    The default is SUPPRESSed: only flags given on the command line override the preset.
-    """
+    """argparse keywords for Config field `f`, from its metadata and the type of its default
+    (SUPPRESSed: only flags given on the command line override the preset)."""
     meta = f.metadata
     if not meta.get("help"):
         raise TypeError(f"Config.{f.name} has no help: declare it with opt(default, help, ...)")
@@ -139,11 +137,9 @@ def parse_args(argv: Sequence[str] | None, framework: str, prog: str | None = No
 
 def check_command_line(argv: Sequence[str] | None = None) -> None:
     """`python -m frameworks.<name> args`: the command line parsed and resolved as the trainer's
-    `main()` will (`parse_args`: the flags, the preset's Config, the launch variables), before
-    the module imports its framework. Bad input is one line and exit 2 in a fraction of a
-    second instead of after torch's or JAX's 2-3 s import; `--help` prints at once. The
-    package's `__init__` calls it; for any other command it does nothing. The checks that
-    need the framework, or the paths on disk, stay in `main()`."""
+    `main()` will, before the module imports its framework (the package's `__init__` calls it),
+    so that bad input is one line and exit 2 before torch's or JAX's 2-3 s import. For any
+    other command it does nothing; the checks that need the framework or the disk stay in main."""
     command = module_command(argv)
     if command is None:
         return

@@ -102,7 +102,7 @@ def md5sum(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(url: str, md5: str, dest: Path, timeout: float = 30.0) -> Path:
+def fetch(url: str, md5: str, dest: Path, timeout: float = 30.0) -> None:
     """Download `url` to `dest` atomically, verifying its MD5; never leaves a partial file."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
@@ -117,7 +117,6 @@ def fetch(url: str, md5: str, dest: Path, timeout: float = 30.0) -> Path:
                 "the download is corrupt or not the official file; delete it and retry"
             )
         os.replace(tmp, dest)
-        return dest
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -390,20 +389,10 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     return np.clip(np.round(out), 0, 255).astype(np.uint8)
 
 
-def load(
-    name: str,
-    data_dir: str = "data",
-    download: bool = True,
-    image_size: int = 0,
-    train_limit: int = 0,
-    test_limit: int = 0,
-    seed: int = 0,
-    synthetic_train: int = 50_000,
-    synthetic_test: int = 10_000,
-    synthetic_classes: int = 10,
-    synthetic_channels: int = 3,
-    verify: bool = True,
-) -> Dataset:
+def load(name: str, data_dir: str = "data", download: bool = True, image_size: int = 0,
+         train_limit: int = 0, test_limit: int = 0, seed: int = 0, synthetic_train: int = 50_000,
+         synthetic_test: int = 10_000, synthetic_classes: int = 10, synthetic_channels: int = 3,
+         verify: bool = True) -> Dataset:  # fmt: skip
     """Load dataset `name`, optionally resized and truncated (the first N images)."""
     if name in ("cifar10", "cifar100"):
         ds = load_cifar(name, data_dir, download, verify)

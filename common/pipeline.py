@@ -150,19 +150,9 @@ class TrainLoader:
     holds the normalisation it must apply).
     """
 
-    def __init__(
-        self,
-        ds: Dataset,
-        global_batch: int,
-        seed: int,
-        rank: int = 0,
-        world: int = 1,
-        augment: bool = True,
-        layout: str = "NHWC",
-        max_steps: int = 0,
-        prefetch: int = 2,
-        on_device: bool = False,
-    ):
+    def __init__(self, ds: Dataset, global_batch: int, seed: int, rank: int = 0, world: int = 1,
+                 augment: bool = True, layout: str = "NHWC", max_steps: int = 0,
+                 prefetch: int = 2, on_device: bool = False):  # fmt: skip
         self.ds = ds
         self.on_device = on_device
         self.global_batch = global_batch
@@ -219,15 +209,8 @@ class EvalLoader:
     Yields (x float32, y int32 (B,), weight float32 (B,)).
     """
 
-    def __init__(
-        self,
-        ds: Dataset,
-        batch_size: int,
-        rank: int = 0,
-        world: int = 1,
-        layout: str = "NHWC",
-        pad_to: int = 0,
-    ):
+    def __init__(self, ds: Dataset, batch_size: int, rank: int = 0, world: int = 1,
+                 layout: str = "NHWC", pad_to: int = 0):  # fmt: skip
         self.ds = ds
         self.part = np.array_split(np.arange(len(ds.test_x)), world)[rank]
         # No batch beyond the largest rank's part: padding is sized by the test set, never by
