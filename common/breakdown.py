@@ -72,9 +72,6 @@ class Lanes:
         return sorted(set(self.compute) | set(self.comm))
 
 
-# ---- intervals -------------------------------------------------------------------------------
-
-
 def union(intervals: Iterable[Interval]) -> list[Interval]:
     """Sorted, disjoint intervals covering the same time."""
     out: list[list[float]] = []
@@ -116,9 +113,6 @@ def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
 def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
     """The time covered by both disjoint sorted `a` and `b`."""
     return subtract(a, subtract(a, b))
-
-
-# ---- reading a trace ---------------------------------------------------------------------------
 
 
 def load_events(path: str | Path) -> list[dict[str, Any]]:
@@ -245,9 +239,6 @@ def _span(e: Mapping[str, Any]) -> Interval:
     return (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
 
 
-# ---- the breakdown -------------------------------------------------------------------------------
-
-
 def breakdown(lanes: Lanes, steps: int) -> dict[str, Any]:
     """Per-step ms of each part (module docstring), the mean over the devices, and each
     device's own figures under "devices". TraceError when the trace holds no window or no
@@ -279,12 +270,7 @@ def breakdown(lanes: Lanes, steps: int) -> dict[str, Any]:
         raise TraceError("the trace holds no device work in the profiled window")
     mean = {k: sum(d[k] for d in per_device.values()) / len(per_device) for k in per_device[dev]}
     mean["overlapped_comm_ms"] = mean["comm_ms"] - mean["exposed_comm_ms"]
-    return {
-        "step_ms": span / 1000.0 / steps,
-        **mean,
-        "steps": steps,
-        "devices": per_device,
-    }
+    return {"step_ms": span / 1000.0 / steps, **mean, "steps": steps, "devices": per_device}
 
 
 def read_trace(path: str | Path, flavour: str, steps: int) -> dict[str, Any]:

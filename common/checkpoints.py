@@ -1,17 +1,8 @@
 """What every framework's checkpoint holds besides its tensors, and how it is written, read and
-checked; each framework's support module hands its trainers one `Checkpoints`.
-
-- `checkpoint_meta` / `restore_meta` / `check_resume`: a checkpoint of another run (settings,
-  device count and kind, library versions) or past `--epochs` is one line, before any work.
-- `write_checkpoint` / `read_checkpoint` (MXNet's JSON index: `write_index` / `read_index`): the
-  content and its sha256 in one atomic write, the digest checked before anything is loaded (a
-  file damaged or cut short is one line, exit 2); a full disk is one line (`writing_checkpoint`).
-- `lock_checkpoint_dir`: one run at a time per `--checkpoint-dir`.
-- `save_final_state` / `load_saved_state`: `--save-state`'s .npz, the sha256 of its arrays as its
-  zip comment.
-
-Not defended: someone who can write the checkpoint directory (a digest rewritten with the
-content loads). No checkpoint runs code: torch.load(weights_only=True), msgpack, NDArray files.
+checked; each framework's support module hands its trainers one `Checkpoints`. A checkpoint of
+another run or past `--epochs`, a file damaged or cut short (its sha256, written with it in one
+atomic write, checked before anything is loaded), a full disk, a second run on the same
+`--checkpoint-dir`: each is one line (docs/reliability.md). No checkpoint runs code.
 """
 
 from __future__ import annotations

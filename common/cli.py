@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # Flags that name a file or directory: an empty value (`--output "$OUT"` with OUT unset) is
-# refused; it used to mean "none", so the run went on without its record or checkpoints.
+# refused, not taken as "none" (the run would go on without its record or checkpoints).
 PATH_FIELDS = frozenset(
     "output tensorboard checkpoint_dir save_state profile_dir cache_dir data_dir".split()
 )
@@ -40,10 +40,8 @@ def _path(text: str) -> str:
 
 
 def _flag_kwargs(f: dataclasses.Field[Any]) -> dict[str, Any]:
-    """argparse keywords for Config field `f`, from its metadata and the type of its default.
-
-    The default is SUPPRESSed: only flags given on the command line override the preset.
-    """
+    """argparse keywords for Config field `f`, from its metadata and the type of its default
+    (SUPPRESSed: only flags given on the command line override the preset)."""
     meta = f.metadata
     if not meta.get("help"):
         raise TypeError(f"Config.{f.name} has no help: declare it with opt(default, help, ...)")
@@ -112,8 +110,8 @@ def overrides_of(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def resolved(ns: argparse.Namespace, framework: str) -> Config:
-    """The Config of parsed flags `ns`. --batch-size and --batch-per-device both given (not by a
-    preset) and disagreeing is refused: --batch-per-device used to win silently."""
+    """The Config of parsed flags `ns`; --batch-size and --batch-per-device both given (not by a
+    preset) and disagreeing is refused."""
     overrides = overrides_of(ns)
     cfg = preset(ns.preset, framework=framework, **overrides)
     check_machine(cfg)  # what this machine can hold at all (common/memory.py)
@@ -139,11 +137,9 @@ def parse_args(argv: Sequence[str] | None, framework: str, prog: str | None = No
 
 def check_command_line(argv: Sequence[str] | None = None) -> None:
     """`python -m frameworks.<name> args`: the command line parsed and resolved as the trainer's
-    `main()` will (`parse_args`: the flags, the preset's Config, the launch variables), before
-    the module imports its framework. Bad input is one line and exit 2 in a fraction of a
-    second instead of after torch's or JAX's 2-3 s import; `--help` prints at once. The
-    package's `__init__` calls it; for any other command it does nothing. The checks that
-    need the framework, or the paths on disk, stay in `main()`."""
+    `main()` will, before the module imports its framework (the package's `__init__` calls it),
+    so that bad input is one line and exit 2 before torch's or JAX's 2-3 s import. For any
+    other command it does nothing; the checks that need the framework or the disk stay in main."""
     command = module_command(argv)
     if command is None:
         return

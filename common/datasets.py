@@ -1,13 +1,9 @@
 """Datasets as uint8 NHWC numpy arrays with integer labels.
 
-Real files are read in their official formats, never by executing code from them: every file
-on disk is checked against the published MD5 checksum (once; `<dir>/.verified.json` remembers
-each file's size and mtime; `--no-verify` skips it with a warning). CIFAR's pickles go through
-a restricted unpickler that builds dicts, lists, bytes, numbers and numpy arrays only (nothing
-it reads can run code). A file of the wrong kind (not a CIFAR batch, not an idx file, labels
-that do not match the images or lie outside the classes) is one DatasetError naming it (exit
-2), for every dataset. Missing files are downloaded when `download` is on and the network is
-reachable; otherwise one clear error says which files to put where.
+Real files are read in their official formats, each checked once against its published MD5
+(`--no-verify` skips it with a warning); nothing read can run code (CIFAR's pickles go through
+a restricted unpickler). A missing file (offline, `--no-download`) or one of the wrong kind is
+one DatasetError naming it and the fix (exit 2).
 """
 
 from __future__ import annotations
@@ -26,14 +22,11 @@ import tarfile
 import tempfile
 import urllib.request
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from common.config import train_size as train_size  # re-exported: its old home (common/memory.py)
 from common.errors import DatasetError
 
 
@@ -109,7 +102,7 @@ def md5sum(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(url: str, md5: str, dest: Path, timeout: float = 30.0) -> Path:
+def fetch(url: str, md5: str, dest: Path, timeout: float = 30.0) -> None:
     """Download `url` to `dest` atomically, verifying its MD5; never leaves a partial file."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
@@ -124,7 +117,6 @@ def fetch(url: str, md5: str, dest: Path, timeout: float = 30.0) -> Path:
                 "the download is corrupt or not the official file; delete it and retry"
             )
         os.replace(tmp, dest)
-        return dest
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -134,8 +126,6 @@ def verify_files(name: str, paths: dict[str, Path]) -> None:
     """Check every file of dataset `name` against its published MD5; each file is hashed once
     and remembered in `<dir>/.verified.json` by its size and mtime (a file rewritten since is
     hashed again)."""
-    if not paths:
-        return
     marker = next(iter(paths.values())).parent / VERIFIED
     try:
         seen = json.loads(marker.read_text())
@@ -161,37 +151,21 @@ def verify_files(name: str, paths: dict[str, Path]) -> None:
             pass
 
 
-@contextmanager
-def dataset_io(name: str, root: Path) -> Iterator[None]:
-    """Around the file-system work on dataset `name` in `root`: an OSError (a directory that
-    cannot be read or listed, EACCES, EIO, ENAMETOOLONG) is one DatasetError naming the path,
-    exit 2, not a traceback."""
-    try:
-        yield
-    except OSError as exc:
-        where = exc.filename or root
-        raise DatasetError(
-            f"dataset {name!r}: cannot read {where} ({exc.strerror or exc}); check that "
-            f"--data-dir holds {root.name}/ and that it is readable"
-        ) from None
-
-
 def ensure_files(
     name: str, data_dir: str | os.PathLike[str], download: bool, verify: bool = True
 ) -> dict[str, Path]:
     """Return the paths of `name`'s official files, downloading missing ones if allowed, each
-    (`verify`) checked against its published MD5."""
+    (`verify`) checked against its published MD5. An OSError (a directory that cannot be read,
+    EACCES, EIO, ENAMETOOLONG) is one DatasetError naming the path."""
     root = Path(data_dir) / name
     paths: dict[str, Path] = {}
     missing = []
-    with dataset_io(name, root):
+    try:
         for filename, (url, md5) in SOURCES[name].items():
             path = root / filename
             if not path.exists() and download:
                 try:
                     fetch(url, md5, path)
-                except DatasetError:
-                    raise
                 except OSError as exc:  # offline, DNS failure, HTTP error
                     missing.append((filename, url, f"download failed: {exc}"))
                     continue
@@ -207,6 +181,11 @@ def ensure_files(
             )
         if verify:
             verify_files(name, paths)
+    except OSError as exc:
+        raise DatasetError(
+            f"dataset {name!r}: cannot read {exc.filename or root} ({exc.strerror or exc}); "
+            f"check that --data-dir holds {root.name}/ and that it is readable"
+        ) from None
     return paths
 
 
@@ -297,18 +276,8 @@ def load_cifar(name: str, data_dir: str, download: bool, verify: bool = True) ->
         batches[member] = _cifar_batch(blob, label_key, classes, f"{archive.name}:{member}")
     train = [b for m, b in batches.items() if not m.startswith("test")]
     test = [b for m, b in batches.items() if m.startswith("test")]
-    mean, std = STATS[name]
-    return Dataset(
-        name,
-        np.concatenate([b[0] for b in train]),
-        np.concatenate([b[1] for b in train]),
-        np.concatenate([b[0] for b in test]),
-        np.concatenate([b[1] for b in test]),
-        classes,
-        mean,
-        std,
-        flip=True,
-    )
+    tx, ty, vx, vy = (np.concatenate([b[i] for b in bs]) for bs in (train, test) for i in (0, 1))
+    return Dataset(name, tx, ty, vx, vy, classes, *STATS[name], flip=True)
 
 
 def _read_idx(path: Path, ndim: int) -> np.ndarray:
@@ -337,14 +306,8 @@ def load_fashion_mnist(data_dir: str, download: bool, verify: bool = True) -> Da
     vy = _read_idx(p["t10k-labels-idx1-ubyte.gz"], 1)
     check_labels(ty, len(tx), 10, "fashion-mnist train-labels-idx1-ubyte.gz")
     check_labels(vy, len(vx), 10, "fashion-mnist t10k-labels-idx1-ubyte.gz")
-    mean, std = STATS["fashion-mnist"]
-    return Dataset(
-        "fashion-mnist", tx, ty.astype(np.int32), vx, vy.astype(np.int32), 10, mean, std, True
-    )
-
-
-DIGITS_TOTAL = 1797  # images in sklearn's digits file
-DIGITS_TEST = 360  # sklearn's 1797 digits: the last 360 of a fixed permutation are the test set
+    return Dataset("fashion-mnist", tx, ty.astype(np.int32), vx, vy.astype(np.int32), 10,
+                   *STATS["fashion-mnist"], flip=True)  # fmt: skip
 
 
 def load_digits() -> Dataset:
@@ -354,21 +317,16 @@ def load_digits() -> Dataset:
     x = np.round(images * (255.0 / 16.0)).astype(np.uint8)[..., None]  # (1797, 8, 8, 1)
     y = target.astype(np.int32)
     order = np.random.default_rng(20_26).permutation(len(x))
-    n_test = DIGITS_TEST
-    test, train = order[:n_test], order[n_test:]
-    mean = float(x[train].mean() / 255.0)
-    std = float(x[train].std() / 255.0)
+    test, train = order[:360], order[360:]  # the last 360 of a fixed permutation: the test set
+    mean, std = float(x[train].mean() / 255.0), float(x[train].std() / 255.0)
     return Dataset("digits", x[train], y[train], x[test], y[test], 10, (mean,), (std,), flip=False)
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """(images (1797, 8, 8) float64 of 0..16, targets (1797,)): what sklearn's `load_digits()`
-    returns, read from the file it ships (sklearn/datasets/data/digits.csv.gz, 64 pixels and
-    the label per row) as it reads it, without importing sklearn.datasets, which costs 1.2 s of
-    every digits run's start (its other loaders, scipy, ...); sklearn's own loader where the
-    file is not there. A file that is not 1797 rows of 64 pixels in 0..16 and a label in 0..9
-    (cut short, damaged) is a DatasetError naming it. tests/common/test_datasets.py holds
-    the two equal."""
+    returns, read from the file it ships (digits.csv.gz: 64 pixels and the label per row)
+    without importing sklearn.datasets, which costs 1.2 s of every digits run's start; sklearn's
+    own loader where the file is not there. A damaged file is a DatasetError naming it."""
     spec = importlib.util.find_spec("sklearn")  # finds the package, runs none of it
     origin = spec.origin if spec else None
     bundled = Path(origin).parent / "datasets" / "data" / "digits.csv.gz" if origin else None
@@ -384,13 +342,13 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     except (OSError, EOFError, ValueError, zlib.error) as e:
         raise DatasetError(f"cannot read scikit-learn's digits file {bundled} ({e}): {fix}") from e
     if (
-        data.shape != (DIGITS_TOTAL, 65)
+        data.shape != (1797, 65)
         or not (  # 64 pixels and the label per image
             np.isin(data[:, :-1], np.arange(17)).all() and np.isin(data[:, -1], np.arange(10)).all()
         )
     ):
         raise DatasetError(
-            f"scikit-learn's digits file {bundled} is not {DIGITS_TOTAL} images of 64 pixels in "
+            f"scikit-learn's digits file {bundled} is not 1797 images of 64 pixels in "
             f"0..16 and a label in 0..9: {fix}"
         )
     return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
@@ -431,22 +389,11 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     return np.clip(np.round(out), 0, 255).astype(np.uint8)
 
 
-def load(
-    name: str,
-    data_dir: str = "data",
-    download: bool = True,
-    image_size: int = 0,
-    train_limit: int = 0,
-    test_limit: int = 0,
-    seed: int = 0,
-    synthetic_train: int = 50_000,
-    synthetic_test: int = 10_000,
-    synthetic_classes: int = 10,
-    synthetic_channels: int = 3,
-    verify: bool = True,
-) -> Dataset:
-    """Load dataset `name`, optionally resized and truncated (the
-    first N images). `verify`: check the files against the published MD5 first."""
+def load(name: str, data_dir: str = "data", download: bool = True, image_size: int = 0,
+         train_limit: int = 0, test_limit: int = 0, seed: int = 0, synthetic_train: int = 50_000,
+         synthetic_test: int = 10_000, synthetic_classes: int = 10, synthetic_channels: int = 3,
+         verify: bool = True) -> Dataset:  # fmt: skip
+    """Load dataset `name`, optionally resized and truncated (the first N images)."""
     if name in ("cifar10", "cifar100"):
         ds = load_cifar(name, data_dir, download, verify)
     elif name == "fashion-mnist":
@@ -477,10 +424,8 @@ def load_for(cfg) -> Dataset:  # type: ignore[no-untyped-def]
 
 def check_available(cfg) -> None:  # type: ignore[no-untyped-def]
     """Raise DatasetError before any run starts (in the parent, before any worker process) if
-    `cfg`'s dataset cannot be had offline or its files are not the official ones: each must
-    have the published MD5 (hashed once, then remembered until it changes). With
-    `--no-verify` the files are parsed and checked here in full instead, and a warning says
-    that they were not verified."""
+    `cfg`'s dataset cannot be had offline or its files are not the official ones. With
+    `--no-verify` the files are parsed and checked here in full instead, with a warning."""
     if cfg.dataset in SOURCES:
         root = Path(cfg.data_dir) / cfg.dataset
         ensure_files(cfg.dataset, cfg.data_dir, cfg.download, cfg.verify)

@@ -106,11 +106,6 @@ def trainable_sizes(spec: Spec) -> list[int]:
     return [math.prod(shape) for _, shape, kind in spec if kind in TRAINABLE]
 
 
-def trainable_count(spec: Spec) -> int:
-    """Number of trainable parameters (BN buffers excluded), as torch counts them."""
-    return sum(trainable_sizes(spec))
-
-
 def draw(spec: Spec, seed: int) -> dict[str, np.ndarray]:
     """The initial arrays of `spec` for `seed` (float32; num_batches_tracked int64)."""
     out: dict[str, np.ndarray] = {}

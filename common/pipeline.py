@@ -118,8 +118,6 @@ class Normalizer:
     """uint8 NHWC -> float32 (x/255 - mean)/std, optionally transposed to NCHW."""
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], layout: str = "NHWC"):
-        if layout not in ("NHWC", "NCHW"):
-            raise ValueError(f"layout must be NHWC or NCHW, got {layout!r}")
         self.scale = (1.0 / (255.0 * np.asarray(std, np.float32))).astype(np.float32)
         self.shift = (-np.asarray(mean, np.float32) / np.asarray(std, np.float32)).astype(
             np.float32
@@ -152,19 +150,9 @@ class TrainLoader:
     holds the normalisation it must apply).
     """
 
-    def __init__(
-        self,
-        ds: Dataset,
-        global_batch: int,
-        seed: int,
-        rank: int = 0,
-        world: int = 1,
-        augment: bool = True,
-        layout: str = "NHWC",
-        max_steps: int = 0,
-        prefetch: int = 2,
-        on_device: bool = False,
-    ):
+    def __init__(self, ds: Dataset, global_batch: int, seed: int, rank: int = 0, world: int = 1,
+                 augment: bool = True, layout: str = "NHWC", max_steps: int = 0,
+                 prefetch: int = 2, on_device: bool = False):  # fmt: skip
         self.ds = ds
         self.on_device = on_device
         self.global_batch = global_batch
@@ -185,34 +173,27 @@ class TrainLoader:
         order = epoch_permutation(self.seed, epoch, len(self.ds.train_x))
         return order[step * self.global_batch : (step + 1) * self.global_batch][self.shard]
 
-    def _batches(self, epoch: int, start_step: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _batches(self, epoch: int, start_step: int) -> Iterator[tuple[np.ndarray, ...]]:
         n = len(self.ds.train_x)
         order = epoch_permutation(self.seed, epoch, n)
         if self.augment:
             dy, dx, fl = augmentation_params(self.seed, epoch, n, self.pad, self.ds.flip)
+        else:  # the identity crop: offset `pad` into the padded image, no flip
+            dy = dx = np.full(n, self.pad)
+            fl = np.zeros(n, bool)
+        h, w = self.ds.train_x.shape[1:3]
         for step in range(start_step, self.steps):
             idx = order[step * self.global_batch : (step + 1) * self.global_batch][self.shard]
-            if self.on_device:  # the same draws, as indices: the device gathers the pixels
-                yield self._indices(idx, dy, dx, fl) if self.augment else self._indices(idx)  # type: ignore[misc]
+            if self.on_device:  # (idx, rows, cols, y) int32 for gather_crops: the same draws
+                rows, cols = crop_indices(h, w, self.pad, dy[idx], dx[idx], fl[idx])
+                if injected("crop-shift", "device-pipeline"):  # tests only: crops a pixel lower
+                    rows = rows + 1
+                yield idx.astype(np.int32), rows, cols, self.ds.train_y[idx].astype(np.int32)
                 continue
             images = self.ds.train_x[idx]
             if self.augment:
                 images = crop_and_flip(images, self.pad, dy[idx], dx[idx], fl[idx])
             yield self.norm(images), self.ds.train_y[idx]
-
-    def _indices(self, idx: np.ndarray, *draws: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(idx, rows, cols, y) int32 for gather_crops: the crops drawn for these images, or
-        without augmentation the identity crop (pad 0)."""
-        h, w = self.ds.train_x.shape[1:3]
-        if draws:
-            dy, dx, fl = draws
-            rows, cols = crop_indices(h, w, self.pad, dy[idx], dx[idx], fl[idx])
-        else:
-            zero = np.zeros(len(idx), np.int64)
-            rows, cols = crop_indices(h, w, 0, zero, zero, zero.astype(bool))
-        if injected("crop-shift", "device-pipeline"):  # tests only: every crop a pixel lower
-            rows = rows + 1
-        return idx.astype(np.int32), rows, cols, self.ds.train_y[idx].astype(np.int32)
 
     def epoch(self, epoch: int, start_step: int = 0) -> Prefetcher:
         """Iterator over this rank's batches of `epoch`, prepared `prefetch` batches ahead."""
@@ -228,15 +209,8 @@ class EvalLoader:
     Yields (x float32, y int32 (B,), weight float32 (B,)).
     """
 
-    def __init__(
-        self,
-        ds: Dataset,
-        batch_size: int,
-        rank: int = 0,
-        world: int = 1,
-        layout: str = "NHWC",
-        pad_to: int = 0,
-    ):
+    def __init__(self, ds: Dataset, batch_size: int, rank: int = 0, world: int = 1,
+                 layout: str = "NHWC", pad_to: int = 0):  # fmt: skip
         self.ds = ds
         self.part = np.array_split(np.arange(len(ds.test_x)), world)[rank]
         # No batch beyond the largest rank's part: padding is sized by the test set, never by

@@ -1,9 +1,6 @@
 """The check a run passes before any work on the paths it writes and reads (`check_outputs`):
 one line naming the fix (ConfigError: exit 2), given before any process starts or file is
 created, by run_main (common/trainer.py) and the runners that plan runs (benchmarks/compare.py).
-What the machine's memory can hold is common/memory.py's (`check_machine` before any process,
-`check_memory` when the run's processes have started); what the flags ask of each other and of
-the dataset is the config's own check (common/config.py's `validate`).
 """
 
 from __future__ import annotations
@@ -37,9 +34,8 @@ def check_outputs(cfg: Config) -> None:
             why = None if Path(path).expanduser().is_dir() else "it is not a directory"
         if why:
             raise ConfigError(f"{flag} {path}: {why}; choose another path")
-    # the JAX trainers create <cache-dir>/jax at start-up (JAX_COMPILATION_CACHE_DIR,
-    # checked with the launch variables, wins for the first): a HOME that is read-only or on
-    # /proc ended the run with "failed: FileNotFoundError", exit 1
+    # the JAX trainers create <cache-dir>/jax at start-up (JAX_COMPILATION_CACHE_DIR, checked
+    # with the launch variables, wins for the first)
     if cfg.framework.startswith("jax") and cfg.compile_cache:
         why = unwritable(cfg.cache_dir, "dir")
         if why:

@@ -8,10 +8,10 @@ step inside the window). The first epoch is untimed (TIMING_RULE in common/timin
 profiler never touches the s/epoch and images/s a record reports; its cost shows instead as the
 profiled step time against the timed epochs' step time, both in the record.
 
-How: Run wraps the training batches of that epoch (`ProfileWindow.wrap`): the window starts
-after a sync, the loader waits, the window and the trainer's phases are marked as ranges, and
-a sync before the profiler stops. Off (STEPS 0, the default), nothing is wrapped. Each trainer
-passes its framework's `Profiler` class (frameworks/profilers.py) to `Run(..., profiler=...)`.
+How: Run wraps the training batches of that epoch (`ProfileWindow.wrap`): the window starts and
+ends after a sync; the window, the loader waits and the trainer's phases are marked as ranges.
+Off (STEPS 0, the default), nothing is wrapped. Each trainer passes its framework's `Profiler`
+(frameworks/profilers.py) to `Run(..., profiler=...)`.
 """
 
 from __future__ import annotations

@@ -39,8 +39,6 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
 def _json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):
         return o.tolist()
-    if isinstance(o, tuple):
-        return list(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
@@ -114,13 +112,6 @@ def load_average() -> float | None:
         return round(os.getloadavg()[0], 2)
     except (OSError, AttributeError):
         return None
-
-
-def reached_target(accuracies: list[float], target: float, patience: int) -> bool:
-    """True once the last `patience` test accuracies are all >= `target` (target 0 = never)."""
-    if target <= 0 or len(accuracies) < patience:
-        return False
-    return all(a >= target for a in accuracies[-patience:])
 
 
 class RunRecorder:
@@ -232,7 +223,9 @@ class RunRecorder:
         if target > 0 and self.time_to_target is None and row["test_accuracy"] >= target:
             self.time_to_target = float(row["wall_sec"])
             self.epochs_to_target = int(row["epoch"])
-        return reached_target([e["test_accuracy"] for e in self.epochs], target, self.cfg.patience)
+        # the target held for the last `patience` epochs (target 0: never)
+        recent = [e["test_accuracy"] for e in self.epochs[-self.cfg.patience :]]
+        return target > 0 and len(recent) >= self.cfg.patience and min(recent) >= target
 
     def epoch_lr(self, epoch: int, images: int) -> dict[str, float]:
         """The LR of epoch `epoch`'s (0-based) first and last step, from the schedule every

@@ -128,11 +128,8 @@ def xla_cpu_ynn_wanted(setting: bool | None, image_size: int, devices: int) -> b
 
 def use_xla_cpu_ynn(enabled: bool) -> None:
     """`--xla-cpu-ynn`: XLA:CPU compiles its dot, elementwise and reduction fusions to YNNPACK
-    kernels instead of its own LLVM code (measured on 2 cores: ResNet-18 at 32x32 1.7x faster at
-    width 0.25 and 1.95x at full width; `xla_cpu_ynn_wanted` for where it is not; the same
-    update as XLA's own code to float32 rounding; docs/performance.md).
-    Affects JAX's CPU backend only. A `--xla_cpu_experimental_ynn_fusion_type` already in
-    XLA_FLAGS (the user's own choice) is left as it is."""
+    kernels instead of its own LLVM code (where it is faster: `xla_cpu_ynn_wanted`). JAX's CPU
+    backend only; a YNN_FLAG already in XLA_FLAGS (the user's own choice) is left as it is."""
     if xla_flag(YNN_FLAG) is None and enabled:
         set_xla_flag(YNN_FLAG, YNN_FUSIONS)
 

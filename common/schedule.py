@@ -70,19 +70,9 @@ def lr_table(
 
 def lr_table_for(cfg, steps_per_epoch: int) -> np.ndarray:  # type: ignore[no-untyped-def]
     """`lr_table` with the values of a Config."""
-    table = lr_table(
-        cfg.lr,
-        cfg.batch_size,
-        cfg.lr_base_batch,
-        cfg.lr_scaling,
-        cfg.lr_schedule,
-        cfg.epochs,
-        steps_per_epoch,
-        cfg.warmup_epochs,
-        cfg.warmup_start_factor,
-        cfg.lr_step_epochs,
-        cfg.lr_step_factor,
-    )
+    table = lr_table(cfg.lr, cfg.batch_size, cfg.lr_base_batch, cfg.lr_scaling, cfg.lr_schedule,
+                     cfg.epochs, steps_per_epoch, cfg.warmup_epochs, cfg.warmup_start_factor,
+                     cfg.lr_step_epochs, cfg.lr_step_factor)  # fmt: skip
     if injected("lr-shift", cfg.framework):  # tests only: an off-by-one LR index
         table = np.concatenate([table[1:], table[-1:]])
     return table

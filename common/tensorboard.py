@@ -40,8 +40,6 @@ SCALARS = {
     "perf/images_per_sec": "images_per_sec",
     "perf/epoch_sec": "sec",
 }
-TAGS = (*SCALARS, "lr")
-TEXTS = ("config", "environment")
 PACKAGE = "tensorboardX"
 
 
@@ -112,11 +110,10 @@ class EventFile:
         self._events.close()
 
 
-def global_step(row: dict[str, Any], cfg: Config) -> tuple[int, int]:
-    """(global step at the end of the epoch of `row`, steps per epoch): every trainer reports
-    `images` = steps per epoch x the global batch."""
-    steps = row["images"] // cfg.batch_size
-    return row["epoch"] * steps, steps
+def global_step(row: dict[str, Any], cfg: Config) -> int:
+    """The global step at the end of the epoch of `row`: every trainer reports `images` = steps
+    per epoch x the global batch."""
+    return row["epoch"] * (row["images"] // cfg.batch_size)
 
 
 def _markdown_json(obj: Any) -> str:
@@ -144,7 +141,7 @@ class EventLog:
             cfg = self.cfg
             if injected("tensorboard-error", cfg.framework):  # tests: a failing writer
                 raise OSError(f"injected TensorBoard write error in {self.logdir}")
-            step, _ = global_step(row, cfg)
+            step = global_step(row, cfg)
             if self._writer is None:
                 self._writer = EventFile(self.logdir)
                 self._writer.add_text("config", _markdown_json(cfg.to_dict()), step)

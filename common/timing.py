@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 
@@ -72,10 +72,7 @@ class PhaseTimer:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         if not self.enabled:
-            if self.annotate is None:
-                yield
-                return
-            with self.annotate(name):
+            with self.annotate(name) if self.annotate else nullcontext():
                 yield
             return
         self.sync()

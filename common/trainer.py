@@ -146,13 +146,11 @@ def keep_measured_epochs(
     on_traceback: Callable[[str], Any] | None = None,
 ) -> Iterator[None]:
     """Around a training loop: an exception marks the run failed and keeps the epochs measured
-    so far (the record is still written). `reraise` for a rank of a multi-process job, which
-    must exit so that the launcher stops the others (they would wait in a collective): the
-    record is written first and RunFailed raised. An interruption (SIGTERM, SIGINT) writes the
-    record as "interrupted" and goes on up to `run_main`, as does bad input found on the way (a
-    cache file that is a FIFO, say: one line, exit 2, no record). The traceback of a crash goes
-    to stderr, or to `on_traceback` (a spawned rank: its parent decides whether it is the cause,
-    or the echo of another rank's death)."""
+    so far. `reraise` for a rank of a multi-process job, which must exit so that the launcher
+    stops the others (they would wait in a collective): the record is written, RunFailed raised.
+    An interruption writes the record as "interrupted" and goes on up to `run_main`, as does bad
+    input. A crash's traceback goes to stderr, or to `on_traceback` (a spawned rank: its parent
+    decides whether it is the cause or the echo of another rank's death)."""
     try:
         yield
     except BAD_INPUT:

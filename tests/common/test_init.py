@@ -13,7 +13,7 @@ from jax.sharding import Mesh
 
 from common import init as init_module
 from common.config import preset
-from common.init import digest, draw, init_record, initial_state, parameter_spec, trainable_count
+from common.init import digest, draw, init_record, initial_state, parameter_spec, trainable_sizes
 from common.runtime import simulate_host_devices
 from frameworks import jax_pmap, jax_shard
 from frameworks.jax_models import count_params as jax_count
@@ -38,7 +38,7 @@ def test_spec_is_torch_state_dict(model: str) -> None:
         assert [(n, s) for n, s, _ in spec] == [
             (n, tuple(v.shape)) for n, v in net.state_dict().items()
         ]
-        assert trainable_count(spec) == torch_count(net)
+        assert sum(trainable_sizes(spec)) == torch_count(net)
 
 
 def test_draws_depend_on_seed_and_name_only() -> None:
@@ -134,7 +134,9 @@ def test_jax_starts_from_the_shared_arrays(model: str, framework: str, tmp_path)
         assert set(got) == set(want)
         for key in want:
             assert np.array_equal(got[key], want[key]), key
-    assert jax_count(replicas[0].params) == trainable_count(parameter_spec(model, cfg.width, 3, 10))
+    assert jax_count(replicas[0].params) == sum(
+        trainable_sizes(parameter_spec(model, cfg.width, 3, 10))
+    )
     # The comparison can fail: JAX's own generator (--init native) draws other weights.
     native = mod.create_train_state(cfg.replace(init="native"), net, (16, 16, 3), mesh, 2)
     kernel = np.asarray(native.params["conv1"]["kernel"].addressable_shards[0].data)
