@@ -180,7 +180,8 @@ GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DDP_FIRST_BUCKET = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_CAP = 25 * MIB  # DistributedDataParallel(bucket_cap_mb=25), MiB
 XLA_COMBINE_THRESHOLD = 30 * MIB + 7  # xla/service/collective_utils.h kDefaultAllReduceCombine..
-FRAMEWORKS = ("torch-ddp", "torch-dp", "jax-pmap", "jax-shard", "jax-shardmap", "mxnet-gluon")
+FRAMEWORKS = ("torch-ddp", "torch-dp", "jax-pmap", "jax-shard", "jax-shardmap", "jax-fsdp",
+              "mxnet-gluon")  # fmt: skip
 
 
 def ddp_buckets(sizes: Sequence[int], first: int = DDP_FIRST_BUCKET, cap: int = DDP_BUCKET_CAP):
@@ -299,7 +300,7 @@ OVERLAP = {  # framework -> (the fraction of the backward that can hide communic
     "torch-dp": (0.0, "nn.DataParallel broadcasts before the forward and reduce-adds after the "
                  "whole backward"),
 }  # fmt: skip
-OVERLAP["jax-shard"] = OVERLAP["jax-shardmap"] = OVERLAP["jax-pmap"]
+OVERLAP["jax-shard"] = OVERLAP["jax-shardmap"] = OVERLAP["jax-fsdp"] = OVERLAP["jax-pmap"]
 
 
 def overlap_for(framework: str, bd: Breakdown, given: float | None) -> tuple[float, str]:
