@@ -20,6 +20,7 @@ TRANSFORMS = {
     "torch_ddp.py": "DDP",
     "jax_pmap.py": "pmean",  # lax.pmean(
     "jax_shard.py": "NamedSharding",
+    "jax_fsdp.py": "with_sharding_constraint",
     "mxnet_gluon.py": "split_and_load",
 }
 FIRST_LINES = 160
