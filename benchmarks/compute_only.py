@@ -383,12 +383,13 @@ def jax_loop(framework: str, cfg: Config, batch: int, plan: Any, device: Any, li
     from jax.sharding import Mesh
 
     from common.timing import PhaseTimer
-    from frameworks import jax_pmap, jax_shard, jax_shardmap
+    from frameworks import jax_fsdp, jax_pmap, jax_shard, jax_shardmap
     from frameworks.jax_support import prefetch_to_devices
 
     mesh = Mesh(np.array([device]), ("batch",))
     shape = (cfg.image_size, cfg.image_size, cfg.synthetic_channels)
-    modules = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap}
+    modules = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap,
+               "jax-fsdp": jax_fsdp}  # fmt: skip
     module: Any = modules[framework]
     model = module.build_model(
         cfg, cfg.synthetic_channels, cfg.synthetic_classes, plan.compute_dtype

@@ -113,6 +113,7 @@ REGISTRY: dict[str, Framework] = {
         Framework("jax-pmap", "frameworks.jax_pmap", ".venv", "main"),
         Framework("jax-shard", "frameworks.jax_shard", ".venv", "main"),
         Framework("jax-shardmap", "frameworks.jax_shardmap", ".venv", "main"),
+        Framework("jax-fsdp", "frameworks.jax_fsdp", ".venv", "main"),
         Framework("mxnet-gluon", "frameworks.mxnet_gluon", ".venv-mxnet", "mxnet"),
     )
 }

@@ -16,15 +16,8 @@ from typing import Any
 from common.devices import CHOICES as DEVICE_CHOICES
 from common.errors import ConfigError
 
-FRAMEWORKS = (
-    "torch-dp",
-    "torch-ddp",
-    "torch-fsdp",
-    "jax-pmap",
-    "jax-shard",
-    "jax-shardmap",
-    "mxnet-gluon",
-)
+FRAMEWORKS = ("torch-dp", "torch-ddp", "torch-fsdp", "jax-pmap", "jax-shard", "jax-shardmap",
+              "jax-fsdp", "mxnet-gluon")  # fmt: skip
 MODELS = ("resnet18", "wideresnet")
 DATASETS = ("cifar10", "cifar100", "fashion-mnist", "digits", "synthetic")
 LR_SCALINGS = ("none", "linear", "sqrt")

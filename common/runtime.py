@@ -34,6 +34,7 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "frameworks.jax_pmap": _JAX,
     "frameworks.jax_shard": _JAX,
     "frameworks.jax_shardmap": _JAX,
+    "frameworks.jax_fsdp": _JAX,
     "frameworks.mxnet_gluon": ("mxnet",),
     "tutorials.d2l_torch": ("torch",),
     "tutorials.nvidia_course": ("torch",),

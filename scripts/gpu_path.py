@@ -38,11 +38,11 @@ def jax_programs() -> dict[str, dict]:
     from jax.sharding import Mesh
 
     from common.datasets import load_for
-    from frameworks import jax_pmap, jax_shard, jax_shardmap
+    from frameworks import jax_fsdp, jax_pmap, jax_shard, jax_shardmap
     from frameworks.jax_support import device_plan
 
     out = {}
-    for mod in (jax_pmap, jax_shard, jax_shardmap):
+    for mod in (jax_pmap, jax_shard, jax_shardmap, jax_fsdp):
         for precision in ("fp32", "bf16"):
             cfg = preset("smoke", precision=precision, gpus=2)
             ds = load_for(cfg)

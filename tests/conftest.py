@@ -269,7 +269,7 @@ MAIN_PYTHON = Path(os.environ.get("DPBENCH_TEST_PYTHON") or ROOT / ".venv" / "bi
 MXNET_PYTHON = ROOT / ".venv-mxnet" / "bin" / "python"
 
 FRAMEWORKS = ("torch-dp", "torch-ddp", "torch-fsdp", "jax-pmap", "jax-shard", "jax-shardmap",
-              "mxnet-gluon")  # fmt: skip
+              "jax-fsdp", "mxnet-gluon")  # fmt: skip
 SMOKE = ("--preset", "smoke", "--prefetch", "1")  # tiny model, 16x16 synthetic images
 # For one step of two different programs (N devices vs 1): the smoke preset's first step with
 # seed 0 holds a near-tie (within float rounding of a ReLU kink) that a multi-process reduction's

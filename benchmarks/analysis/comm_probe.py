@@ -37,6 +37,7 @@ COLLECTIVES = {  # what each trainer averages its gradients with
     "jax-pmap": "pmap psum",
     "jax-shard": "shard_map psum",  # jitted shard_map over a 1-D mesh
     "jax-shardmap": "shard_map psum",
+    "jax-fsdp": "shard_map psum",  # its reduce-scatter + all-gather: a ring all-reduce's bytes
     "mxnet-gluon": "kvstore pushpull",  # kvstore "device": Trainer.step's, per parameter
 }
 
@@ -228,7 +229,7 @@ def worker(
         out = worker_torch_ddp(n, numels, reps, warmup)
     elif framework == "torch-dp":
         out = worker_torch_dp(n, numels, reps, warmup)
-    elif framework in ("jax-pmap", "jax-shard", "jax-shardmap"):
+    elif framework in ("jax-pmap", "jax-shard", "jax-shardmap", "jax-fsdp"):
         out = worker_jax(n, numels, reps, warmup, shard=framework != "jax-pmap")
     else:
         out = worker_mxnet(n, numels, reps, warmup)

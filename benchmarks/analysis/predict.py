@@ -334,7 +334,7 @@ OVERLAP = {  # framework -> (the fraction of the backward that can hide communic
                  "its latency-hiding scheduler off by default, runs them apart from compute; "
                  "ASSUMED: one gather, kept for the backward"),
 }  # fmt: skip
-OVERLAP["jax-shard"] = OVERLAP["jax-shardmap"] = OVERLAP["jax-pmap"]
+OVERLAP["jax-shard"] = OVERLAP["jax-shardmap"] = OVERLAP["jax-fsdp"] = OVERLAP["jax-pmap"]
 OVERLAP["torch-fsdp+no-reshard"] = OVERLAP["torch-fsdp"]
 
 

@@ -21,6 +21,7 @@ TRANSFORMS = {
     "torch_fsdp.py": "fully_shard",
     "jax_pmap.py": "pmean",  # lax.pmean(
     "jax_shard.py": "NamedSharding",
+    "jax_fsdp.py": "with_sharding_constraint",
     "mxnet_gluon.py": "split_and_load",
 }
 FIRST_LINES = 160

@@ -23,7 +23,7 @@ import jax  # noqa: E402  (after the device count)
 from jax.sharding import Mesh  # noqa: E402
 
 from common.datasets import load_for  # noqa: E402
-from frameworks import jax_pmap, jax_shard, jax_shardmap, jax_support, torch_support  # noqa: E402
+from frameworks import jax_fsdp, jax_pmap, jax_shard, jax_shardmap, jax_support, torch_support  # noqa: E402
 
 TRAINERS = ("torch-ddp", "jax-pmap")  # one per family: the plan is the family's support code
 ONE_STEP = (*SMOKE, "--epochs", "1", "--max-steps-per-epoch", "1")
@@ -108,7 +108,8 @@ def test_a_step_that_ignores_bf16_is_recorded_as_float32(framework: str, tmp_pat
 
 # ---- the GPU program, built on the CPU ----------------------------------------------------
 
-JAX_TRAINERS = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap}
+JAX_TRAINERS = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap,
+                "jax-fsdp": jax_fsdp}  # fmt: skip
 
 
 def cuda_program(framework: str, precision: str, devices: int = 2) -> jax.export.Exported:

@@ -25,13 +25,14 @@ from common.config import ConfigError, preset
 from common.datasets import load_for
 from common.pipeline import EvalLoader, TrainLoader
 from common.runtime import simulate_host_devices
-from frameworks import jax_pmap, jax_shard, jax_shardmap
+from frameworks import jax_fsdp, jax_pmap, jax_shard, jax_shardmap
 from frameworks.jax_support import device_plan, evaluate
 from tests.conftest import read_json, relative_update_difference, run_trainer
 
 simulate_host_devices(4)  # before the first device query (see the module docstring)
 
-MODULES = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap}
+MODULES = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap,
+           "jax-fsdp": jax_fsdp}  # fmt: skip
 CFG = preset("smoke", eval_batch_size=4)  # ResNet-18 x 0.125 on 16x16 synthetic images
 # One step of two different programs (N devices vs 1, jax-shard vs jax-pmap) on the same
 # weights: in float64 the updates agree to rounding that cannot hide a difference of meaning
