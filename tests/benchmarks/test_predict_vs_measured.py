@@ -89,20 +89,20 @@ def test_a_measured_breakdown_sets_compute_input_wait_and_host():
     # device, as JAX's trace shows) says nothing about overlap at N: the default (0) stays.
     bd = {"step_ms": 16.0, "compute_ms": 12.0, "comm_ms": 0.2, "exposed_comm_ms": 0.0,
           "input_wait_ms": 2.0, "host_gap_ms": 2.0}  # fmt: skip
-    one = record("jax-pmap", 1, 2000.0, 64, breakdown=bd)
-    (row,) = P.measured_vs_predicted([one, record("jax-pmap", 2, 3000.0, 64)], link=LINK)
+    one, two = record("jax-pmap", 1, 2000.0, 64, breakdown=bd), record("jax-pmap", 2, 3000.0, 64)
+    (row,) = P.measured_vs_predicted([one, two], link=LINK)
     got = [row["inputs"]["one_device"][k] for k in ("compute_ms", "input_wait_ms", "host_ms")]
     assert got == pytest.approx([24.0, 4.0, 4.0])
     assert row["inputs"]["overlap"] == 0 and row["inputs"]["overlap_source"].startswith("default")
     # strong, own GPUs: host 4 + (24 + 4) x 32/64 + the all-reduce
     assert row["predicted_step_ms"] == pytest.approx(4 + 14 + COMM_2)
     assert row["predicted_efficiency"] == pytest.approx(32 / (2 * (18 + COMM_2)))  # 0.87525
-    (plain,) = P.measured_vs_predicted([record("jax-pmap", 1, 2000.0, 64),
-                                        record("jax-pmap", 2, 3000.0, 64)], link=LINK)  # fmt: skip
+    (plain,) = P.measured_vs_predicted([{**one, "breakdown": None}, two], link=LINK)
     assert plain["predicted_efficiency"] == pytest.approx(32 / (2 * (16 + COMM_2)))  # all compute
 
 
-def test_no_prediction_without_a_pair_or_a_known_model():
+def test_no_prediction_without_a_pair_or_a_known_model_and_a_note_without_a_step():
+    """A breakdown without step_ms: the prediction is made from the step alone, with a note."""
     assert P.measured_vs_predicted([record("jax-pmap", 1, 2000.0, 64)]) == []
     assert P.measured_vs_predicted([record("jax-pmap", 2, 2000.0, 64)]) == []
     failed = weak_sweep()
@@ -112,6 +112,14 @@ def test_no_prediction_without_a_pair_or_a_known_model():
     (row,) = P.measured_vs_predicted(wrong, link=LINK)
     assert row["predicted_efficiency"] is None and "12,345 parameters" in row["note"]
     assert row["measured_efficiency"] == pytest.approx(0.9)
+    records = weak_sweep()
+    records[0]["breakdown"] = {"compute_ms": 5.0}
+    (row,) = P.measured_vs_predicted(records, link=LINK)
+    assert row["predicted_efficiency"] is not None and "without step_ms" in row["note"]
+    assert "the whole step is compute" in row["inputs"]["one_device"]["source"]
+    lines = P.section(records, report._busy)
+    assert any(ln.startswith("- jax-pmap x2: note: breakdown without step_ms") for ln in lines)
+    assert not any("no prediction" in ln for ln in lines), lines
 
 
 def sweep(records: list[dict]) -> report.Sweep:
@@ -144,14 +152,3 @@ def test_the_report_section_shows_measured_predicted_and_the_inputs(tmp_path):
     assert P.SECTION_TITLE not in report.markdown(sweep(ones), ones, [], "")
     plots, _ = report.write_plots(tmp_path / "one", sweep(ones), ones)
     assert "predicted_efficiency.png" not in [p.name for p in plots]
-
-
-def test_a_prediction_made_without_an_unusable_breakdown_is_not_called_no_prediction():
-    records = weak_sweep()
-    records[0]["breakdown"] = {"compute_ms": 5.0}  # no step_ms: the step alone is used
-    (row,) = P.measured_vs_predicted(records, link=LINK)
-    assert row["predicted_efficiency"] is not None and "without step_ms" in row["note"]
-    assert "the whole step is compute" in row["inputs"]["one_device"]["source"]
-    lines = P.section(records, report._busy)
-    assert any(ln.startswith("- jax-pmap x2: note: breakdown without step_ms") for ln in lines)
-    assert not any("no prediction" in ln for ln in lines), lines
