@@ -4,8 +4,6 @@ Hand-made records, numbers computed by hand; no training."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from benchmarks import report
@@ -52,10 +50,22 @@ def test_weak_scaling_on_gpus_by_hand():
     assert row["difference_pp"] == pytest.approx(100 * (0.9 - 32 / (32 + COMM_2)))
     got = row["inputs"]
     assert got["grad_bytes"] == GRAD_BYTES and got["collective_bytes"] == [GRAD_BYTES]
-    assert got["link"] == {"name": "test link", "busbw_gbps": 10.0, "latency_us": 0.0,
-                           "what": "a test link", "source": "stated by the test"}  # fmt: skip
+    assert got["link"]["name"] == "test link" and got["link"]["busbw_gbps"] == 10.0
     assert got["overlap"] == 0.0 and got["overlap_source"].startswith("default")
     assert got["compute_factor"] == 1 and got["one_device"]["step_ms"] == pytest.approx(32)
+    # Nothing measured at N devices is read: a slow N-device run with a breakdown of its own
+    # moves the measured figures only; a faster 1-device run moves the prediction.
+    slow = weak_sweep()
+    bd = dict(step_ms=900.0, compute_ms=100.0, comm_ms=700.0, exposed_comm_ms=10.0)
+    slow[1].update(images_per_sec=500.0, breakdown={**bd, "input_wait_ms": 5.0, "host_gap_ms": 1.0})
+    (changed,) = P.measured_vs_predicted(slow, link=LINK)
+    assert changed["measured_efficiency"] == pytest.approx(500 / 4000)
+    for key in ("predicted_step_ms", "predicted_efficiency", "inputs"):
+        assert changed[key] == row[key], key
+    faster = weak_sweep()
+    faster[0]["images_per_sec"] = 4000.0  # a 16 ms step
+    moved = P.measured_vs_predicted(faster, link=LINK)[0]
+    assert moved["predicted_efficiency"] == pytest.approx(16 / (16 + COMM_2))
 
 
 def test_strong_scaling_on_simulated_devices_shares_the_cores():
@@ -79,69 +89,43 @@ def test_a_measured_breakdown_sets_compute_input_wait_and_host():
     # device, as JAX's trace shows) says nothing about overlap at N: the default (0) stays.
     bd = {"step_ms": 16.0, "compute_ms": 12.0, "comm_ms": 0.2, "exposed_comm_ms": 0.0,
           "input_wait_ms": 2.0, "host_gap_ms": 2.0}  # fmt: skip
-    one = record("jax-pmap", 1, 2000.0, 64, breakdown=bd)
-    (row,) = P.measured_vs_predicted([one, record("jax-pmap", 2, 3000.0, 64)], link=LINK)
-    inputs = row["inputs"]["one_device"]
-    assert (inputs["compute_ms"], inputs["input_wait_ms"], inputs["host_ms"]) == pytest.approx(
-        (24.0, 4.0, 4.0)
-    )
+    one, two = record("jax-pmap", 1, 2000.0, 64, breakdown=bd), record("jax-pmap", 2, 3000.0, 64)
+    (row,) = P.measured_vs_predicted([one, two], link=LINK)
+    got = [row["inputs"]["one_device"][k] for k in ("compute_ms", "input_wait_ms", "host_ms")]
+    assert got == pytest.approx([24.0, 4.0, 4.0])
     assert row["inputs"]["overlap"] == 0 and row["inputs"]["overlap_source"].startswith("default")
     # strong, own GPUs: host 4 + (24 + 4) x 32/64 + the all-reduce
     assert row["predicted_step_ms"] == pytest.approx(4 + 14 + COMM_2)
     assert row["predicted_efficiency"] == pytest.approx(32 / (2 * (18 + COMM_2)))  # 0.87525
-    (plain,) = P.measured_vs_predicted([record("jax-pmap", 1, 2000.0, 64),
-                                        record("jax-pmap", 2, 3000.0, 64)], link=LINK)  # fmt: skip
+    (plain,) = P.measured_vs_predicted([{**one, "breakdown": None}, two], link=LINK)
     assert plain["predicted_efficiency"] == pytest.approx(32 / (2 * (16 + COMM_2)))  # all compute
 
 
-def test_the_prediction_reads_nothing_measured_at_n_devices():
-    """A prediction that took the N-device run's time (or its breakdown) would change here."""
-    base = P.measured_vs_predicted(weak_sweep(), link=LINK)[0]
-    slow = weak_sweep()
-    slow[1]["images_per_sec"] = 500.0
-    slow[1]["breakdown"] = {
-        "step_ms": 900.0,
-        "compute_ms": 100.0,
-        "comm_ms": 700.0,
-        "exposed_comm_ms": 10.0,
-        "input_wait_ms": 5.0,
-        "host_gap_ms": 1.0,
-    }
-    changed = P.measured_vs_predicted(slow, link=LINK)[0]  # fmt: skip
-    assert changed["measured_efficiency"] == pytest.approx(500 / 4000)
-    for key in ("predicted_step_ms", "predicted_efficiency", "inputs"):
-        assert changed[key] == base[key], key
-    # ...while the 1-device run does move it
-    faster = weak_sweep()
-    faster[0]["images_per_sec"] = 4000.0  # a 16 ms step
-    moved = P.measured_vs_predicted(faster, link=LINK)[0]
-    assert moved["predicted_efficiency"] == pytest.approx(16 / (16 + COMM_2))
-
-
-def test_no_prediction_without_a_pair_or_a_known_model():
+def test_no_prediction_without_a_pair_or_a_known_model_and_a_note_without_a_step():
+    """A breakdown without step_ms: the prediction is made from the step alone, with a note."""
     assert P.measured_vs_predicted([record("jax-pmap", 1, 2000.0, 64)]) == []
     assert P.measured_vs_predicted([record("jax-pmap", 2, 2000.0, 64)]) == []
     failed = weak_sweep()
     failed[0]["status"] = "failed"
     assert P.measured_vs_predicted(failed) == []
-    wrong = copy.deepcopy(weak_sweep())
-    for r in wrong:
-        r["params"] = 12345
+    wrong = [{**r, "params": 12345} for r in weak_sweep()]
     (row,) = P.measured_vs_predicted(wrong, link=LINK)
     assert row["predicted_efficiency"] is None and "12,345 parameters" in row["note"]
     assert row["measured_efficiency"] == pytest.approx(0.9)
+    records = weak_sweep()
+    records[0]["breakdown"] = {"compute_ms": 5.0}
+    (row,) = P.measured_vs_predicted(records, link=LINK)
+    assert row["predicted_efficiency"] is not None and "without step_ms" in row["note"]
+    assert "the whole step is compute" in row["inputs"]["one_device"]["source"]
+    lines = P.section(records, report._busy)
+    assert any(ln.startswith("- jax-pmap x2: note: breakdown without step_ms") for ln in lines)
+    assert not any("no prediction" in ln for ln in lines), lines
 
 
 def sweep(records: list[dict]) -> report.Sweep:
-    return report.Sweep(
-        title="resnet18 (width 0.25) on digits, preset digits, weak scaling",
-        command="python -m benchmarks.compare",
-        frameworks=["jax-pmap"],
-        counts=[1, 2],
-        planned={("jax-pmap", 1): 1, ("jax-pmap", 2): 1},
-        expected_kind=GPU,
-        host={"cpu_count": 2},
-    )
+    planned = {("jax-pmap", 1): 1, ("jax-pmap", 2): 1}
+    return report.Sweep("resnet18 on digits", "python -m benchmarks.compare", ["jax-pmap"], [1, 2],
+                        planned, expected_kind=GPU, host={"cpu_count": 2})  # fmt: skip
 
 
 def test_the_report_section_shows_measured_predicted_and_the_inputs(tmp_path):
@@ -152,10 +136,9 @@ def test_the_report_section_shows_measured_predicted_and_the_inputs(tmp_path):
     comm = GRAD_BYTES / 17.5e9 * 1e3 + 2 * 3.1e-3
     line = next(ln for ln in section.splitlines() if ln.startswith("| jax-pmap |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[2:6] == ["2", "weak", "64 images", f"{128 / 3600 * 1e3:.2f} ms"]
-    assert cells[6] == f"{32 + comm:.2f} ms"
-    assert cells[7] == "90.0%" and cells[8] == f"{32 / (32 + comm):.1%}"
-    assert cells[9] == f"{100 * (0.9 - 32 / (32 + comm)):+.1f} pp"
+    eff = 32 / (32 + comm)
+    want = ["2", "weak", "64 images", f"{128 / 3600 * 1e3:.2f} ms", f"{32 + comm:.2f} ms"]
+    assert cells[2:10] == [*want, "90.0%", f"{eff:.1%}", f"{100 * (0.9 - eff):+.1f} pp"]
     assert "PREDICTED" in section and "ASSUMED" in section and "busbw 17.5 GB/s" in section
     assert "2,804,712 bytes of fp32 gradients in 1 collective(s) of 2.67 MiB" in section
     # the plot: measured points and predicted lines, only when there is something to compare
@@ -169,14 +152,3 @@ def test_the_report_section_shows_measured_predicted_and_the_inputs(tmp_path):
     assert P.SECTION_TITLE not in report.markdown(sweep(ones), ones, [], "")
     plots, _ = report.write_plots(tmp_path / "one", sweep(ones), ones)
     assert "predicted_efficiency.png" not in [p.name for p in plots]
-
-
-def test_a_prediction_made_without_an_unusable_breakdown_is_not_called_no_prediction():
-    records = weak_sweep()
-    records[0]["breakdown"] = {"compute_ms": 5.0}  # no step_ms: the step alone is used
-    (row,) = P.measured_vs_predicted(records, link=LINK)
-    assert row["predicted_efficiency"] is not None and "without step_ms" in row["note"]
-    assert "the whole step is compute" in row["inputs"]["one_device"]["source"]
-    lines = P.section(records, report._busy)
-    assert any(ln.startswith("- jax-pmap x2: note: breakdown without step_ms") for ln in lines)
-    assert not any("no prediction" in ln for ln in lines), lines

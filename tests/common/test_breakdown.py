@@ -1,6 +1,5 @@
-"""--profile's arithmetic and window, without a framework (common/breakdown.py,
-common/profiling.py, benchmarks/analysis/breakdowns.py): hand-made traces whose breakdown is
-worked out by hand, and a fake profiler driving the window."""
+"""--profile's arithmetic and window without a framework (common/breakdown.py, profiling.py,
+benchmarks/analysis/breakdowns.py): traces worked out by hand, a fake profiler in the window."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from common import breakdown as bd
 from common.breakdown import INPUT_WAIT, WINDOW, TraceError, read_trace
 from common.config import ConfigError, preset
 from common.profiling import MARGIN, WARMUP, ProfileWindow, trace_dir, window_of
-from common.timing import PhaseTimer
 
 
 def x(name, ts, dur, pid=1, tid=1, **kw):
@@ -31,8 +29,7 @@ def write(tmp_path: Path, events, name="trace.json") -> Path:
     return path
 
 
-# One trace per flavour, worked out by hand (it exercises the interval arithmetic: nested, hidden
-# and clipped intervals).
+# One trace per flavour, worked out by hand (nested, hidden and clipped intervals).
 # Window [0, 25000) us, 1 step: compute [0,10) and [12,20) ms; communication [8,15) ms, of which
 # only [10,12) is not hidden by compute; the host waits for input [20,22) ms, then idles to 25.
 HAND = {"step_ms": 25.0, "compute_ms": 18.0, "comm_ms": 7.0, "exposed_comm_ms": 2.0,
@@ -43,92 +40,69 @@ def host(pid=1, tid=1):
     return [x(WINDOW, 0, 25000, pid, tid), x(INPUT_WAIT, 20000, 2000, pid, tid)]
 
 
-def check_hand(result: dict) -> dict:
-    """The hand-worked figures, whose parts add up to the step; the devices read."""
-    assert {k: result[k] for k in HAND} == pytest.approx(HAND), result
-    assert sum(result[k] for k in bd.PARTS) == pytest.approx(result["step_ms"])
-    return result["devices"]
+def pair(name, ts, dur, pid, tid=3, ph="B", cat="operator"):
+    return [{"ph": ph, "name": name, "ts": ts, "pid": pid, "tid": tid, "cat": cat},
+            {"ph": "e" if ph == "b" else "E", "name": name, "ts": ts + dur, "pid": pid,
+             "tid": tid, "cat": cat}]  # fmt: skip
 
 
-def test_torch_cpu_trace(tmp_path: Path) -> None:
-    events = host(7, 7) + [
+def meta(ph_name, pid, name, tid=0):
+    return {"ph": "M", "name": ph_name, "pid": pid, "tid": tid, "args": {"name": name}}
+
+
+TRACES = {  # flavour: (reader, file name, events, the devices read or None)
+    "torch-cpu": ("torch", "trace.json", host(7, 7) + [
         x("aten::conv2d", 0, 10000, 7, 7, cat="cpu_op"),
         x("aten::addmm", 2000, 3000, 7, 7, cat="cpu_op"),  # nested: counted once
         x("aten::add_", 12000, 8000, 7, 7, cat="cpu_op"),
         x("c10d::allreduce_", 10000, 1000, 7, 7, cat="cpu_op"),  # the enqueue: not compute
         x("gloo:all_reduce", 8000, 7000, 7, 99, cat="user_annotation"),  # gloo's thread
         x("aten::mul", 0, 30000, 7, 55, cat="cpu_op"),  # another thread: not the device
-    ]
-    check_hand(read_trace(write(tmp_path, events), "torch", 1))
-    assert read_trace(write(tmp_path, events), "torch", 5)["compute_ms"] == pytest.approx(18 / 5)
-
-
-def test_torch_cuda_trace(tmp_path: Path) -> None:
-    events = host(7, 7) + [
+    ], None),
+    "torch-cuda": ("torch", "trace.json", host(7, 7) + [
         x("volta_sgemm", 0, 10000, 0, 7, cat="kernel", args={"device": 0}),
         x("elementwise_kernel", 12000, 8000, 0, 7, cat="kernel", args={"device": 0}),
         x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8000, 7000, 0, 20, cat="kernel",
           args={"device": 0}),
         x("aten::conv2d", 0, 25000, 7, 7, cat="cpu_op"),  # host side: not the GPU's time
-    ]  # fmt: skip
-    assert list(check_hand(read_trace(write(tmp_path, events), "torch", 1))) == ["gpu:0"]
+    ], ["gpu:0"]),
+    "jax-two-devices": ("jax", "t.trace.json.gz", host() + [
+        x("PjitFunction(step)", 0, 25000),  # no hlo_op: host dispatch
+        *[x(op, ts, dur, 1, 10 + d, args={"hlo_op": op, "device_ordinal": d}) for d in (0, 1)
+          for op, ts, dur in (("convolution.3", 0, 10000), ("fusion.7", 12000, 8000),
+                              ("all-reduce.1", 8000, 7000))],
+    ], ["device:0", "device:1"]),
+    "jax-gpu-streams-not-summary-lines": ("jax", "t.trace.json.gz", [
+        meta("process_name", 1, "/device:GPU:0"), meta("process_name", 701, "/host:CPU"),
+        meta("thread_name", 1, "Stream #13(Compute)", 13), meta("thread_name", 1, "XLA Ops", 2),
+        meta("thread_name", 1, "Stream #14(Nccl)", 14), *host(701, 5),
+        x("loop_convolution_kernel", 0, 10000, 1, 13, args={"hlo_op": "convolution.3"}),
+        x("loop_add_fusion", 12000, 8000, 1, 13, args={"hlo_op": "fusion.7"}),
+        *[x(name, 8000, dur, 1, tid, args={"hlo_op": "all-reduce-start.1"}) for name, dur, tid in
+          (("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 7000, 14),
+           ("all-reduce-start.1", 17000, 2))],  # the kernel; the summary line
+    ], ["/device:GPU:0"]),
+    "mxnet-begin-end-pairs": ("mxnet", "trace.json", [
+        meta("process_name", 0, "cpu/0"), meta("process_name", 9, "dpbench"),
+        *pair(WINDOW, 0, 25000, 9, ph="b", cat="dpbench"),  # MXNet's Task: async b/e
+        *pair(INPUT_WAIT, 20000, 2000, 9, ph="b", cat="dpbench"),
+        *pair("Convolution", 0, 10000, 0), *pair("sgd_mom_update", 12000, 8000, 0),
+        *pair("CopyCPU2CPU", 8000, 3000, 0, 4), *pair("ElementwiseSum", 11000, 4000, 0, 4),
+        *pair("DeleteVariable", 20000, 5000, 0),  # engine bookkeeping, not work
+    ], None),
+}  # fmt: skip
 
 
-def test_jax_trace_two_devices(tmp_path: Path) -> None:
-    def op(name, ts, dur, device):
-        return x(name, ts, dur, 1, 10 + device, args={"hlo_op": name, "device_ordinal": device})
-
-    events = host() + [x("PjitFunction(step)", 0, 25000)]  # no hlo_op: host dispatch
-    for d in (0, 1):
-        events += [op("convolution.3", 0, 10000, d), op("fusion.7", 12000, 8000, d),
-                   op("all-reduce.1", 8000, 7000, d)]  # fmt: skip
-    devices = check_hand(read_trace(write(tmp_path, events, "t.trace.json.gz"), "jax", 1))
-    assert sorted(devices) == ["device:0", "device:1"]
-
-
-def test_jax_gpu_trace_reads_the_streams_not_the_summary_lines(tmp_path: Path) -> None:
-    meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
-            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 13,
-             "args": {"name": "Stream #13(Compute)"}},
-            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 14,
-             "args": {"name": "Stream #14(Nccl)"}},
-            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "XLA Ops"}},
-            {"ph": "M", "name": "process_name", "pid": 701,
-             "args": {"name": "/host:CPU"}}]  # fmt: skip
-
-    def k(name, ts, dur, tid, op):
-        return x(name, ts, dur, 1, tid, args={"hlo_op": op})
-
-    events = meta + host(701, 5) + [
-        k("loop_convolution_kernel", 0, 10000, 13, "convolution.3"),
-        k("loop_add_fusion", 12000, 8000, 13, "fusion.7"),
-        k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8000, 7000, 14, "all-reduce-start.1"),
-        k("all-reduce-start.1", 8000, 17000, 2, "all-reduce-start.1"),  # the summary line
-    ]  # fmt: skip
-    devices = check_hand(read_trace(write(tmp_path, events, "t.trace.json.gz"), "jax", 1))
-    assert list(devices) == ["/device:GPU:0"]
-
-
-def test_mxnet_trace_with_begin_end_pairs(tmp_path: Path) -> None:
-    def be(name, ts, dur, pid, tid=3, ph="B", cat="operator"):
-        return [
-            {"ph": ph, "name": name, "ts": ts, "pid": pid, "tid": tid, "cat": cat},
-            {"ph": "e" if ph == "b" else "E", "name": name, "ts": ts + dur, "pid": pid,
-             "tid": tid, "cat": cat},
-        ]  # fmt: skip
-
-    meta = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "cpu/0"}},
-            {"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "dpbench"}}]  # fmt: skip
-    events = meta + [
-        *be(WINDOW, 0, 25000, 9, ph="b", cat="dpbench"),  # MXNet's Task: async b/e
-        *be(INPUT_WAIT, 20000, 2000, 9, ph="b", cat="dpbench"),
-        *be("Convolution", 0, 10000, 0),
-        *be("sgd_mom_update", 12000, 8000, 0),
-        *be("CopyCPU2CPU", 8000, 3000, 0, tid=4),
-        *be("ElementwiseSum", 11000, 4000, 0, tid=4),
-        *be("DeleteVariable", 20000, 5000, 0),  # engine bookkeeping, not work
-    ]
-    check_hand(read_trace(write(tmp_path, events), "mxnet", 1))
+@pytest.mark.parametrize("case", TRACES)
+def test_every_trace_flavour_gives_the_hand_worked_breakdown(tmp_path: Path, case: str) -> None:
+    """The hand-worked figures, whose parts add up to the step, over the steps profiled."""
+    flavour, name, events, devices = TRACES[case]
+    path = write(tmp_path, events, name)
+    result = read_trace(path, flavour, 1)
+    assert {k: result[k] for k in HAND} == pytest.approx(HAND), result
+    assert sum(result[k] for k in bd.PARTS) == pytest.approx(result["step_ms"])
+    assert devices is None or sorted(result["devices"]) == devices, result["devices"]
+    assert read_trace(path, flavour, 5)["compute_ms"] == pytest.approx(18 / 5)
 
 
 def test_a_trace_without_the_window_or_cut_short_is_one_trace_error(tmp_path: Path) -> None:
@@ -181,16 +155,10 @@ def window(tmp_path: Path, profile: int, profiler=FakeProfiler, say=print, sync=
 def test_the_window_profiles_the_steps_after_warm_up(tmp_path: Path) -> None:
     syncs: list[int] = []
     win = window(tmp_path, 5, sync=lambda: syncs.append(1))
-    phases = PhaseTimer(lambda: None, False, win.annotate)  # as Run makes it under --profile
-    batches, seen, annotated = win.wrap(Batches(20), 20, 0), [], []
-    for b in batches:
-        with phases.phase("forward_backward"):
-            annotated.append(FakeProfiler.log[-1:] == ["<forward_backward"])
-        seen.append(b)
+    batches = win.wrap(Batches(20), 20, 0)  # (the phases annotated: tests/trainers/test_profile)
+    assert list(batches) == list(range(20))  # every batch still reaches the loop, in order
     assert win.wrap(Batches(3), 3, 0).__class__ is Batches  # only the first epoch
-    assert seen == list(range(20))  # every batch still reaches the loop, in order
     assert (win.first, win.count) == (3, 5)  # after 3 warm-up steps, as --help says
-    assert annotated == [False] * WARMUP + [True] * 5 + [False] * (20 - WARMUP - 5)
     log = FakeProfiler.log
     assert log[:2] == ["start", f"<{WINDOW}"] and log[-2:] == [f"{WINDOW}>", "stop"]
     assert log.count(f"<{INPUT_WAIT}") == 5
@@ -230,7 +198,14 @@ def test_the_profiler_is_freed_when_the_window_ends_not_in_a_timed_epoch(tmp_pat
     assert win.trace is not None
 
 
-def test_a_failure_in_the_window_stops_the_profiler_and_leaves_a_record(tmp_path: Path) -> None:
+class BrokenProfiler(FakeProfiler):
+    def start(self, trace_dir: Path) -> None:
+        raise RuntimeError("CUPTI not found")
+
+
+def test_a_failure_in_the_window_stops_the_profiler_and_costs_the_trace_not_the_run(
+    tmp_path: Path,
+) -> None:
     win = window(tmp_path, 10)
     with pytest.raises(RuntimeError):
         for b in win.wrap(Batches(20), 20, 0):
@@ -247,15 +222,7 @@ def test_a_failure_in_the_window_stops_the_profiler_and_leaves_a_record(tmp_path
     win = window(tmp_path, 5)  # after a resume: the first epoch this process trains
     list(win.wrap(Batches(20), 20, 2))
     assert win.record(0.01)["profile"]["epoch"] == 3
-
-
-class BrokenProfiler(FakeProfiler):
-    def start(self, trace_dir: Path) -> None:
-        raise RuntimeError("CUPTI not found")
-
-
-def test_a_profiler_that_cannot_start_costs_the_trace_not_the_run(tmp_path: Path) -> None:
-    lines: list[str] = []
+    lines: list[str] = []  # a profiler that cannot start: one line, the run goes on
     win = window(tmp_path, 5, BrokenProfiler, lines.append)
     assert list(win.wrap(Batches(20), 20, 0)) == list(range(20))
     assert len(lines) == 1 and "(RuntimeError: CUPTI not found)" in lines[0]
@@ -274,16 +241,16 @@ def test_trace_dirs_are_per_run_and_rank_and_the_flags_are_checked(tmp_path: Pat
 
 
 def record(framework: str, devices: int, compute: float, status: str = "ok") -> dict:
-    parts = {"compute_ms": compute, "exposed_comm_ms": 1.0, "input_wait_ms": 0.5,
-             "host_gap_ms": 0.5}  # fmt: skip
-    step = sum(parts.values())
-    return {"status": status, "devices": devices, "execution": "eager",
-            "runner": {"framework": framework},
-            "breakdown": {**parts, "step_ms": step, "comm_ms": 4.0, "measured_step_ms": step,
-                          "parts_vs_measured": 1.0}}  # fmt: skip
+    step = compute + 2.0  # + exposed communication 1, input wait 0.5, host gap 0.5
+    got = dict(compute_ms=compute, exposed_comm_ms=1.0, input_wait_ms=0.5, host_gap_ms=0.5,
+               step_ms=step, comm_ms=4.0, measured_step_ms=step, parts_vs_measured=1)  # fmt: skip
+    return {"status": status, "devices": devices, "execution": "eager", "breakdown": got,
+            "runner": {"framework": framework}}  # fmt: skip
 
 
-def test_the_report_shows_one_row_per_cell_with_the_median_over_its_runs() -> None:
+def test_the_report_shows_the_median_over_a_cells_runs_and_a_stacked_bar_per_cell() -> None:
+    import matplotlib.pyplot as plt
+
     from benchmarks.analysis import breakdowns
 
     records = [record("torch-ddp", 2, c) for c in (10.0, 30.0, 12.0)]
@@ -296,13 +263,6 @@ def test_the_report_shows_one_row_per_cell_with_the_median_over_its_runs() -> No
         "|torch-ddp|eager|2|3|14.00|12.00|1.00|0.50|0.50|4.00|75%|14.00|1.00|",
     ]  # medians over the three torch-ddp runs; the failed and unprofiled runs are left out
     assert breakdowns.section([records[-1]]) == []  # nothing profiled: no section
-
-
-def test_the_report_draws_a_stacked_bar_per_cell() -> None:
-    import matplotlib.pyplot as plt
-
-    from benchmarks.analysis import breakdowns
-
     fig = breakdowns.plot(plt, [record("torch-ddp", 2, 10.0), record("jax-pmap", 2, 6.0)], "t")
     tops: dict[float, float] = {}  # two cells x four parts, each stack up to its step
     for p in fig.axes[0].patches:

@@ -105,7 +105,6 @@ def test_eval_visits_every_test_image_exactly_once(n, world, batch, pad) -> None
 
 
 def test_prefetcher_yields_in_order() -> None:
-    """(A loader's error surfaced, and nothing after it: tests/benchmarks/test_throughput.py's
-    test_prefetcher_stops_after_a_loader_error.)"""
+    """(A loader's error surfaced, and nothing after it: tests/benchmarks/test_throughput.py.)"""
     assert list(Prefetcher(iter(range(20)), 3)) == list(range(20))
     assert list(Prefetcher(iter(range(5)), 1)) == list(range(5))  # a queue of one

@@ -1,29 +1,17 @@
 """The trainers and tools on a CUDA GPU, each started as a user starts it (its own process, the
-framework's own interpreter), at one GPU, plus the runs that need two where two exist:
-
-- every trainer's smoke run on `--devices cuda` (MXNet: where its build sees the GPU);
-- `--devices cpu` still simulates the devices on the CPU although a GPU is visible, and
-  `--devices auto` takes the GPU;
-- torch-ddp's NCCL process group (a world of one; two GPUs: the step equals the 1-GPU step);
-- torch-dp with its device ids (`devices` in the record is the count asked for);
-- jax-pmap and jax-shard on the GPU, taking the same step;
-- benchmarks.parity at one GPU, every row ok;
-- the JAX step cache on the GPU: a second run loads the train step and ends bit for bit where
-  the first did;
-- benchmarks.compare on a GPU machine chooses the GPU for every run.
-
-The GPU pass runs them (tests/conftest.py; the main pass skips them, and so does a GPU pass
-where nvidia-smi lists no GPU), with the CUDA builds in .venv (`bash scripts/setup.sh` on a
-machine with an NVIDIA driver):
+framework's own interpreter), at one GPU, plus the runs that need two where two exist: every
+trainer's smoke run on `--devices cuda` (MXNet: where its build sees the GPU; torch-ddp over
+NCCL); `--devices cpu` still simulates the devices, `--devices auto` takes the GPU; two GPUs'
+step equals one GPU's (torch-ddp), jax-pmap's equals jax-shard's; parity at one GPU, every row
+ok; compare chooses the GPU for every run. The GPU pass runs them (tests/conftest.py), with the
+CUDA builds in .venv (`bash scripts/setup.sh` on a machine with an NVIDIA driver):
 
     DPBENCH_TEST_GPU=1 .venv/bin/python -m pytest tests/gpu/test_gpu.py -rs
 
 NOT YET RUN ON A GPU: written against the trainers' CPU records, and dry-run on the CPU with
 `--devices cpu` and the assertions on "cuda:" turned round. Replace this paragraph with the
 machine, the result and the time taken once it has run there (aimed at ~3 minutes on one H100;
-each JAX process compiles for 10-20 s there).
-
-torch.compile's CUDA graphs on the GPU: tests/gpu/test_gpu_compile.py.
+each JAX process compiles for 10-20 s there). torch.compile's CUDA graphs: test_gpu_compile.py.
 """
 
 from __future__ import annotations
@@ -68,31 +56,19 @@ ONE_STEP = ("--seed", str(CONDITIONED_SEED), "--epochs", "1", "--max-steps-per-e
 STATISTICS = ("running_mean", "running_var", "num_batches_tracked")  # BN buffers, not parameters
 
 
-def gpu_count() -> int:
-    """The GPUs a trainer may use (conftest.visible_gpus: CUDA_VISIBLE_DEVICES honoured)."""
-    return len(visible_gpus())
-
-
 def skip_below(n: int) -> None:
-    count = gpu_count()
-    if count < n:
+    """Unless `n` GPUs are visible to a trainer (conftest.visible_gpus: CUDA_VISIBLE_DEVICES)."""
+    if (count := len(visible_gpus())) < n:
         pytest.skip(f"needs {n} GPUs, {count} visible")
 
 
-def train(framework: str, out: Path, *args: str, env: dict[str, str] | None = None) -> Run:
-    """A smoke run of `framework` with `args`, which must succeed: its record and its final
-    parameters and BN statistics (--save-state, torch's names). JAX_COMPILATION_CACHE_DIR is
-    cleared so that --cache-dir, not the caller's environment, says where JAX's caches are."""
+def train(framework: str, out: Path, *args: str) -> Run:
+    """A smoke run that must succeed: its record and its --save-state (torch's names). With
+    JAX_COMPILATION_CACHE_DIR cleared --cache-dir, not the caller, says where JAX's caches are."""
     out.mkdir(parents=True, exist_ok=True)
     record, state = out / "record.json", out / "state.npz"
-    proc = run_trainer(
-        framework,
-        *SMOKE,
-        *args,
-        *("--output", str(record), "--save-state", str(state)),
-        env={"JAX_COMPILATION_CACHE_DIR": "", **(env or {})},
-    )
-    ok(proc)
+    files = ("--output", str(record), "--save-state", str(state))
+    ok(run_trainer(framework, *SMOKE, *args, *files, env={"JAX_COMPILATION_CACHE_DIR": ""}))
     result = read_json(record)
     assert result["status"] == "ok", result.get("error")
     with np.load(state) as f:
@@ -107,25 +83,22 @@ def assert_on_gpu(record: dict[str, Any], devices: int) -> None:
 
 
 def initial_parameters(record: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The parameters the run started from (`--init shared`, the default: one file for every
-    framework). Not the BN running statistics: their update does not scale with the LR and
-    would hide part of a wrong one (a 20% higher LR moves parameters and statistics together
-    by 3%, measured, the parameters alone by 20%); parity checks the statistics."""
+    """The parameters the run started from (`--init shared`). Not the BN statistics: their update
+    does not scale with the LR and would hide part of a wrong one (a 20% higher LR moves both
+    together by 3%, the parameters alone by 20%); parity checks the statistics."""
     with np.load(ROOT / record["init"]["file"]) as f:
         return {k: f[k] for k in f.files if not k.endswith(STATISTICS)}
 
 
 @pytest.fixture(scope="module")
 def jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One --cache-dir for this module's JAX runs of the smoke configuration: a second run of
-    it, wherever the devices were chosen, loads its programs instead of compiling for 10-20 s."""
+    """One --cache-dir for the module's JAX smoke runs: a second run loads its programs."""
     return tmp_path_factory.mktemp("jax-cache")
 
 
 @pytest.fixture(scope="module")
 def cuda_run(tmp_path_factory: pytest.TempPathFactory, jax_cache: Path) -> Callable[[str], Run]:
-    """framework -> its smoke run on `--devices cuda --gpus 1`, made once for the module (the
-    smoke, NCCL and device-id tests read the same run)."""
+    """framework -> its smoke run on `--devices cuda --gpus 1`, made once for the module."""
     base = tmp_path_factory.mktemp("cuda")
     runs: dict[str, Run] = {}
 
@@ -150,29 +123,26 @@ def skip_unless_mxnet_sees_a_gpu() -> None:
                     "compute capability 9.0+ (Hopper)")  # fmt: skip
 
 
-# ---- every trainer on the GPU ----------------------------------------------------------------
-
-
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_trainer_runs_its_smoke_run_on_the_gpu(
     framework: str, cuda_run: Callable[[str], Run]
 ) -> None:
+    """torch-ddp in an NCCL group of one (at one GPU the model is left unwrapped: NCCL carries
+    the epoch's all-reduces of the metrics); torch-dp's device ids 0..gpus-1."""
     if framework == "mxnet-gluon":
         skip_unless_mxnet_sees_a_gpu()
     record, _ = cuda_run(framework)
     assert_on_gpu(record, 1)
     assert record["device_choice"]["asked"] == "cuda"
-
-
-# ---- --devices on a GPU machine --------------------------------------------------------------
+    assert framework != "torch-ddp" or record["process_group"] == "nccl"
 
 
 @pytest.mark.parametrize("framework", ["torch-ddp", "jax-pmap"])
-def test_devices_cpu_simulates_the_devices_although_a_gpu_is_visible(
-    framework: str, tmp_path: Path
+def test_devices_cpu_simulates_the_devices_and_auto_takes_the_gpu(
+    framework: str, tmp_path: Path, jax_cache: Path
 ) -> None:
     # --gpus 2 on a 1-GPU machine too: were the GPUs not hidden, the count would be refused.
-    record, _ = train(framework, tmp_path, "--devices", "cpu", "--gpus", "2")
+    record, _ = train(framework, tmp_path / "cpu", "--devices", "cpu", "--gpus", "2")
     assert record["device_kind"] == "cpu-simulated" and record["devices"] == 2
     if framework == "torch-ddp":
         assert record["process_group"] == "gloo"
@@ -181,80 +151,39 @@ def test_devices_cpu_simulates_the_devices_although_a_gpu_is_visible(
     # The user's variables as they were, not the values the pin gave them (and every rank).
     user = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "JAX_PLATFORMS")}
     assert record["device_choice"] == {"asked": "cpu", "env": user}
-
-
-@pytest.mark.parametrize("framework", ["torch-ddp", "jax-pmap"])
-def test_devices_auto_takes_the_gpu(framework: str, tmp_path: Path, jax_cache: Path) -> None:
-    record, _ = train(framework, tmp_path, "--devices", "auto", "--gpus", "1",
+    record, _ = train(framework, tmp_path / "auto", "--devices", "auto", "--gpus", "1",
                       "--cache-dir", str(jax_cache))  # fmt: skip
     assert_on_gpu(record, 1)
     assert record["device_choice"]["asked"] == "auto"
 
 
-# ---- torch-ddp over NCCL, torch-dp's device ids ----------------------------------------------
-
-
-def test_torch_ddp_joins_an_nccl_group_of_one(cuda_run: Callable[[str], Run]) -> None:
-    # At one GPU create_train_state leaves the model unwrapped (DDP would average nothing): what
-    # runs over NCCL here is the process group and the epoch's all-reduces of the metrics.
-    record, _ = cuda_run("torch-ddp")
-    assert record["process_group"] == "nccl"
-    assert_on_gpu(record, 1)
-
-
-def test_torch_ddp_averages_over_nccl_on_two_gpus(tmp_path: Path) -> None:
-    """DDP's gradient all-reduce over NCCL: with SyncBatchNorm (--bn sync) two GPUs' step on a
-    global batch is the 1-GPU step on it, to rounding."""
-    skip_below(2)
-    record, _ = train("torch-ddp", tmp_path / "smoke", *ON_GPU, "--gpus", "2")
-    assert record["process_group"] == "nccl"
-    assert_on_gpu(record, 2)
-    one, one_state = train("torch-ddp", tmp_path / "1", *ON_GPU, "--gpus", "1", "--bn", "sync",
-                           *ONE_STEP)  # fmt: skip
-    two, two_state = train("torch-ddp", tmp_path / "2", *ON_GPU, "--gpus", "2", "--bn", "sync",
-                           *ONE_STEP)  # fmt: skip
-    assert_on_gpu(two, 2)
-    assert relative_update_difference(initial_parameters(one), two_state, one_state) < TOLERANCE
-
-
-@pytest.mark.parametrize("gpus", [1, 2])
-def test_torch_dp_drives_the_gpus_asked_for(
-    gpus: int, tmp_path: Path, cuda_run: Callable[[str], Run]
-) -> None:
-    skip_below(gpus)
-    if gpus == 1:
-        record, _ = cuda_run("torch-dp")
-    else:
-        record, _ = train("torch-dp", tmp_path, *ON_GPU, "--gpus", str(gpus))
-    assert_on_gpu(record, gpus)  # device_ids 0..gpus-1: one replica per GPU
-
-
-# ---- jax-pmap and jax-shard on the GPU -------------------------------------------------------
-
-
-@pytest.mark.parametrize("framework", ["jax-pmap", "jax-shard"])
-def test_jax_trainers_run_on_two_gpus(framework: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("framework", ["torch-ddp", "torch-dp", "jax-pmap", "jax-shard"])
+def test_trainers_run_on_two_gpus(framework: str, tmp_path: Path) -> None:
+    """torch-ddp over NCCL; torch-dp one replica per GPU (`devices` is the count asked for)."""
     skip_below(2)
     record, _ = train(framework, tmp_path, *ON_GPU, "--gpus", "2")
     assert_on_gpu(record, 2)
+    assert framework != "torch-ddp" or record["process_group"] == "nccl"
 
 
-@pytest.mark.parametrize("gpus", [1, 2])
-def test_pmap_and_sharding_take_the_same_step_on_the_gpu(gpus: int, tmp_path: Path) -> None:
-    """One program per device (pmap) and one SPMD program over the mesh (jit with shardings),
-    both with per-device BatchNorm: the same update from the same weights and batch."""
-    skip_below(gpus)
-    pmap, pmap_state = train("jax-pmap", tmp_path / "pmap", *ON_GPU, "--gpus", str(gpus),
-                             *ONE_STEP)  # fmt: skip
-    shard, shard_state = train("jax-shard", tmp_path / "shard", *ON_GPU, "--gpus", str(gpus),
-                               *ONE_STEP)  # fmt: skip
-    assert_on_gpu(pmap, gpus)
-    assert_on_gpu(shard, gpus)
-    assert pmap["init"]["sha256"] == shard["init"]["sha256"]
-    assert relative_update_difference(initial_parameters(pmap), shard_state, pmap_state) < TOLERANCE
-
-
-# ---- the tools on the GPU --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "first,second,gpus",
+    [("torch-ddp", "torch-ddp", (1, 2)), ("jax-pmap", "jax-shard", (1, 1)),
+     ("jax-pmap", "jax-shard", (2, 2))],
+    ids=["torch-ddp-2-gpus-vs-1", "pmap-vs-shard-1-gpu", "pmap-vs-shard-2-gpus"],
+)  # fmt: skip
+def test_the_same_step_on_the_gpu(first: str, second: str, gpus: tuple[int, int], tmp_path) -> None:
+    """DDP's gradient all-reduce over NCCL with SyncBatchNorm: two GPUs' step on a global batch
+    is the 1-GPU step on it. One program per device (pmap) and one SPMD program over the mesh
+    (jit with shardings), both with per-device BatchNorm: the same update. To rounding."""
+    skip_below(max(gpus))
+    bn = ("--bn", "sync") if first == "torch-ddp" else ()
+    one, one_state = train(first, tmp_path / "a", *ON_GPU, "--gpus", str(gpus[0]), *bn, *ONE_STEP)
+    two, two_state = train(second, tmp_path / "b", *ON_GPU, "--gpus", str(gpus[1]), *bn, *ONE_STEP)
+    assert_on_gpu(one, gpus[0])
+    assert_on_gpu(two, gpus[1])
+    assert one["init"]["sha256"] == two["init"]["sha256"]
+    assert relative_update_difference(initial_parameters(one), two_state, one_state) < TOLERANCE
 
 
 def test_parity_holds_at_one_gpu(tmp_path: Path) -> None:
@@ -272,8 +201,7 @@ def test_parity_holds_at_one_gpu(tmp_path: Path) -> None:
     ok(proc)
     rows = read_json(out / "parity.json")
     assert sorted(r["framework"] for r in rows) == sorted(frameworks)
-    for r in rows:
-        assert r["ok"] is True and r["status"] == "ok", r
+    assert all(r["ok"] is True and r["status"] == "ok" for r in rows), rows
     records = [read_json(p) for p in sorted((out / "runs").glob("*.json"))]
     assert len(records) == 4  # the three and the reference
     for record in records:
