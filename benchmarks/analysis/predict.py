@@ -378,10 +378,21 @@ def step_comm(s: Setup, n: int, per_device_batch: float, model: Model | None = N
         inputs = n * per_device_batch * c * h * w * 4  # float32 images of the global batch
         outputs = n * per_device_batch * model.num_classes * 4  # float32 logits
         return dp_comm(sum(grad), int(inputs), int(outputs), n, link)
-    if s.framework in FSDP_GATHERS:  # jax-fsdp: XLA's combiner joins the units
-        units = xla_combined(grad) if s.framework == "jax-fsdp" else fsdp_units(s.model, grad)
-        return sharded_comm(units, FSDP_GATHERS[s.framework], n, link)
-    return allreduce_comm(messages(s.framework, grad), n, link)
+    if s.framework in FSDP_GATHERS:
+        return sharded_comm(
+            collective_units(s.framework, s.model, grad), FSDP_GATHERS[s.framework], n, link
+        )
+    return allreduce_comm(collective_units(s.framework, s.model, grad), n, link)
+
+
+def collective_units(framework: str, model: str, grad: Sequence[int]) -> list[int]:
+    """The bytes of each collective a step makes: the sharded strategies' units (jax-fsdp: XLA's
+    combiner joins them), the others' all-reduces (`messages`); torch-dp: none of its own."""
+    if framework == "torch-dp":
+        return []
+    if framework in FSDP_GATHERS:
+        return xla_combined(grad) if framework == "jax-fsdp" else fsdp_units(model, grad)
+    return messages(framework, grad)
 
 
 def predict(
@@ -752,7 +763,7 @@ def measured_vs_predicted(
             got = predict(shared_cores(bd, k), setup, n, global_batch / n, model)
             over, over_source = overlap_for(framework, bd, overlap)
             grads = [t * GRAD_BYTES[grad_dtype] for t in model.tensors]
-            msgs = [] if framework == "torch-dp" else messages(framework, grads)
+            msgs = collective_units(framework, setup.model, grads)
             eff = got["images_per_sec"] / (n * one["images_per_sec"])
             row.update(
                 predicted_step_ms=got["step_ms"],

@@ -152,3 +152,13 @@ def test_the_report_section_shows_measured_predicted_and_the_inputs(tmp_path):
     assert P.SECTION_TITLE not in report.markdown(sweep(ones), ones, [], "")
     plots, _ = report.write_plots(tmp_path / "one", sweep(ones), ones)
     assert "predicted_efficiency.png" not in [p.name for p in plots]
+
+
+@pytest.mark.parametrize("framework", ["torch-fsdp", "jax-fsdp"])
+def test_the_sharded_strategies_are_predicted_from_their_gathers(framework):
+    """compare's report on a sweep of a sharded trainer (it once raised: 'does not all-reduce')."""
+    records = [record(framework, 1, 2000.0, 64), record(framework, 2, 3600.0, 128)]
+    (row,) = P.measured_vs_predicted(records, link=LINK)
+    gathers = P.FSDP_GATHERS[framework]  # each a half all-reduce, + the reduce-scatter
+    assert row["predicted_comm_ms"] == pytest.approx((gathers + 1) / 2 * COMM_2)
+    assert sum(row["inputs"]["collective_bytes"]) == GRAD_BYTES
