@@ -461,14 +461,8 @@ def run_mxnet(cfg: Config, batch: int, framework: str) -> Bare:
 RUNNERS = {"torch": run_torch, "jax": run_jax, "mxnet": run_mxnet}
 
 
-def measure(
-    framework: str,
-    cfg: Config,
-    batch: int,
-    steps: int = 10,
-    warmup: int = 3,
-    rounds: int = 0,
-) -> dict[str, Any]:
+def measure(framework: str, cfg: Config, batch: int, steps: int = 10, warmup: int = 3,
+            rounds: int = 0) -> dict[str, Any]:  # fmt: skip
     """Compute-only images/s of `framework`'s family on one device at per-device batch `batch`."""
     family = family_of(framework)
     if rounds and framework not in FRAMEWORKS:

@@ -193,6 +193,15 @@ def parse_frameworks(text: str, variants: bool = False) -> list[str]:
     return names
 
 
+def pick(text: str, choices: Sequence[str], what: str, hint: str) -> list[str]:
+    """A comma-separated flag of names, each one of `choices`; `hint`: how to give them."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names or (unknown := [x for x in names if x not in choices]):
+        raise UsageError(f"unknown {what} {', '.join(unknown) if names else '(empty)'}; choose "
+                         f"from {', '.join(choices)}{hint}")  # fmt: skip
+    return names
+
+
 def not_applicable(name: str, devices: int, gpus: Sequence[str]) -> str | None:
     """Why `name` cannot run at `devices` devices here, refused before any run (None: it can)."""
     why = framework(name).multi_device_needs_cuda

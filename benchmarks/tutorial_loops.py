@@ -113,13 +113,8 @@ class Plan:
 def plan_from(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
     harness.check_options(ns)
-    names = [t.strip() for t in ns.tutorials.split(",") if t.strip()]
-    unknown = [t for t in names if t not in TUTORIALS]
-    if unknown or not names:
-        raise UsageError(
-            f"unknown tutorial {', '.join(unknown) or '(none given)'}; choose from "
-            f"{', '.join(TUTORIALS)} (e.g. --tutorials d2l-torch,flax-imagenet)"
-        )
+    hint = " (e.g. --tutorials d2l-torch,flax-imagenet)"
+    names = harness.pick(ns.tutorials, list(TUTORIALS), "tutorial", hint)
     harness.check_positive(repeat=ns.repeat, timeout=ns.timeout)
     epochs = getattr(ns, "epochs", None)
     if epochs is not None and epochs < 2:

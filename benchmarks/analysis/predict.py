@@ -1211,12 +1211,7 @@ def scenarios_from(args) -> list[tuple[str, str, Breakdown]]:
         bd = Breakdown(step_ms=step, batch=args.batch_per_device, compute_ms=args.compute_ms,
                        backward_ms=args.backward_ms, input_wait_ms=args.input_wait_ms)  # fmt: skip
     check_breakdown(bd)
-    fws = [x.strip() for x in args.framework.split(",") if x.strip()]
-    unknown = [x for x in fws if x not in FRAMEWORKS]
-    if unknown or not fws:
-        raise UsageError(
-            f"unknown --framework {', '.join(unknown) or '(empty)'}; one of {', '.join(FRAMEWORKS)}"
-        )
+    fws = harness.pick(args.framework, FRAMEWORKS, "--framework", "")
     return [(fw, fw, bd) for fw in fws]
 
 
@@ -1242,13 +1237,8 @@ def links_from(args) -> list[tuple[str, Link]]:
         positive("--bus-bandwidth", args.bus_bandwidth)
         positive("--latency-us", args.latency_us, allow_zero=True)
         return [("custom", Link(args.bus_bandwidth, args.latency_us, "given", "command line"))]
-    names = [x.strip() for x in args.interconnect.split(",") if x.strip()]
-    unknown = [x for x in names if x not in PRESETS]
-    if unknown or not names:
-        raise UsageError(
-            f"unknown --interconnect {', '.join(unknown) or '(empty)'}; presets: "
-            f"{', '.join(PRESETS)} (or --bus-bandwidth GBPS --latency-us US)"
-        )
+    hint = " (presets; or --bus-bandwidth GBPS --latency-us US)"
+    names = harness.pick(args.interconnect, list(PRESETS), "--interconnect", hint)
     return [(x, PRESETS[x]) for x in names]
 
 
