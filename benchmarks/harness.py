@@ -549,7 +549,7 @@ def add_flags(
             p.add_argument(name, **kwargs)  # type: ignore[arg-type]
 
 
-def add_numbers(p: argparse.ArgumentParser, *flags: tuple[Any, ...]) -> None:
+def add_numbers(p: Any, *flags: tuple[Any, ...]) -> None:
     """A tool's own numeric flags, each (name, type, default, help[, metavar])."""
     for name, kind, default, text, *metavar in flags:
         p.add_argument(name, type=kind, default=default, help=text, metavar=(metavar or [None])[0])

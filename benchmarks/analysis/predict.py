@@ -226,16 +226,17 @@ def fsdp_units(model: str, sizes: Sequence[int]) -> list[int]:
     return [units.pop(""), *units.values()]
 
 
-def messages(framework: str, sizes: Sequence[int]) -> list[int]:
+def messages(framework: str, sizes: Sequence[int], model: str = "resnet18") -> list[int]:
     """The all-reduces (bytes each, in the order they run) a framework's step makes; for the
-    sharded ones (FSDP_GATHERS) the units each all-gathered and reduce-scattered."""
+    sharded ones (FSDP_GATHERS) the units each all-gathered and reduce-scattered; torch-dp:
+    none (dp_comm: copies through GPU 0)."""
     if framework == "torch-ddp":
         return ddp_buckets(sizes)
-    if framework.startswith("jax-"):
+    if framework.startswith("jax-"):  # jax-fsdp: XLA's combiner joins the units
         return xla_combined(sizes)
     if framework == "mxnet-gluon":  # kvstore "device": one pushpull per parameter key
         return list(reversed(sizes))
-    raise ValueError(f"{framework} does not all-reduce (see dp_comm, fsdp_units)")
+    return fsdp_units(model, sizes) if framework.startswith("torch-fsdp") else []
 
 
 @dataclass(frozen=True)
@@ -378,10 +379,10 @@ def step_comm(s: Setup, n: int, per_device_batch: float, model: Model | None = N
         inputs = n * per_device_batch * c * h * w * 4  # float32 images of the global batch
         outputs = n * per_device_batch * model.num_classes * 4  # float32 logits
         return dp_comm(sum(grad), int(inputs), int(outputs), n, link)
-    if s.framework in FSDP_GATHERS:  # jax-fsdp: XLA's combiner joins the units
-        units = xla_combined(grad) if s.framework == "jax-fsdp" else fsdp_units(s.model, grad)
-        return sharded_comm(units, FSDP_GATHERS[s.framework], n, link)
-    return allreduce_comm(messages(s.framework, grad), n, link)
+    msgs = messages(s.framework, grad, s.model)
+    if s.framework in FSDP_GATHERS:
+        return sharded_comm(msgs, FSDP_GATHERS[s.framework], n, link)
+    return allreduce_comm(msgs, n, link)
 
 
 def predict(
@@ -752,7 +753,7 @@ def measured_vs_predicted(
             got = predict(shared_cores(bd, k), setup, n, global_batch / n, model)
             over, over_source = overlap_for(framework, bd, overlap)
             grads = [t * GRAD_BYTES[grad_dtype] for t in model.tensors]
-            msgs = [] if framework == "torch-dp" else messages(framework, grads)
+            msgs = messages(framework, grads, setup.model)
             eff = got["images_per_sec"] / (n * one["images_per_sec"])
             row.update(
                 predicted_step_ms=got["step_ms"],
@@ -990,12 +991,9 @@ def inputs_table(scenarios, setups, args) -> list[str]:
         if fw == "torch-dp":
             how = "broadcast + reduce of all gradients, scatter/gather of the batch, via GPU 0"
         else:
-            kind = "all-reduces"
+            msgs, kind = messages(fw, grad, args.model), "all-reduces"
             if fw in FSDP_GATHERS:
-                msgs = xla_combined(grad) if fw == "jax-fsdp" else fsdp_units(args.model, grad)
                 kind = f"units (all-gathered x{FSDP_GATHERS[fw]}, reduce-scattered once)"
-            else:
-                msgs = messages(fw, grad)
             how = f"{len(msgs)} {kind} of {', '.join(f'{m / MIB:.2f}' for m in msgs[:8])}"
             how += f"{' ...' if len(msgs) > 8 else ''} MiB"
         lines.append(f"| collectives, {fw} | {how} |")
@@ -1096,72 +1094,50 @@ def positive(flag: str, value: float | None, *, allow_zero: bool = False) -> Non
 def build_parser() -> harness.Parser:
     p = harness.Parser("predict", prog=PROG, description=__doc__.split("\n\n")[0])
     src = p.add_argument_group("the 1-device measurement (one of)")
-    src.add_argument(
-        "--throughput-table",
-        action="append",
-        default=[],
-        metavar="JSON",
-        help="a benchmarks.throughput throughput.json (repeatable): every ok 1-device row",
-    )
+    src.add_argument("--throughput-table", action="append", default=[], metavar="JSON",
+                     help="a benchmarks.throughput throughput.json (repeatable): every ok "
+                     "1-device row")  # fmt: skip
     src.add_argument("--breakdown", metavar="JSON", help="a breakdown (docs/scaling.md schema)")
-    src.add_argument("--step-ms", type=float, help="1-device step time, ms")
-    src.add_argument(
-        "--images-per-sec", type=float, help="1-device images/s (with --batch-per-device)"
+    harness.add_numbers(
+        src,
+        ("--step-ms", float, None, "1-device step time, ms"),
+        ("--images-per-sec", float, None, "1-device images/s (with --batch-per-device)"),
+        ("--batch-per-device", int, None, "the 1-device step's batch"),
+        ("--compute-ms", float, None, "device compute per step (default: the step - input wait)"),
+        ("--backward-ms", float, None, "backward per step (default 2/3 of compute)"),
+        ("--input-wait-ms", float, 0.0, "waiting for data per step"),
     )
-    src.add_argument("--batch-per-device", type=int, help="the 1-device step's batch")
-    src.add_argument(
-        "--compute-ms", type=float, help="device compute per step (default: the step - input wait)"
-    )
-    src.add_argument("--backward-ms", type=float, help="backward per step (default 2/3 of compute)")
-    src.add_argument("--input-wait-ms", type=float, default=0.0, help="waiting for data per step")
-    src.add_argument(
-        "--framework",
-        default="torch-ddp",
-        metavar="LIST",
-        help=f"how the gradients are sent, comma-separated, each beside the others: "
-        f"{', '.join(FRAMEWORKS)} (not with --throughput-table)",
-    )
+    src.add_argument("--framework", default="torch-ddp", metavar="LIST",
+                     help=f"how the gradients are sent, comma-separated, each beside the others: "
+                     f"{', '.join(FRAMEWORKS)} (not with --throughput-table)")  # fmt: skip
     src.add_argument("--frameworks", metavar="LIST", help="--throughput-table rows to keep")
     m = p.add_argument_group("model and communication")
     m.add_argument("--model", default="resnet18", choices=sorted(MODELS))
-    m.add_argument(
-        "--grad-dtype",
-        default="fp32",
-        choices=sorted(GRAD_BYTES),
-        help="dtype the gradients are all-reduced in (ours: fp32 under bf16 autocast)",
+    m.add_argument("--grad-dtype", default="fp32", choices=sorted(GRAD_BYTES),
+                   help="dtype the gradients are all-reduced in (ours: fp32 under bf16 "
+                   "autocast)")  # fmt: skip
+    m.add_argument("--overlap", type=float, help="fraction of the backward that can hide "
+                   "communication (default: the framework's, docs/scaling.md)")  # fmt: skip
+    m.add_argument("--interconnect", default="h100-nvlink", metavar="LIST",
+                   help=f"presets, comma-separated: {', '.join(PRESETS)}")  # fmt: skip
+    harness.add_numbers(
+        m,
+        ("--bus-bandwidth", float, None, "a custom link's busbw", "GBPS"),
+        ("--latency-us", float, None, "a custom link's α (with --bus-bandwidth)"),
+        ("--gpus-per-node", int, 8, None),
+        ("--nics-per-node", int, 1, None),
     )
-    m.add_argument(
-        "--overlap",
-        type=float,
-        help="fraction of the backward that can hide "
-        "communication (default: the framework's, docs/scaling.md)",
-    )
-    m.add_argument(
-        "--interconnect",
-        default="h100-nvlink",
-        metavar="LIST",
-        help=f"presets, comma-separated: {', '.join(PRESETS)}",
-    )
-    m.add_argument("--bus-bandwidth", type=float, metavar="GBPS", help="a custom link's busbw")
-    m.add_argument("--latency-us", type=float, help="a custom link's α (with --bus-bandwidth)")
-    m.add_argument("--gpus-per-node", type=int, default=8)
     m.add_argument("--inter-node", default="ib-ndr", choices=sorted(INTER_NODE))
-    m.add_argument("--nics-per-node", type=int, default=1)
     s = p.add_argument_group("scaling and output")
     s.add_argument("--scaling", default="weak", choices=("weak", "strong"))
-    s.add_argument(
-        "--global-batch",
-        type=float,
-        help="strong scaling: the fixed global batch (default: the 1-device batch)",
-    )
+    batch_help = "strong scaling: the fixed global batch (default: the 1-device batch)"
+    s.add_argument("--global-batch", type=float, help=batch_help)
     s.add_argument("-N", "--gpus", default="1,2,4,8,16,32,64", metavar="LIST")
     s.add_argument("--out", metavar="DIR", help="write predicted-<scaling>.md/.json/.png here")
     s.add_argument("--no-plot", action="store_true")
-    s.add_argument(
-        "--validate",
-        action="store_true",
-        help="predicted vs published multi-GPU throughput (docs/scaling.md)",
-    )
+    s.add_argument("--validate", action="store_true",
+                   help="predicted vs published multi-GPU throughput "
+                   "(docs/scaling.md)")  # fmt: skip
     return p
 
 
