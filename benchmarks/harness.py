@@ -283,16 +283,13 @@ def use_interpreter(path: str) -> None:
 
 def parse_gpus(text: str) -> list[int]:
     """'4' -> [1, 2, 4]; '6' -> [1, 2, 4, 6]; '1,2,3' -> [1, 2, 3]; '2,' -> [2]."""
+    example = "e.g. --gpus 4 or --gpus 1,2,3"
     if not text.strip():
-        raise UsageError(
-            "--gpus is empty; give a count or a list of counts (e.g. --gpus 4 or --gpus 1,2,3)"
-        )
+        raise UsageError(f"--gpus is empty; give a count or a list of counts ({example})")
     try:
         values = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise UsageError(
-            f"--gpus {text!r} is not a count or a list of counts; use e.g. --gpus 4 or --gpus 1,2,3"
-        ) from None
+        raise UsageError(f"--gpus {text!r} is not a count or a list of counts; {example}") from None
     if not values or min(values) < 1:
         raise UsageError(
             f"--gpus {text} asks for {min(values, default=0)} devices; every device count must "
@@ -713,12 +710,8 @@ def claim(out: Path, marker: str | None) -> Any:
     return lock
 
 
-def run_tool(
-    tool: str,
-    argv: Sequence[str] | None,
-    make_plan: Callable[[list[str]], Any],
-    execute: Callable[[Any], int],
-) -> int:
+def run_tool(tool: str, argv: Sequence[str] | None, make_plan: Callable[[list[str]], Any],
+             execute: Callable[[Any], int]) -> int:  # fmt: skip
     """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM ends the run
     like Ctrl-C, a KeyboardInterrupt that `execute` turns into saved partial results and exit
     128 + the signal (`interrupted`); no child is left running."""
@@ -856,11 +849,8 @@ def kill_children() -> None:
 
 def identity() -> dict[str, Any]:
     """Host, pid and start time: names this process (pids are reused, the pair is not)."""
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "start": str(psutil.Process().create_time()),
-    }
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "start": str(psutil.Process().create_time())}  # fmt: skip
 
 
 def gone(who: Any) -> bool | None:
@@ -929,16 +919,9 @@ class Child:
         return None
 
 
-def run_child(
-    command: Sequence[str],
-    log: Path,
-    timeout: float,
-    *,
-    tag: str,
-    on_line: Callable[[str], None] | None = None,
-    wait_load: float = 0.0,
-    reraise: bool = False,
-) -> Child:
+def run_child(command: Sequence[str], log: Path, timeout: float, *, tag: str,
+              on_line: Callable[[str], None] | None = None, wait_load: float = 0.0,
+              reraise: bool = False) -> Child:  # fmt: skip
     """Run `command` from the project root in a process group of its own, stdout and stderr to
     `log` behind a `$ command` line and to `on_line`. The group is killed at `timeout` and on
     Ctrl-C / SIGTERM, which end the child as "interrupted" (`reraise`: then KeyboardInterrupt,
@@ -952,16 +935,10 @@ def run_child(
         f.write(f"$ {shlex.join(child.command)}\n")
         f.flush()
         proc = subprocess.Popen(
-            child.command,
-            cwd=ROOT,
-            env=child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
+            child.command, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
             start_new_session=True,  # its own process group, so a kill ends all of it
-        )
+        )  # fmt: skip
 
         def read() -> None:
             assert proc.stdout is not None
@@ -1094,10 +1071,8 @@ def mode_notes(table: Sequence[dict[str, Any]]) -> list[str]:
             same = of_it - {"", None} == {r["mode"]}
             modes[r["framework"] if same else f"{r['framework']} x{r['devices']}"] = r["mode"]
     cuda = any(str(r.get("device_kind") or "").startswith("cuda") for r in table)
-    asked = [
-        (f"{r['framework']} x{r['devices']}", r.get("mode_asked") or "", r.get("mode") or "")
-        for r in table
-    ]
+    asked = [(f"{r['framework']} x{r['devices']}", r.get("mode_asked") or "", r.get("mode") or "")
+             for r in table]  # fmt: skip
     return [mode_note(list(modes.items()), cuda), asked_note(asked)]
 
 
@@ -1183,16 +1158,10 @@ def markdown_table(headers: Sequence[str], body: Sequence[Sequence[str]], align:
     return "\n".join([line(headers), line(rule), *map(line, body)])
 
 
-def print_table(
-    title: str,
-    headers: Sequence[str],
-    body: Sequence[Sequence[str]],
-    notes: Sequence[str] = (),
-    *,
-    left: Sequence[str] = ("framework", "status"),
-    styles: Sequence[str | None] | None = None,
-    stream: Any = None,
-) -> None:
+def print_table(title: str, headers: Sequence[str], body: Sequence[Sequence[str]],
+                notes: Sequence[str] = (), *, left: Sequence[str] = ("framework", "status"),
+                styles: Sequence[str | None] | None = None,
+                stream: Any = None) -> None:  # fmt: skip
     """A table on stdout: rich where installed (a GPU machine's python3 may lack it), else
     Markdown; then the notes."""
     notes = [n for n in notes if n]
