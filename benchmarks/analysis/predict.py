@@ -400,15 +400,10 @@ def predict(
     exposed = exposed_ms(comm, hidden_room) if n > 1 else 0.0
     step = bd.host_ms + (bd.compute + bd.input_wait_ms) * scale + exposed
     return {
-        "devices": n,
-        "per_device_batch": per_device_batch,
-        "step_ms": step,
-        "images_per_sec": n * per_device_batch / step * 1e3,
-        "comm_ms": comm.total_ms,
-        "exposed_comm_ms": exposed,
-        "collectives": comm.count,
-        "comm_bytes": comm.nbytes,
-    }
+        "devices": n, "per_device_batch": per_device_batch, "step_ms": step,
+        "images_per_sec": n * per_device_batch / step * 1e3, "comm_ms": comm.total_ms,
+        "exposed_comm_ms": exposed, "collectives": comm.count, "comm_bytes": comm.nbytes,
+    }  # fmt: skip
 
 
 def curve(bd: Breakdown, s: Setup, ns: Sequence[int], scaling: str, global_batch: float):
@@ -617,13 +612,10 @@ ALL_COMPUTE = "no breakdown: the whole step is compute"
 
 
 def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, str]:
-    """The 1-device step of a cell's ok records: step = batch / median images/s (the timed
-    epochs, as the measured efficiency uses them). Where the records carry a measured
-    "breakdown", its compute and input wait (medians over the records) as fractions of its own
-    step; the rest is host time. Without one the whole step is compute (it scales with the
-    batch). Its communication is not used: at 1 device there is nothing to overlap (what a trace
-    counts there, such as JAX's psum over one device, says nothing about the overlap at N), so
-    the framework's default overlap stays; the N-device runs' breakdowns are not read."""
+    """The 1-device step of a cell's ok records: step = batch / median images/s (timed epochs).
+    A measured "breakdown" gives compute and input wait (medians) as fractions of its own step,
+    the rest host time; without one the whole step is compute. Its communication is not used
+    (at 1 device nothing overlaps), so the framework's default overlap stays."""
     batch = int(records[0]["global_batch_size"])
     step = batch / statistics.median([float(r["images_per_sec"]) for r in records]) * 1e3
     measured = [r["breakdown"] for r in records if isinstance(r.get("breakdown"), dict)]
@@ -691,14 +683,11 @@ def measured_vs_predicted(
     overlap: float | None = None,
     grad_dtype: str = "fp32",
 ) -> list[dict[str, Any]]:
-    """Measured and PREDICTED scaling efficiency, one row per (framework, N > 1) of a compare
-    sweep that has an ok 1-device run and ok N-device runs. Pure: `records` are the run records
-    compare writes. The prediction reads ONLY the 1-device records (step time, per-device batch,
-    a measured breakdown if any, the model) and the stated inputs: the link (name, Link, its
-    source; default `default_link` of the device kind, ASSUMED), the overlap (default the
-    framework's), the gradient dtype (our trainers keep fp32 parameters and gradients). From an
-    N-device record it takes only how the sweep ran (devices, global batch: the scaling), never
-    its time. Each device's compute: SHARED_CORES (cpu-simulated) or OWN_DEVICE (GPUs)."""
+    """Measured and PREDICTED scaling efficiency, one row per (framework, N > 1) of compare's
+    `records` with ok 1- and N-device runs. The prediction reads ONLY the 1-device records and
+    the stated inputs (`link`: name, Link, source, default `default_link`, ASSUMED; `overlap`:
+    default the framework's; our trainers' gradients are fp32); of an N-device record only its
+    devices and global batch, never its time. Compute: SHARED_CORES or OWN_DEVICE."""
     out = []
     for key, by_n in _cells(records).items():
         if 1 not in by_n:
@@ -719,21 +708,15 @@ def measured_vs_predicted(
             ips = statistics.median([float(r["images_per_sec"]) for r in cell])
             scaling = {bd.batch: "strong", bd.batch * n: "weak"}.get(global_batch, "")
             row: dict[str, Any] = {
-                "framework": key,
-                "mode": harness.mode_label(first.get("execution")),
-                "devices": n,
-                "scaling": scaling or f"neither (global batch {global_batch} at {n})",
-                "device_kind": kind,
-                "global_batch": global_batch,
-                "per_device_batch": global_batch / n,
-                "runs_one_device": len(ones),
-                "runs": len(cell),
-                "measured_one_device_images_per_sec": ips1,
-                "measured_images_per_sec": ips,
-                "measured_step_ms": global_batch / ips * 1e3,
+                "framework": key, "mode": harness.mode_label(first.get("execution")),
+                "devices": n, "scaling": scaling or f"neither (global batch {global_batch} at {n})",
+                "device_kind": kind, "global_batch": global_batch,
+                "per_device_batch": global_batch / n, "runs_one_device": len(ones),
+                "runs": len(cell), "measured_one_device_images_per_sec": ips1,
+                "measured_images_per_sec": ips, "measured_step_ms": global_batch / ips * 1e3,
                 "measured_efficiency": ips / (n * ips1),
                 **dict.fromkeys(("predicted_step_ms", "predicted_efficiency", "difference_pp")),
-            }
+            }  # fmt: skip
             kinds = sorted({str(r.get("device_kind")) for r in cell})
             why = [*blocked]
             if kinds != [kind]:
@@ -756,12 +739,9 @@ def measured_vs_predicted(
             msgs = messages(framework, grads, setup.model)
             eff = got["images_per_sec"] / (n * one["images_per_sec"])
             row.update(
-                predicted_step_ms=got["step_ms"],
-                predicted_images_per_sec=got["images_per_sec"],
-                predicted_efficiency=eff,
-                difference_pp=100 * (row["measured_efficiency"] - eff),
-                predicted_comm_ms=got["comm_ms"],
-                predicted_exposed_comm_ms=got["exposed_comm_ms"],
+                predicted_step_ms=got["step_ms"], predicted_images_per_sec=got["images_per_sec"],
+                predicted_efficiency=eff, difference_pp=100 * (row["measured_efficiency"] - eff),
+                predicted_comm_ms=got["comm_ms"], predicted_exposed_comm_ms=got["exposed_comm_ms"],
                 inputs={
                     "one_device": {**asdict(bd), "compute_ms": bd.compute,
                                    "backward_ms": bd.backward, "host_ms": bd.host_ms},
@@ -769,13 +749,9 @@ def measured_vs_predicted(
                     "compute_factor_source": SHARED_CORES if simulated else OWN_DEVICE,
                     "link": {"name": name, "busbw_gbps": lk.busbw_gbps,
                              "latency_us": lk.latency_us, "what": lk.what, "source": lk_source},
-                    "overlap": over,
-                    "overlap_source": over_source,
-                    "model": model_what,
-                    "grad_dtype": grad_dtype,
-                    "grad_bytes": sum(grads),
-                    "collectives": got["collectives"],
-                    "collective_bytes": msgs,
+                    "overlap": over, "overlap_source": over_source, "model": model_what,
+                    "grad_dtype": grad_dtype, "grad_bytes": sum(grads),
+                    "collectives": got["collectives"], "collective_bytes": msgs,
                     "comm_bytes": got["comm_bytes"],
                 },
             )  # fmt: skip
@@ -1295,12 +1271,7 @@ def run(plan: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.analysis.predict --help`. Exit 0 ok, 2 bad input."""
-    try:
-        plan = make_plan(list(sys.argv[1:] if argv is None else argv))
-    except UsageError as exc:
-        print(f"predict: error: {exc}", file=sys.stderr)
-        return 2
-    return run(plan)
+    return harness.run_tool("predict", argv, make_plan, run)
 
 
 if __name__ == "__main__":
