@@ -194,8 +194,9 @@ def parse_frameworks(text: str, variants: bool = False) -> list[str]:
 
 
 def pick(text: str, choices: Sequence[str], what: str, hint: str) -> list[str]:
-    """A comma-separated flag of names, each one of `choices`; `hint`: how to give them."""
-    names = [x.strip() for x in text.split(",") if x.strip()]
+    """A comma-separated flag of names (each once), each one of `choices`; `hint`: how to give
+    them."""
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
     if not names or (unknown := [x for x in names if x not in choices]):
         raise UsageError(f"unknown {what} {', '.join(unknown) if names else '(empty)'}; choose "
                          f"from {', '.join(choices)}{hint}")  # fmt: skip

@@ -273,11 +273,8 @@ def make_plan(argv: list[str]) -> Plan:
     harness.check_options(ns)
     frameworks = harness.parse_frameworks(ns.frameworks)
     counts = harness.parse_gpus(ns.gpus)
-    models = list(dict.fromkeys(m.strip() for m in ns.models.split(",") if m.strip()))
-    bad = [m for m in models if m not in ("resnet18", "wideresnet")]
-    if bad or not models:
-        raise UsageError(f"unknown model {', '.join(bad) or '(none given)'}; choose resnet18 "
-                         "and/or wideresnet (e.g. --models resnet18)")  # fmt: skip
+    hint = " (e.g. --models resnet18)"
+    models = harness.pick(ns.models, ("resnet18", "wideresnet"), "model", hint)
     if ns.reps < 1 or ns.warmup < 0:
         raise UsageError("--reps must be >= 1 and --warmup >= 0")
     harness.check_positive(width=ns.width, timeout=ns.timeout)
