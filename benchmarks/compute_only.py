@@ -107,13 +107,8 @@ def timed_loop(
     return first, (time.perf_counter() - t0) / steps
 
 
-def interleaved(
-    bare: Callable[[], None],
-    loop: Callable[[], None],
-    sync: Callable[[], None],
-    rounds: int,
-    per_round: int,
-) -> dict[str, Any]:
+def interleaved(bare: Callable[[], None], loop: Callable[[], None], sync: Callable[[], None],
+                rounds: int, per_round: int) -> dict[str, Any]:  # fmt: skip
     """The bare step against the trainer's own step fed by the real input pipeline, in ONE
     process, alternating rounds of `per_round` steps: a slow spell of a shared machine hits both
     alike, so their ratio is robust where separate processes minutes apart are not."""
@@ -130,13 +125,11 @@ def interleaved(
             sync()
             times.append(1000 * (time.perf_counter() - t0) / per_round)
     return {
-        "rounds": rounds,
-        "steps_per_round": per_round,
-        "bare_step_ms": bare_ms,
+        "rounds": rounds, "steps_per_round": per_round, "bare_step_ms": bare_ms,
         "loop_step_ms": loop_ms,
         # median over rounds of (loop images/s) / (bare images/s) of the same round
         "ratio": statistics.median(b / lp for b, lp in zip(bare_ms, loop_ms)),
-    }
+    }  # fmt: skip
 
 
 @dataclass

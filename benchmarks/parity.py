@@ -58,18 +58,10 @@ BASE = "throughput"  # the preset whose synthetic data set (8192 random images) 
 def build_parser() -> argparse.ArgumentParser:
     p = harness.Parser("parity", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     harness.add_flags(p, frameworks=",".join(FRAMEWORKS), gpus="2")
-    p.add_argument(
-        "--models",
-        default=",".join(MODELS),
-        metavar="LIST",
-        help=f"comma-separated, from: {', '.join(MODELS)} (default: both)",
-    )
-    p.add_argument(
-        "--bn",
-        default=",".join(BN_MODES),
-        metavar="LIST",
-        help="BatchNorm modes, comma-separated: local, sync (default: both)",
-    )
+    p.add_argument("--models", default=",".join(MODELS), metavar="LIST",
+                   help=f"comma-separated, from: {', '.join(MODELS)} (default: both)")  # fmt: skip
+    p.add_argument("--bn", default=",".join(BN_MODES), metavar="LIST",
+                   help="BatchNorm modes, comma-separated: local, sync (default both)")  # fmt: skip
     harness.add_numbers(
         p,
         ("--steps", int, 1, "training steps compared (default 1)", "K"),
