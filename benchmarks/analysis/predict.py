@@ -514,13 +514,11 @@ def validate(rows: Sequence[Published] = PUBLISHED) -> list[dict[str, Any]]:
 
 def validation_markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "# Predicted against published multi-GPU throughput (the prediction is a model)",
-        "",
+        "# Predicted against published multi-GPU throughput (the prediction is a model)", "",
         "Each prediction reads only the row's published 1-GPU images/s, the model's gradient "
         "tensors and the preset of that machine's interconnect; the overlap is the framework's "
-        "default, the same for every row of a framework. No constant is fitted to these rows.",
-        "",
-    ]
+        "default, the same for every row of a framework. No constant is fitted to these rows.", "",
+    ]  # fmt: skip
     head = ["published row", "N", "published img/s (eff.)", "predicted img/s (eff.)", "residual",
             "comm. explains", "no-overlap bound: eff. (explains)"]  # fmt: skip
     body = []
@@ -783,28 +781,22 @@ def section(records: list[dict[str, Any]], is_busy: Callable[[dict[str, Any]], b
     if not table:
         return []
     lines = [
-        "",
-        f"## {SECTION_TITLE}",
-        "",
+        "", f"## {SECTION_TITLE}", "",
         "Measured: the N-device runs above (efficiency = images/s / (N x the 1-device "
         "images/s), medians over the seeds). PREDICTED: benchmarks/analysis/predict.py's model "
         "(docs/scaling.md: step = host + input wait + compute + exposed ring all-reduce) from "
         "each framework's 1-device run and the inputs listed below, nothing taken from the "
         "N-device runs but their device count and global batch. measured - predicted is in "
-        "percentage points (pp).",
-        "",
-    ]
+        "percentage points (pp).", "",
+    ]  # fmt: skip
     head = ["framework", "mode", "devices", "scaling", "batch/device", "measured step",
             "PREDICTED step", "measured eff.", "PREDICTED eff.", "measured - predicted",
             "PREDICTED comm (exposed)", "compute/device"]  # fmt: skip
     body = []
     for r in table:
         inputs = r.get("inputs") or {}
-        comm = (
-            f"{r['predicted_comm_ms']:.2f} ms ({r['predicted_exposed_comm_ms']:.2f} ms)"
-            if "predicted_comm_ms" in r
-            else "-"
-        )
+        comm = (f"{r['predicted_comm_ms']:.2f} ms ({r['predicted_exposed_comm_ms']:.2f} ms)"
+                if "predicted_comm_ms" in r else "-")  # fmt: skip
         diff = "-" if r["difference_pp"] is None else f"{r['difference_pp']:+.1f} pp"
         factor = inputs.get("compute_factor")
         body.append([
@@ -859,9 +851,8 @@ def section(records: list[dict[str, Any]], is_busy: Callable[[dict[str, Any]], b
     return lines
 
 
-def sweep_plot(
-    plt: Any, counts: list[int], order: list[str], records: list[dict[str, Any]], title: str
-) -> Any:
+def sweep_plot(plt: Any, counts: list[int], order: list[str], records: list[dict[str, Any]],
+               title: str) -> Any:  # fmt: skip
     """The figure of `section`: measured efficiency as points, the PREDICTED as dashed lines, one
     colour per framework (`order`: the sweep's); None when there is nothing to compare."""
     from matplotlib.ticker import PercentFormatter
@@ -870,12 +861,9 @@ def sweep_plot(
              if r["predicted_efficiency"] is not None]  # fmt: skip
     if not table:
         return None
-    fig, ax = harness.device_axes(
-        plt,
-        counts,
-        "Scaling efficiency: measured (points) and PREDICTED from the 1-device "
-        f"run (dashed, benchmarks/analysis/predict.py)\n{title}",
-    )
+    fig, ax = harness.device_axes(plt, counts, "Scaling efficiency: measured (points) and "
+                                  "PREDICTED from the 1-device run (dashed, "
+                                  f"benchmarks/analysis/predict.py)\n{title}")  # fmt: skip
     frameworks = list(dict.fromkeys(r["framework"] for r in table))
     colours = {fw: f"C{order.index(fw) if fw in order else i}"
                for i, fw in enumerate(frameworks)}  # fmt: skip
@@ -1005,14 +993,9 @@ def results_markdown(title: str, input_lines: list[str], results: list[dict]) ->
         body.append([*row, f"{r['step_ms']:.3f}", f"{r['images_per_sec']:,.0f}",
                      f"{r['efficiency']:.1%}", f"{r['comm_ms']:.3f}",
                      f"{r['exposed_comm_ms']:.3f}"])  # fmt: skip
-    lines = [
-        f"# {title}",
-        "",
-        "PREDICTED by benchmarks/analysis/predict.py (a model, not a measurement).",
-        "",
-        *("## Inputs", "", *input_lines, "", "## Predicted", ""),
-        harness.markdown_table(head, body, "llrrrrrrr"),
-    ]
+    lines = [f"# {title}", "", "PREDICTED by benchmarks/analysis/predict.py (a model, not a "
+             "measurement).", "", "## Inputs", "", *input_lines, "", "## Predicted", "",
+             harness.markdown_table(head, body, "llrrrrrrr")]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -1201,9 +1184,7 @@ def make_plan(argv: list[str]) -> dict[str, Any]:
     ns = parse_ns(args.gpus)
     if args.overlap is not None and not 0 <= args.overlap <= 1:
         raise UsageError(f"--overlap must be in [0, 1] (got {args.overlap:g})")
-    for flag in ("gpus_per_node", "nics_per_node"):
-        if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
+    harness.check_positive(gpus_per_node=args.gpus_per_node, nics_per_node=args.nics_per_node)
     links = links_from(args)
     scenarios = scenarios_from(args)
     if any(fw.startswith("torch-fsdp") for _, fw, _ in scenarios):
@@ -1237,11 +1218,9 @@ def run(plan: dict[str, Any]) -> int:
             setups.append((s, bd))
             for row in curve(bd, s, plan["ns"], args.scaling, args.global_batch or bd.batch):
                 results.append({"label": label, "interconnect": name, **row})
-    batch = (
-        f"global batch {args.global_batch:g}"
-        if args.scaling == "strong"
-        else f"{', '.join(sorted({str(bd.batch) for _, _, bd in plan['scenarios']}))} a GPU"
-    )
+    batches = sorted({str(bd.batch) for _, _, bd in plan["scenarios"]})
+    strong = args.scaling == "strong"
+    batch = f"global batch {args.global_batch:g}" if strong else f"{', '.join(batches)} a GPU"
     links = ", ".join(n for n, _ in plan["links"])
     title = f"Predicted {args.scaling} scaling: {args.model}, {batch}, {links}"
     lines = inputs_table(plan["scenarios"], [s for s, _ in setups], args)
