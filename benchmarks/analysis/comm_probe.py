@@ -45,13 +45,8 @@ COLLECTIVES = {  # what each trainer averages its gradients with
 def summary(times: list[float], nbytes: int, n: int) -> dict[str, Any]:
     med = statistics.median(times)
     algbw = nbytes / med if med > 0 else 0.0
-    return {
-        "times_sec": times,
-        "median_sec": med,
-        "min_sec": min(times),
-        "algbw_gbps": algbw / 1e9,
-        "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9,
-    }
+    return {"times_sec": times, "median_sec": med, "min_sec": min(times),
+            "algbw_gbps": algbw / 1e9, "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9}  # fmt: skip
 
 
 def repeat(op: Callable[[], None], sync: Callable[[], None], reps: int, warmup: int) -> list[float]:
@@ -245,12 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     harness.add_flags(p, frameworks=",".join(REGISTRY), gpus="2")
     p.add_argument(
-        "--models",
-        default="resnet18,wideresnet",
-        metavar="LIST",
+        "--models", default="resnet18,wideresnet", metavar="LIST",
         help="comma-separated, from: resnet18, wideresnet; one buffer the size of each model's "
         "gradients (default: both)",
-    )
+    )  # fmt: skip
     harness.add_numbers(
         p,
         ("--width", float, 1.0, "channel-width multiplier (default 1.0)"),
