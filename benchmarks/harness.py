@@ -504,19 +504,10 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.tool}: error: {message}; see {self.prog} --help\n")
 
 
-def add_flags(
-    p: argparse.ArgumentParser,
-    *,
-    frameworks: str | None = None,
-    gpus: str | None = None,
-    repeat: int | None = None,
-    out: str | None = None,
-    timeout: float | None = None,
-    python: bool = False,
-    wait_load: bool = False,
-    devices: bool = False,
-    variants: bool = False,
-) -> None:
+def add_flags(p: argparse.ArgumentParser, *, frameworks: str | None = None,
+              gpus: str | None = None, repeat: int | None = None, out: str | None = None,
+              timeout: float | None = None, python: bool = False, wait_load: bool = False,
+              devices: bool = False, variants: bool = False) -> None:  # fmt: skip
     """The flags the tools share, one meaning and help text each; a value given here is that
     tool's default (None, False: no such flag); `variants`: --frameworks takes NAME+VARIANT."""
     every = "all" if frameworks == ",".join(REGISTRY) else frameworks
