@@ -191,10 +191,8 @@ def make_plan(argv: list[str]) -> Plan:
     harness.check_options(ns)
     for token in rest:
         if token.split("=")[0] == "--output":
-            raise UsageError(
-                "--output is set by the runner for each run (runs/<run>.json); "
-                "use --out DIR for the whole comparison"
-            )
+            raise UsageError("--output is set by the runner for each run (runs/<run>.json); "
+                             "use --out DIR for the whole comparison")  # fmt: skip
     shared = vars(cli.build_parser("compare", exclude=RUNNER_OWNED).parse_args(rest))
     preset_name = shared.pop("preset")
     per_device_given = "batch_per_device" in shared

@@ -169,10 +169,8 @@ def parse_frameworks(text: str, variants: bool = False) -> list[str]:
         if not plus:
             continue
         if not variants:
-            raise UsageError(
-                f"{name}: framework variants are for benchmarks.compare and "
-                f"benchmarks.throughput; give {base}"
-            )
+            raise UsageError(f"{name}: framework variants are for benchmarks.compare and "
+                             f"benchmarks.throughput; give {base}")  # fmt: skip
         if variant not in VARIANTS:
             raise UsageError(
                 f"unknown variant {variant!r} in {name}; choose from {', '.join(VARIANTS)} "
@@ -271,10 +269,8 @@ def use_interpreter(path: str) -> None:
     symlink whose target would lose the environment."""
     python = Path(path).expanduser()
     if not (python.is_file() and os.access(python, os.X_OK)):
-        raise UsageError(
-            f"--python {path}: no executable interpreter there; give the path of "
-            "a python that has torch and/or jax installed"
-        )
+        raise UsageError(f"--python {path}: no executable interpreter there; give the path of "
+                         "a python that has torch and/or jax installed")  # fmt: skip
     for name in REGISTRY:
         os.environ[PYTHON_ENV.format(name.upper().replace("-", "_"))] = os.path.abspath(python)
 
@@ -481,10 +477,8 @@ def machine_gpus(asked: str | None) -> list[str]:
     if choice == "cuda" and not gpus:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         note = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
-        raise UsageError(
-            f"--devices cuda but nvidia-smi -L lists no GPU on this machine{note}; "
-            "use --devices cpu for simulated CPU devices"
-        )
+        raise UsageError(f"--devices cuda but nvidia-smi -L lists no GPU on this machine{note}; "
+                         "use --devices cpu for simulated CPU devices")  # fmt: skip
     return gpus
 
 

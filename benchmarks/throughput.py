@@ -102,10 +102,8 @@ def make_plan(argv: list[str]) -> Plan:
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         if ns.batch_size * (n if ns.scaling == "weak" else 1) > TRAIN_IMAGES:
-            raise UsageError(
-                f"global batch larger than the {TRAIN_IMAGES} synthetic training "
-                "images; use a smaller --batch-size"
-            )
+            raise UsageError(f"global batch larger than the {TRAIN_IMAGES} synthetic training "
+                             "images; use a smaller --batch-size")  # fmt: skip
     skipped = harness.unavailable(frameworks)
     chosen = harness.choose_devices(ns.devices, [f for f in frameworks if f not in skipped])
     skipped.update(chosen.skipped)
