@@ -80,11 +80,9 @@ class _Help(argparse.Action):
             line for line in options.splitlines() if not line.lstrip().startswith("-h, --help")
         )
         text = parser.format_help().replace(EPILOG, "")
-        print(
-            f"{text}\nshared training flags (passed to every run, same meaning as in "
-            f"`python -m frameworks.<module> --help`;\n--batch-size is the global batch of the "
-            f"1-device run):\n{options}\n\n{EPILOG}"
-        )
+        print(f"{text}\nshared training flags (passed to every run, same meaning as in "
+              f"`python -m frameworks.<module> --help`;\n--batch-size is the global batch of the "
+              f"1-device run):\n{options}\n\n{EPILOG}")  # fmt: skip
         parser.exit(0)
 
 

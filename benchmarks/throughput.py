@@ -371,11 +371,9 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
         m["load_before"] for c in cells for m in c["real"] + c["compute"] if "load_before" in m
     ]
     if loads:
-        out.append(
-            f"1-minute load average when the measurements started: {min(loads):.1f} to "
-            f"{max(loads):.1f} on {os.cpu_count()} CPU cores (other work on the machine "
-            "slows both loops, not always equally)."
-        )
+        out.append(f"1-minute load average when the measurements started: {min(loads):.1f} to "
+                   f"{max(loads):.1f} on {os.cpu_count()} CPU cores (other work on the machine "
+                   "slows both loops, not always equally).")  # fmt: skip
     sources = sorted({c["memory_source"] for c in cells if c.get("memory_source")})
     if sources:
         out.append("mem compute from: " + "; ".join(sources) + ".")

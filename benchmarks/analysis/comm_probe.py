@@ -343,10 +343,8 @@ def notes(plan: Plan, rows: list[dict[str, Any]], kind: str) -> list[str]:
         "buckets, XLA's combiner, Gluon per parameter).",
     ]
     if kind == "cpu-simulated":
-        out.append(
-            "cpu-simulated: the devices are slices of one host, so these are memory-"
-            "copy and thread-hand-off costs, not interconnect figures."
-        )
+        out.append("cpu-simulated: the devices are slices of one host, so these are memory-"
+                   "copy and thread-hand-off costs, not interconnect figures.")  # fmt: skip
     out += [
         f"{r['framework']} x{r['devices']} {r['model']} {r['status']}: {r['note']}"
         for r in rows

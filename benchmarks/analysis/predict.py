@@ -541,11 +541,9 @@ def validation_markdown(rows: list[dict[str, Any]]) -> str:
         if name not in rows_of.setdefault(key, []):
             rows_of[key].append(name)
     for (fw, model, dtype, scaling, why, left_out), names in rows_of.items():
-        lines.append(
-            f"- **{'; '.join(names)}**: {fw}'s collectives (overlap {OVERLAP[fw][0]:g}), "
-            f"{model} with {dtype} gradients, {scaling} scaling. {why}. **Leaves out**: "
-            f"{left_out}."
-        )
+        lines.append(f"- **{'; '.join(names)}**: {fw}'s collectives (overlap {OVERLAP[fw][0]:g}), "
+                     f"{model} with {dtype} gradients, {scaling} scaling. {why}. **Leaves out**: "
+                     f"{left_out}.")  # fmt: skip
     sources = dict.fromkeys(r["source"] for r in rows)
     lines += ["", "Sources: " + "; ".join(sources) + "."]
     return "\n".join(lines) + "\n"
