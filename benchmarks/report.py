@@ -126,16 +126,14 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["runs_ok"], row["runs"] = len(ok), len(runs)
             for key in ("global_batch_size", "bn_mode", "device_kind"):
                 row[key] = ", ".join(sorted({str(r.get(key)) for r in runs if r.get(key)}))
-            row["peak_lr"] = ", ".join(
-                sorted({f"{r['runner']['peak_lr']:g}" for r in runs if "runner" in r})
-            )
+            row["peak_lr"] = ", ".join(sorted({f"{r['runner']['peak_lr']:g}" for r in runs
+                                               if "runner" in r}))  # fmt: skip
             for key in ("test_accuracy", "sec_per_epoch", "first_epoch_sec", "images_per_sec"):
                 row[key], row[key + "_std"] = _stats([r.get(key) for r in ok])
             # Same start, same data: epoch 1's loss differs between frameworks only by what
             # training makes of float rounding (the first step agrees to ~1e-6: parity).
-            row["epoch1_train_loss"], row["epoch1_train_loss_std"] = _stats(
-                [epoch1_loss(r) for r in ok]
-            )
+            loss = _stats([epoch1_loss(r) for r in ok])
+            row["epoch1_train_loss"], row["epoch1_train_loss_std"] = loss
             # A run without a timed epoch (--epochs 1, or every epoch the first of a resumed
             # process) reports its warm-up epochs: marked, never passed off as steady state.
             row["untimed_runs"] = sum(1 for r in ok if r.get("timed_epochs") == 0)
@@ -147,9 +145,8 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["cores"] = next((c for _, c in loads if c), None) or sweep.host.get("cpu_count")
             reached = [r for r in ok if r.get("time_to_target_sec") is not None]
             row["reached_target"] = len(reached)
-            row["time_to_target_sec"], row["time_to_target_sec_std"] = _stats(
-                [r["time_to_target_sec"] for r in reached]
-            )
+            to_target = _stats([r["time_to_target_sec"] for r in reached])
+            row["time_to_target_sec"], row["time_to_target_sec_std"] = to_target
             row["epochs_to_target"], _ = _stats([r.get("epochs_to_target") for r in reached])
             examples = {r.get("test_examples") for r in ok}
             row["test_examples"] = examples.pop() if len(examples) == 1 else None
@@ -171,9 +168,8 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row["note"] = f"{failed[0]['runner']['run_id']}: {one_line(failed[0])}"
             elif partial:  # every framework must evaluate every test image exactly once
                 r = partial[0]
-                row["note"] = (
-                    f"evaluated {r.get('test_examples')} test images of {r.get('test_set_size')}"
-                )
+                row["note"] = (f"evaluated {r.get('test_examples')} test images of "
+                               f"{r.get('test_set_size')}")  # fmt: skip
             out.append(row)
     mark_within_noise(out)
     return out
@@ -420,10 +416,8 @@ def load_note(sweep: Sweep, table: list[dict[str, Any]]) -> str:
     busy = [r for r in table if (r.get("load_avg_max") or 0) > (r.get("cores") or math.inf)]
     if not busy:
         return ""
-    cells = ", ".join(
-        f"{r['framework']} x{r['devices']} ({r['load_avg_max']:.1f} on {r['cores']} cores)"
-        for r in busy
-    )
+    cells = ", ".join(f"{r['framework']} x{r['devices']} ({r['load_avg_max']:.1f} on "
+                      f"{r['cores']} cores)" for r in busy)  # fmt: skip
     return (
         f"Busy machine: the 1-minute load average exceeded the core count during {cells}; more "
         "work than cores competed with these runs, so their timings are noisy."
@@ -480,11 +474,8 @@ def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plo
         parts += [f"![{p.stem}]({p.name})" for p in plots]
         if plot_note:
             parts.append(plot_note)
-    parts += [
-        "",
-        "Every run's record is in `runs/`, its log in `logs/`, its command in `config.json`.",
-        "",
-    ]
+    parts += ["", "Every run's record is in `runs/`, its log in `logs/`, its command in "
+              "`config.json`.", ""]  # fmt: skip
     return "\n".join(parts)
 
 
