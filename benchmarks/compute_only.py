@@ -463,24 +463,18 @@ def measure(framework: str, cfg: Config, batch: int, steps: int = 10, warmup: in
                           f"not the family {framework!r}")  # fmt: skip
     result = timed(RUNNERS[family](cfg, batch, framework), steps, warmup, rounds)
     return {
-        "family": family,
-        **{k: getattr(cfg, k) for k in ("model", "width", "image_size")},
-        "batch_size": batch,
-        "precision": cfg.precision,
-        "steps": steps,
-        "warmup": warmup,
-        "images_per_sec": batch / (result["step_ms"] / 1000),
-        **result,
-    }
+        "family": family, **{k: getattr(cfg, k) for k in ("model", "width", "image_size")},
+        "batch_size": batch, "precision": cfg.precision, "steps": steps, "warmup": warmup,
+        "images_per_sec": batch / (result["step_ms"] / 1000), **result,
+    }  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = harness.Parser("compute_only", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--framework",
-        required=True,
+        "--framework", required=True,
         help="torch, jax or mxnet, or a framework name such as torch-ddp (needed by --interleave)",
-    )
+    )  # fmt: skip
     harness.add_workload_flags(p, 128, "the per-device batch (default 128)")
     harness.add_numbers(
         p,

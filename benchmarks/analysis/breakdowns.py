@@ -60,7 +60,9 @@ def section(records: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = [
-        "", f"## {TITLE}", "",
+        "",
+        f"## {TITLE}",
+        "",
         "Per step, in ms, from each run's trace (its first epoch's profiled steps, after "
         f"{WARMUP} warm-up steps; the mean over the devices; with several runs per cell, the "
         "median of each figure over them). compute + exposed comm + input wait + host "
