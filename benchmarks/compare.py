@@ -80,11 +80,9 @@ class _Help(argparse.Action):
             line for line in options.splitlines() if not line.lstrip().startswith("-h, --help")
         )
         text = parser.format_help().replace(EPILOG, "")
-        print(
-            f"{text}\nshared training flags (passed to every run, same meaning as in "
-            f"`python -m frameworks.<module> --help`;\n--batch-size is the global batch of the "
-            f"1-device run):\n{options}\n\n{EPILOG}"
-        )
+        print(f"{text}\nshared training flags (passed to every run, same meaning as in "
+              f"`python -m frameworks.<module> --help`;\n--batch-size is the global batch of the "
+              f"1-device run):\n{options}\n\n{EPILOG}")  # fmt: skip
         parser.exit(0)
 
 
@@ -103,37 +101,30 @@ def runner_parser() -> harness.Parser:
     p.add_argument("-h", "--help", action=_Help)
     harness.add_flags(p, frameworks=",".join(FRAMEWORKS), devices=True, variants=True)
     p.add_argument(
-        "--gpus",
-        metavar="N|LIST",
+        "--gpus", metavar="N|LIST",
         help="device counts: N runs 1, 2, 4, ... (powers of two below N) and N; a list such as "
         "1,2,3 runs exactly those (default: 2, i.e. 1 and 2; 1 on a 1-GPU machine). Without GPUs "
         "the devices are simulated on the CPU",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--scaling",
-        choices=("strong", "weak"),
+        "--scaling", choices=("strong", "weak"),
         help="strong: the global batch stays fixed at every device count; weak: the per-device "
         "batch stays fixed (global batch = 1-device batch x devices; the LR follows "
         "--lr-scaling relative to --lr-base-batch). Default: weak for presets that fix the "
         "per-device batch, strong otherwise",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        metavar="K",
+        "--repeat", type=int, default=1, metavar="K",
         help="runs per cell, seeds seed..seed+K-1: the table shows the median and min-max of "
         "images/s and s/epoch, the mean ± std of test accuracy, and marks images/s that are "
         "within noise of another framework's (default: 1, whose spread is not measured)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--tensorboard",
-        action=argparse.BooleanOptionalAction,
-        default=True,
+        "--tensorboard", action=argparse.BooleanOptionalAction, default=True,
         help="write every run's TensorBoard curves to DIR/tensorboard/<run id>/, so that "
         "`tensorboard --logdir DIR/tensorboard` overlays every framework and device count "
         "(default: on)",
-    )
+    )  # fmt: skip
     harness.add_flags(p, out="results/", timeout=DEFAULT_TIMEOUT)
     return p
 
@@ -198,10 +189,8 @@ def make_plan(argv: list[str]) -> Plan:
     harness.check_options(ns)
     for token in rest:
         if token.split("=")[0] == "--output":
-            raise UsageError(
-                "--output is set by the runner for each run (runs/<run>.json); "
-                "use --out DIR for the whole comparison"
-            )
+            raise UsageError("--output is set by the runner for each run (runs/<run>.json); "
+                             "use --out DIR for the whole comparison")  # fmt: skip
     shared = vars(cli.build_parser("compare", exclude=RUNNER_OWNED).parse_args(rest))
     preset_name = shared.pop("preset")
     per_device_given = "batch_per_device" in shared
@@ -268,21 +257,8 @@ def make_plan(argv: list[str]) -> Plan:
     base = base.replace(devices=chosen.choice)
     out = harness.output_dir(ns.out, "", "config.json", MIN_FREE_BYTES + RESERVE_BYTES)
 
-    plan = Plan(
-        base=base,
-        passthrough=shared,
-        frameworks=frameworks,
-        counts=counts,
-        scaling=scaling,
-        repeat=ns.repeat,
-        timeout=ns.timeout,
-        out=out,
-        tensorboard=ns.tensorboard,
-        gpus=gpus,
-        devices=chosen,
-        command=[*PROG.split(), *argv],
-    )
-    plan.skipped = skipped
+    plan = Plan(base, shared, frameworks, counts, scaling, ns.repeat, ns.timeout, out,
+                ns.tensorboard, gpus, chosen, [*PROG.split(), *argv], skipped=skipped)  # fmt: skip
     for fw in frameworks:
         if fw in plan.skipped:
             continue
@@ -324,16 +300,9 @@ def make_run(plan: Plan, fw: str, n: int, seed: int, global_batch: int) -> RunSp
         args += ["--tensorboard", tensorboard]
     args += ["--output", str(output)]
     framework = harness.framework(fw)
-    cfg = plan.base.replace(
-        **variant,
-        framework=framework.name,
-        gpus=n,
-        batch_size=global_batch,
-        batch_per_device=0,
-        seed=seed,
-        tensorboard=tensorboard,
-        **own_dirs,
-    )
+    cfg = plan.base.replace(**variant, framework=framework.name, gpus=n, seed=seed,
+                            batch_size=global_batch, batch_per_device=0, tensorboard=tensorboard,
+                            **own_dirs)  # fmt: skip
     try:
         cfg = resolve(cfg.replace(output=str(output)))
         check_machine(cfg)
@@ -385,16 +354,11 @@ def finish_record(
         cfg = spec.cfg
         record = {
             **{k: getattr(cfg, k) for k in ("framework", "model", "dataset")},
-            "devices": spec.devices,
-            "device_kind": plan.expected_kind,
-            "bn_mode": cfg.bn,
-            "global_batch_size": cfg.batch_size,
-            "epochs": epochs,
-            "test_set_size": None,
-            "config": cfg.to_dict(),
-            "status": "failed",
+            "devices": spec.devices, "device_kind": plan.expected_kind, "bn_mode": cfg.bn,
+            "global_batch_size": cfg.batch_size, "epochs": epochs, "test_set_size": None,
+            "config": cfg.to_dict(), "status": "failed",
             "error": f"exit code {returncode}, no result file; last line: {child.last_line()}",
-        }
+        }  # fmt: skip
     if ended == "timeout":  # "still running after <--timeout> s (--timeout); killed"
         record.update(status="timeout", error=child.error())
     elif ended == "interrupted":
@@ -405,13 +369,9 @@ def finish_record(
     record["runner"] = {
         "run_id": spec.run_id,
         "framework": spec.framework,  # the row (report.row_key): NAME or NAME+VARIANT
-        "seed": spec.seed,
-        "peak_lr": spec.peak_lr,
-        "command": list(spec.command),
-        "log": str(spec.log.relative_to(plan.out)),
-        "returncode": returncode,
-        "ended": ended,
-    }
+        "seed": spec.seed, "peak_lr": spec.peak_lr, "command": list(spec.command),
+        "log": str(spec.log.relative_to(plan.out)), "returncode": returncode, "ended": ended,
+    }  # fmt: skip
     if record["status"] != "ok":
         record["runner"]["log_tail"] = child.tail
     return record
@@ -420,38 +380,22 @@ def finish_record(
 def sweep_of(plan: Plan) -> report.Sweep:
     b = plan.base
     return report.Sweep(
-        title=report.sweep_title(b.model, b.width, b.dataset, b.preset, plan.scaling),
-        command=shlex.join(plan.command),
-        frameworks=plan.frameworks,
-        counts=plan.counts,
-        planned=Counter((spec.framework, spec.devices) for spec in plan.runs),
-        skipped=plan.skipped,
-        not_applicable=plan.not_applicable,
-        expected_kind=plan.expected_kind,
-        target_accuracy=b.target_accuracy,
-        host=host_info(),
-        started=harness.utc_now(),
-    )
+        report.sweep_title(b.model, b.width, b.dataset, b.preset, plan.scaling),
+        shlex.join(plan.command), plan.frameworks, plan.counts,
+        Counter((spec.framework, spec.devices) for spec in plan.runs), plan.skipped,
+        plan.not_applicable, plan.expected_kind, b.target_accuracy, host_info(), harness.utc_now(),
+    )  # fmt: skip
 
 
 def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
     return {
-        "command": sweep.command,
-        "status": status,
+        "command": sweep.command, "status": status,
         "runner": harness.identity(),  # while "running": which process; report tells if it is gone
-        "started": sweep.started,
-        "finished": sweep.finished,
-        "out": str(plan.out),
-        "frameworks": plan.frameworks,
-        "device_counts": plan.counts,
-        "scaling": plan.scaling,
-        "repeat": plan.repeat,
-        "timeout_sec": plan.timeout,
-        "device_kind": plan.expected_kind,
-        "gpus": plan.gpus,
-        "devices": {"choice": plan.devices.choice, "why": plan.devices.why},
-        "host": sweep.host,
-        "skipped": plan.skipped,
+        "started": sweep.started, "finished": sweep.finished, "out": str(plan.out),
+        "frameworks": plan.frameworks, "device_counts": plan.counts, "scaling": plan.scaling,
+        "repeat": plan.repeat, "timeout_sec": plan.timeout, "device_kind": plan.expected_kind,
+        "gpus": plan.gpus, "devices": {"choice": plan.devices.choice, "why": plan.devices.why},
+        "host": sweep.host, "skipped": plan.skipped,
         "not_applicable": [
             {"framework": fw, "devices": n, "reason": why}
             for (fw, n), why in plan.not_applicable.items()
@@ -472,7 +416,7 @@ def config_json(plan: Plan, sweep: report.Sweep, status: str) -> dict[str, Any]:
             }
             for s in plan.runs
         ],
-    }
+    }  # fmt: skip
 
 
 RESERVE = ".space-reserve"  # freed before the final files: a full disk still gets them

@@ -107,13 +107,8 @@ def timed_loop(
     return first, (time.perf_counter() - t0) / steps
 
 
-def interleaved(
-    bare: Callable[[], None],
-    loop: Callable[[], None],
-    sync: Callable[[], None],
-    rounds: int,
-    per_round: int,
-) -> dict[str, Any]:
+def interleaved(bare: Callable[[], None], loop: Callable[[], None], sync: Callable[[], None],
+                rounds: int, per_round: int) -> dict[str, Any]:  # fmt: skip
     """The bare step against the trainer's own step fed by the real input pipeline, in ONE
     process, alternating rounds of `per_round` steps: a slow spell of a shared machine hits both
     alike, so their ratio is robust where separate processes minutes apart are not."""
@@ -130,13 +125,11 @@ def interleaved(
             sync()
             times.append(1000 * (time.perf_counter() - t0) / per_round)
     return {
-        "rounds": rounds,
-        "steps_per_round": per_round,
-        "bare_step_ms": bare_ms,
+        "rounds": rounds, "steps_per_round": per_round, "bare_step_ms": bare_ms,
         "loop_step_ms": loop_ms,
         # median over rounds of (loop images/s) / (bare images/s) of the same round
         "ratio": statistics.median(b / lp for b, lp in zip(bare_ms, loop_ms)),
-    }
+    }  # fmt: skip
 
 
 @dataclass
@@ -461,14 +454,8 @@ def run_mxnet(cfg: Config, batch: int, framework: str) -> Bare:
 RUNNERS = {"torch": run_torch, "jax": run_jax, "mxnet": run_mxnet}
 
 
-def measure(
-    framework: str,
-    cfg: Config,
-    batch: int,
-    steps: int = 10,
-    warmup: int = 3,
-    rounds: int = 0,
-) -> dict[str, Any]:
+def measure(framework: str, cfg: Config, batch: int, steps: int = 10, warmup: int = 3,
+            rounds: int = 0) -> dict[str, Any]:  # fmt: skip
     """Compute-only images/s of `framework`'s family on one device at per-device batch `batch`."""
     family = family_of(framework)
     if rounds and framework not in FRAMEWORKS:
@@ -476,24 +463,18 @@ def measure(
                           f"not the family {framework!r}")  # fmt: skip
     result = timed(RUNNERS[family](cfg, batch, framework), steps, warmup, rounds)
     return {
-        "family": family,
-        **{k: getattr(cfg, k) for k in ("model", "width", "image_size")},
-        "batch_size": batch,
-        "precision": cfg.precision,
-        "steps": steps,
-        "warmup": warmup,
-        "images_per_sec": batch / (result["step_ms"] / 1000),
-        **result,
-    }
+        "family": family, **{k: getattr(cfg, k) for k in ("model", "width", "image_size")},
+        "batch_size": batch, "precision": cfg.precision, "steps": steps, "warmup": warmup,
+        "images_per_sec": batch / (result["step_ms"] / 1000), **result,
+    }  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = harness.Parser("compute_only", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--framework",
-        required=True,
+        "--framework", required=True,
         help="torch, jax or mxnet, or a framework name such as torch-ddp (needed by --interleave)",
-    )
+    )  # fmt: skip
     harness.add_workload_flags(p, 128, "the per-device batch (default 128)")
     harness.add_numbers(
         p,

@@ -169,10 +169,8 @@ def parse_frameworks(text: str, variants: bool = False) -> list[str]:
         if not plus:
             continue
         if not variants:
-            raise UsageError(
-                f"{name}: framework variants are for benchmarks.compare and "
-                f"benchmarks.throughput; give {base}"
-            )
+            raise UsageError(f"{name}: framework variants are for benchmarks.compare and "
+                             f"benchmarks.throughput; give {base}")  # fmt: skip
         if variant not in VARIANTS:
             raise UsageError(
                 f"unknown variant {variant!r} in {name}; choose from {', '.join(VARIANTS)} "
@@ -190,6 +188,16 @@ def parse_frameworks(text: str, variants: bool = False) -> list[str]:
             check_xla_flags()
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
+    return names
+
+
+def pick(text: str, choices: Sequence[str], what: str, hint: str) -> list[str]:
+    """A comma-separated flag of names (each once), each one of `choices`; `hint`: how to give
+    them."""
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    if not names or (unknown := [x for x in names if x not in choices]):
+        raise UsageError(f"unknown {what} {', '.join(unknown) if names else '(empty)'}; choose "
+                         f"from {', '.join(choices)}{hint}")  # fmt: skip
     return names
 
 
@@ -261,10 +269,8 @@ def use_interpreter(path: str) -> None:
     symlink whose target would lose the environment."""
     python = Path(path).expanduser()
     if not (python.is_file() and os.access(python, os.X_OK)):
-        raise UsageError(
-            f"--python {path}: no executable interpreter there; give the path of "
-            "a python that has torch and/or jax installed"
-        )
+        raise UsageError(f"--python {path}: no executable interpreter there; give the path of "
+                         "a python that has torch and/or jax installed")  # fmt: skip
     for name in REGISTRY:
         os.environ[PYTHON_ENV.format(name.upper().replace("-", "_"))] = os.path.abspath(python)
 
@@ -274,16 +280,13 @@ def use_interpreter(path: str) -> None:
 
 def parse_gpus(text: str) -> list[int]:
     """'4' -> [1, 2, 4]; '6' -> [1, 2, 4, 6]; '1,2,3' -> [1, 2, 3]; '2,' -> [2]."""
+    example = "e.g. --gpus 4 or --gpus 1,2,3"
     if not text.strip():
-        raise UsageError(
-            "--gpus is empty; give a count or a list of counts (e.g. --gpus 4 or --gpus 1,2,3)"
-        )
+        raise UsageError(f"--gpus is empty; give a count or a list of counts ({example})")
     try:
         values = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise UsageError(
-            f"--gpus {text!r} is not a count or a list of counts; use e.g. --gpus 4 or --gpus 1,2,3"
-        ) from None
+        raise UsageError(f"--gpus {text!r} is not a count or a list of counts; {example}") from None
     if not values or min(values) < 1:
         raise UsageError(
             f"--gpus {text} asks for {min(values, default=0)} devices; every device count must "
@@ -474,10 +477,8 @@ def machine_gpus(asked: str | None) -> list[str]:
     if choice == "cuda" and not gpus:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         note = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
-        raise UsageError(
-            f"--devices cuda but nvidia-smi -L lists no GPU on this machine{note}; "
-            "use --devices cpu for simulated CPU devices"
-        )
+        raise UsageError(f"--devices cuda but nvidia-smi -L lists no GPU on this machine{note}; "
+                         "use --devices cpu for simulated CPU devices")  # fmt: skip
     return gpus
 
 
@@ -497,19 +498,10 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.tool}: error: {message}; see {self.prog} --help\n")
 
 
-def add_flags(
-    p: argparse.ArgumentParser,
-    *,
-    frameworks: str | None = None,
-    gpus: str | None = None,
-    repeat: int | None = None,
-    out: str | None = None,
-    timeout: float | None = None,
-    python: bool = False,
-    wait_load: bool = False,
-    devices: bool = False,
-    variants: bool = False,
-) -> None:
+def add_flags(p: argparse.ArgumentParser, *, frameworks: str | None = None,
+              gpus: str | None = None, repeat: int | None = None, out: str | None = None,
+              timeout: float | None = None, python: bool = False, wait_load: bool = False,
+              devices: bool = False, variants: bool = False) -> None:  # fmt: skip
     """The flags the tools share, one meaning and help text each; a value given here is that
     tool's default (None, False: no such flag); `variants`: --frameworks takes NAME+VARIANT."""
     every = "all" if frameworks == ",".join(REGISTRY) else frameworks
@@ -540,7 +532,7 @@ def add_flags(
             p.add_argument(name, **kwargs)  # type: ignore[arg-type]
 
 
-def add_numbers(p: argparse.ArgumentParser, *flags: tuple[Any, ...]) -> None:
+def add_numbers(p: Any, *flags: tuple[Any, ...]) -> None:
     """A tool's own numeric flags, each (name, type, default, help[, metavar])."""
     for name, kind, default, text, *metavar in flags:
         p.add_argument(name, type=kind, default=default, help=text, metavar=(metavar or [None])[0])
@@ -704,12 +696,8 @@ def claim(out: Path, marker: str | None) -> Any:
     return lock
 
 
-def run_tool(
-    tool: str,
-    argv: Sequence[str] | None,
-    make_plan: Callable[[list[str]], Any],
-    execute: Callable[[Any], int],
-) -> int:
+def run_tool(tool: str, argv: Sequence[str] | None, make_plan: Callable[[list[str]], Any],
+             execute: Callable[[Any], int]) -> int:  # fmt: skip
     """plan -> run: bad input is one line and exit 2 before anything starts; SIGTERM ends the run
     like Ctrl-C, a KeyboardInterrupt that `execute` turns into saved partial results and exit
     128 + the signal (`interrupted`); no child is left running."""
@@ -847,11 +835,8 @@ def kill_children() -> None:
 
 def identity() -> dict[str, Any]:
     """Host, pid and start time: names this process (pids are reused, the pair is not)."""
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "start": str(psutil.Process().create_time()),
-    }
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "start": str(psutil.Process().create_time())}  # fmt: skip
 
 
 def gone(who: Any) -> bool | None:
@@ -920,16 +905,9 @@ class Child:
         return None
 
 
-def run_child(
-    command: Sequence[str],
-    log: Path,
-    timeout: float,
-    *,
-    tag: str,
-    on_line: Callable[[str], None] | None = None,
-    wait_load: float = 0.0,
-    reraise: bool = False,
-) -> Child:
+def run_child(command: Sequence[str], log: Path, timeout: float, *, tag: str,
+              on_line: Callable[[str], None] | None = None, wait_load: float = 0.0,
+              reraise: bool = False) -> Child:  # fmt: skip
     """Run `command` from the project root in a process group of its own, stdout and stderr to
     `log` behind a `$ command` line and to `on_line`. The group is killed at `timeout` and on
     Ctrl-C / SIGTERM, which end the child as "interrupted" (`reraise`: then KeyboardInterrupt,
@@ -943,16 +921,10 @@ def run_child(
         f.write(f"$ {shlex.join(child.command)}\n")
         f.flush()
         proc = subprocess.Popen(
-            child.command,
-            cwd=ROOT,
-            env=child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
+            child.command, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
             start_new_session=True,  # its own process group, so a kill ends all of it
-        )
+        )  # fmt: skip
 
         def read() -> None:
             assert proc.stdout is not None
@@ -1085,10 +1057,8 @@ def mode_notes(table: Sequence[dict[str, Any]]) -> list[str]:
             same = of_it - {"", None} == {r["mode"]}
             modes[r["framework"] if same else f"{r['framework']} x{r['devices']}"] = r["mode"]
     cuda = any(str(r.get("device_kind") or "").startswith("cuda") for r in table)
-    asked = [
-        (f"{r['framework']} x{r['devices']}", r.get("mode_asked") or "", r.get("mode") or "")
-        for r in table
-    ]
+    asked = [(f"{r['framework']} x{r['devices']}", r.get("mode_asked") or "", r.get("mode") or "")
+             for r in table]  # fmt: skip
     return [mode_note(list(modes.items()), cuda), asked_note(asked)]
 
 
@@ -1174,16 +1144,10 @@ def markdown_table(headers: Sequence[str], body: Sequence[Sequence[str]], align:
     return "\n".join([line(headers), line(rule), *map(line, body)])
 
 
-def print_table(
-    title: str,
-    headers: Sequence[str],
-    body: Sequence[Sequence[str]],
-    notes: Sequence[str] = (),
-    *,
-    left: Sequence[str] = ("framework", "status"),
-    styles: Sequence[str | None] | None = None,
-    stream: Any = None,
-) -> None:
+def print_table(title: str, headers: Sequence[str], body: Sequence[Sequence[str]],
+                notes: Sequence[str] = (), *, left: Sequence[str] = ("framework", "status"),
+                styles: Sequence[str | None] | None = None,
+                stream: Any = None) -> None:  # fmt: skip
     """A table on stdout: rich where installed (a GPU machine's python3 may lack it), else
     Markdown; then the notes."""
     notes = [n for n in notes if n]

@@ -58,18 +58,10 @@ BASE = "throughput"  # the preset whose synthetic data set (8192 random images) 
 def build_parser() -> argparse.ArgumentParser:
     p = harness.Parser("parity", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     harness.add_flags(p, frameworks=",".join(FRAMEWORKS), gpus="2")
-    p.add_argument(
-        "--models",
-        default=",".join(MODELS),
-        metavar="LIST",
-        help=f"comma-separated, from: {', '.join(MODELS)} (default: both)",
-    )
-    p.add_argument(
-        "--bn",
-        default=",".join(BN_MODES),
-        metavar="LIST",
-        help="BatchNorm modes, comma-separated: local, sync (default: both)",
-    )
+    p.add_argument("--models", default=",".join(MODELS), metavar="LIST",
+                   help=f"comma-separated, from: {', '.join(MODELS)} (default: both)")  # fmt: skip
+    p.add_argument("--bn", default=",".join(BN_MODES), metavar="LIST",
+                   help="BatchNorm modes, comma-separated: local, sync (default both)")  # fmt: skip
     harness.add_numbers(
         p,
         ("--steps", int, 1, "training steps compared (default 1)", "K"),
@@ -97,23 +89,12 @@ class Plan(harness.SweepPlan):
     tolerance: float
 
 
-def parse_list(flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
-    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise UsageError(
-            f"{flag} {text!r}: {'unknown ' + repr(bad[0]) if bad else 'empty'}; "
-            f"choose from {', '.join(allowed)} (comma-separated)"
-        )
-    return names
-
-
 def make_plan(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
     harness.check_options(ns)
     frameworks = harness.parse_frameworks(ns.frameworks)
-    models = parse_list("--models", ns.models, MODELS)
-    bns = parse_list("--bn", ns.bn, BN_MODES)
+    models = harness.pick(ns.models, MODELS, "--models", " (comma-separated)")
+    bns = harness.pick(ns.bn, BN_MODES, "--bn", " (comma-separated)")
     counts = harness.parse_gpus(ns.gpus)
     harness.check_positive(steps=ns.steps, batch_size=ns.batch_size, jobs=ns.jobs)
     harness.check_positive(timeout=ns.timeout, mean_tolerance=ns.mean_tolerance)

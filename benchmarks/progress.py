@@ -103,13 +103,11 @@ class PlainProgress:
         self.print(f"{self.label}: started (log: {log})")
 
     def show_epoch(self, row: dict[str, float]) -> None:
-        self.print(
-            f"{self.label}: epoch {int(row['epoch'])}/{int(row['epochs'])} "
-            f"test_accuracy={row.get('test_accuracy', float('nan')):.4f} "
-            f"sec={row.get('sec', float('nan')):.2f} | run {duration(self.run_elapsed())}, "
-            f"~{duration(self.run_remaining())} left | all {duration(self.elapsed())}, "
-            f"~{duration(self.remaining())} left"
-        )
+        self.print(f"{self.label}: epoch {int(row['epoch'])}/{int(row['epochs'])} "
+                   f"test_accuracy={row.get('test_accuracy', float('nan')):.4f} "
+                   f"sec={row.get('sec', float('nan')):.2f} | run {duration(self.run_elapsed())}, "
+                   f"~{duration(self.run_remaining())} left | all {duration(self.elapsed())}, "
+                   f"~{duration(self.remaining())} left")  # fmt: skip
 
     def show_sweep(self) -> None:
         return None

@@ -126,16 +126,14 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["runs_ok"], row["runs"] = len(ok), len(runs)
             for key in ("global_batch_size", "bn_mode", "device_kind"):
                 row[key] = ", ".join(sorted({str(r.get(key)) for r in runs if r.get(key)}))
-            row["peak_lr"] = ", ".join(
-                sorted({f"{r['runner']['peak_lr']:g}" for r in runs if "runner" in r})
-            )
+            row["peak_lr"] = ", ".join(sorted({f"{r['runner']['peak_lr']:g}" for r in runs
+                                               if "runner" in r}))  # fmt: skip
             for key in ("test_accuracy", "sec_per_epoch", "first_epoch_sec", "images_per_sec"):
                 row[key], row[key + "_std"] = _stats([r.get(key) for r in ok])
             # Same start, same data: epoch 1's loss differs between frameworks only by what
             # training makes of float rounding (the first step agrees to ~1e-6: parity).
-            row["epoch1_train_loss"], row["epoch1_train_loss_std"] = _stats(
-                [epoch1_loss(r) for r in ok]
-            )
+            loss = _stats([epoch1_loss(r) for r in ok])
+            row["epoch1_train_loss"], row["epoch1_train_loss_std"] = loss
             # A run without a timed epoch (--epochs 1, or every epoch the first of a resumed
             # process) reports its warm-up epochs: marked, never passed off as steady state.
             row["untimed_runs"] = sum(1 for r in ok if r.get("timed_epochs") == 0)
@@ -147,9 +145,8 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["cores"] = next((c for _, c in loads if c), None) or sweep.host.get("cpu_count")
             reached = [r for r in ok if r.get("time_to_target_sec") is not None]
             row["reached_target"] = len(reached)
-            row["time_to_target_sec"], row["time_to_target_sec_std"] = _stats(
-                [r["time_to_target_sec"] for r in reached]
-            )
+            to_target = _stats([r["time_to_target_sec"] for r in reached])
+            row["time_to_target_sec"], row["time_to_target_sec_std"] = to_target
             row["epochs_to_target"], _ = _stats([r.get("epochs_to_target") for r in reached])
             examples = {r.get("test_examples") for r in ok}
             row["test_examples"] = examples.pop() if len(examples) == 1 else None
@@ -171,9 +168,8 @@ def rows(sweep: Sweep, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row["note"] = f"{failed[0]['runner']['run_id']}: {one_line(failed[0])}"
             elif partial:  # every framework must evaluate every test image exactly once
                 r = partial[0]
-                row["note"] = (
-                    f"evaluated {r.get('test_examples')} test images of {r.get('test_set_size')}"
-                )
+                row["note"] = (f"evaluated {r.get('test_examples')} test images of "
+                               f"{r.get('test_set_size')}")  # fmt: skip
             out.append(row)
     mark_within_noise(out)
     return out
@@ -207,18 +203,14 @@ def start_note(records: list[dict[str, Any]]) -> str:
 def mark_within_noise(table: list[dict[str, Any]]) -> None:
     """row["within_noise_of"]: the frameworks whose images/s min-max range overlaps this row's
     at its device count (cells with >= 2 successful runs)."""
-    ranged = [
-        r for r in table if r.get("runs_ok", 0) >= 2 and r.get("images_per_sec_min") is not None
-    ]
+    ranged = [r for r in table
+              if r.get("runs_ok", 0) >= 2 and r.get("images_per_sec_min") is not None]  # fmt: skip
     for r in ranged:
         r["within_noise_of"] = ", ".join(
-            o["framework"]
-            for o in ranged
-            if o is not r
-            and o["devices"] == r["devices"]
+            o["framework"] for o in ranged if o is not r and o["devices"] == r["devices"]
             and max(o["images_per_sec_min"], r["images_per_sec_min"])
             <= min(o["images_per_sec_max"], r["images_per_sec_max"])
-        )
+        )  # fmt: skip
 
 
 def one_line(record: dict[str, Any]) -> str:
@@ -285,14 +277,9 @@ def columns(sweep: Sweep) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
         ("BN", lambda r: r.get("bn_mode") or "-"),
         ("device kind", lambda r: r.get("device_kind") or "-"),
     ]
-    if sweep.target_accuracy > 0:
-        cols += [
-            (f"s to {sweep.target_accuracy:g}", _time_to_target),
-            (
-                f"epochs to {sweep.target_accuracy:g}",
-                lambda r: _num(r.get("epochs_to_target"), None, ".1f"),
-            ),
-        ]
+    if (goal := sweep.target_accuracy) > 0:
+        epochs = _mean_std("epochs_to_target", ".1f")  # no _std key: the mean alone
+        cols += [(f"s to {goal:g}", _time_to_target), (f"epochs to {goal:g}", epochs)]
     return cols
 
 
@@ -367,15 +354,9 @@ def print_table(sweep: Sweep, records: list[dict[str, Any]], stream: Any = None)
     table = rows(sweep, records)
     headers, body = table_cells(sweep, table)
     colour = {"ok": "green", "n/a": "dim", "skipped": "yellow"}
-    show(
-        heading(sweep, records, sep="\n"),
-        headers,
-        body,
-        [*table_notes(sweep, table, records), load_note(sweep, table)],
-        left=LEFT,
-        styles=[colour.get(r["status"], "red") for r in table],
-        stream=stream,
-    )
+    show(heading(sweep, records, sep="\n"), headers, body,
+         [*table_notes(sweep, table, records), load_note(sweep, table)], left=LEFT,
+         styles=[colour.get(r["status"], "red") for r in table], stream=stream)  # fmt: skip
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -435,10 +416,8 @@ def load_note(sweep: Sweep, table: list[dict[str, Any]]) -> str:
     busy = [r for r in table if (r.get("load_avg_max") or 0) > (r.get("cores") or math.inf)]
     if not busy:
         return ""
-    cells = ", ".join(
-        f"{r['framework']} x{r['devices']} ({r['load_avg_max']:.1f} on {r['cores']} cores)"
-        for r in busy
-    )
+    cells = ", ".join(f"{r['framework']} x{r['devices']} ({r['load_avg_max']:.1f} on "
+                      f"{r['cores']} cores)" for r in busy)  # fmt: skip
     return (
         f"Busy machine: the 1-minute load average exceeded the core count during {cells}; more "
         "work than cores competed with these runs, so their timings are noisy."
@@ -486,35 +465,22 @@ def markdown(sweep: Sweep, records: list[dict[str, Any]], plots: list[Path], plo
         for r in failed:
             runner = r.get("runner", {})
             parts += [
-                f"### {runner.get('run_id')}: {r['status']}",
-                "",
+                f"### {runner.get('run_id')}: {r['status']}", "",
                 f"{one_line(r)} (exit code {runner.get('returncode')}; log `{runner.get('log')}`)",
-                "",
-                "```",
-                *runner.get("log_tail", []),
-                "```",
-                "",
-            ]
+                "", "```", *runner.get("log_tail", []), "```", "",
+            ]  # fmt: skip
     if plots or plot_note:
         parts += ["", "## Plots", ""]
         parts += [f"![{p.stem}]({p.name})" for p in plots]
         if plot_note:
             parts.append(plot_note)
-    parts += [
-        "",
-        "Every run's record is in `runs/`, its log in `logs/`, its command in `config.json`.",
-        "",
-    ]
+    parts += ["", "Every run's record is in `runs/`, its log in `logs/`, its command in "
+              "`config.json`.", ""]  # fmt: skip
     return "\n".join(parts)
 
 
-def write_tables(
-    out: Path,
-    sweep: Sweep,
-    records: list[dict[str, Any]],
-    plots: Iterable[Path] = (),
-    plot_note: str = "",
-) -> None:
+def write_tables(out: Path, sweep: Sweep, records: list[dict[str, Any]],
+                 plots: Iterable[Path] = (), plot_note: str = "") -> None:  # fmt: skip
     """results.csv (one row per cell), runs.csv (one row per run) and results.md."""
     table = rows(sweep, records)
     write_atomic(out / "results.csv", _csv(CSV_COLUMNS, table))
@@ -569,9 +535,8 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         ax.errorbar(xs, ys, yerr=err, marker="o", color=colours[fw], label=labels[fw], capsize=3)
         base = next((r["images_per_sec"] for r in pts if r["devices"] == 1), None)
         if base:
-            ax.plot(
-                sweep.counts, [base * n for n in sweep.counts], "--", color=colours[fw], alpha=0.5
-            )
+            ideal = [base * n for n in sweep.counts]
+            ax.plot(sweep.counts, ideal, "--", color=colours[fw], alpha=0.5)
     ax.set_ylim(bottom=0)
     if table:
         ax.legend(fontsize=8)
@@ -582,13 +547,8 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
     for fw in sweep.frameworks:
         pts = [r for r in table if r["framework"] == fw and "efficiency" in r]
         if pts:
-            ax.plot(
-                [r["devices"] for r in pts],
-                [r["efficiency"] for r in pts],
-                marker="o",
-                color=colours[fw],
-                label=labels[fw],
-            )
+            ax.plot([r["devices"] for r in pts], [r["efficiency"] for r in pts], marker="o",
+                    color=colours[fw], label=labels[fw])  # fmt: skip
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
     ax.legend(fontsize=8)
@@ -605,14 +565,10 @@ def write_plots(out: Path, sweep: Sweep, records: list[dict[str, Any]]) -> tuple
         if not epochs:
             continue
         k = sweep.counts.index(r["devices"]) if r["devices"] in sweep.counts else 0
-        ax.plot(
-            [e["wall_sec"] for e in epochs],
-            [e["test_accuracy"] for e in epochs],
-            marker="os^Dv<>p"[k % 8],
-            linestyle=styles[k % 4],
-            color=colours.get(harness.row_key(r), "k"),
-            label=r.get("runner", {}).get("run_id", harness.row_key(r)),
-        )
+        ax.plot([e["wall_sec"] for e in epochs], [e["test_accuracy"] for e in epochs],
+                marker="os^Dv<>p"[k % 8], linestyle=styles[k % 4],
+                color=colours.get(harness.row_key(r), "k"),
+                label=r.get("runner", {}).get("run_id", harness.row_key(r)))  # fmt: skip
     if sweep.target_accuracy > 0:
         ax.axhline(sweep.target_accuracy, color="k", linestyle="--", alpha=0.5, label="target")
     ax.set_ylim(0, 1)
@@ -680,16 +636,11 @@ def records_of(out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
             }
         if record is None:
             continue
-        record.setdefault(
-            "runner",
-            {
-                "run_id": run["run_id"],
-                "framework": run["framework"],
-                **{k: run.get(k) for k in ("seed", "peak_lr", "command", "log")},
-                "returncode": None,
-                "ended": "unknown (the runner did not finish this run)",
-            },
-        )
+        record.setdefault("runner", {
+            "run_id": run["run_id"], "framework": run["framework"],
+            **{k: run.get(k) for k in ("seed", "peak_lr", "command", "log")},
+            "returncode": None, "ended": "unknown (the runner did not finish this run)",
+        })  # fmt: skip
         records.append(record)
     return records
 

@@ -36,12 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_workload_flags(
         p, 256, "GLOBAL batch (strong scaling); per device with --scaling weak (default 256)"
     )
-    p.add_argument(
-        "--scaling",
-        choices=("strong", "weak"),
-        default="strong",
-        help="strong: the global batch is fixed; weak: the per-device batch is",
-    )
+    p.add_argument("--scaling", choices=("strong", "weak"), default="strong",
+                   help="strong: a fixed global batch; weak: a fixed per-device batch")  # fmt: skip
     harness.add_numbers(
         p,
         ("--steps", int, 10, "training steps per epoch of the real loop (default 10; at most "
@@ -56,19 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
          "early)"),
     )  # fmt: skip
     p.add_argument(
-        "--pipeline",
-        choices=("auto", "host", "device"),
-        default="auto",
+        "--pipeline", choices=("auto", "host", "device"), default="auto",
         help="the real loop's input pipeline (the trainers' --pipeline: host, device, or auto = "
         "device on GPUs); the compute-only loop has none (one resident batch)",
-    )
+    )  # fmt: skip
     harness.add_flags(p, repeat=1)
     p.add_argument(
-        "--phases",
-        action="store_true",
+        "--phases", action="store_true",
         help="one extra real-loop run per cell with --phase-timing (its syncs slow "
         "the step, so it never feeds the images/s columns)",
-    )
+    )  # fmt: skip
     harness.add_numbers(
         p,
         ("--profile", int, 0, "profile STEPS steps of each real loop's first (untimed) epoch "
@@ -109,10 +102,8 @@ def make_plan(argv: list[str]) -> Plan:
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         if ns.batch_size * (n if ns.scaling == "weak" else 1) > TRAIN_IMAGES:
-            raise UsageError(
-                f"global batch larger than the {TRAIN_IMAGES} synthetic training "
-                "images; use a smaller --batch-size"
-            )
+            raise UsageError(f"global batch larger than the {TRAIN_IMAGES} synthetic training "
+                             "images; use a smaller --batch-size")  # fmt: skip
     skipped = harness.unavailable(frameworks)
     chosen = harness.choose_devices(ns.devices, [f for f in frameworks if f not in skipped])
     skipped.update(chosen.skipped)
@@ -380,11 +371,9 @@ def notes(plan: Plan, cells: list[dict[str, Any]]) -> list[str]:
         m["load_before"] for c in cells for m in c["real"] + c["compute"] if "load_before" in m
     ]
     if loads:
-        out.append(
-            f"1-minute load average when the measurements started: {min(loads):.1f} to "
-            f"{max(loads):.1f} on {os.cpu_count()} CPU cores (other work on the machine "
-            "slows both loops, not always equally)."
-        )
+        out.append(f"1-minute load average when the measurements started: {min(loads):.1f} to "
+                   f"{max(loads):.1f} on {os.cpu_count()} CPU cores (other work on the machine "
+                   "slows both loops, not always equally).")  # fmt: skip
     sources = sorted({c["memory_source"] for c in cells if c.get("memory_source")})
     if sources:
         out.append("mem compute from: " + "; ".join(sources) + ".")

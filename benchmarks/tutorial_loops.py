@@ -62,12 +62,10 @@ DEFAULT_WORK = dict(preset="throughput", width=0.25, train_limit=4096, epochs=3)
 # augmentation and a constant LR, and run NCHW on CUDA: channels-last is a layout choice, not a
 # loop one, so it stays off; cuDNN autotuning stays on in ours, part of its loop). No
 # --tensorboard: every timed run would write into the one directory.
-RUNNER_OWNED = tuple(
-    "gpus devices output checkpoint_dir resume log_every phase_timing tensorboard".split()
-)
-FORCED: dict[str, Any] = dict(
-    augment=False, lr_schedule="constant", warmup_epochs=0.0, channels_last=False
-)
+RUNNER_OWNED = ("gpus", "devices", "output", "checkpoint_dir", "resume", "log_every",
+                "phase_timing", "tensorboard")  # fmt: skip
+FORCED: dict[str, Any] = dict(augment=False, lr_schedule="constant", warmup_epochs=0.0,
+                              channels_last=False)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,12 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-channels-last.",
     )
     p.add_argument("--preset", help="named preset for both sides (default: the work below)")
-    p.add_argument(
-        "--tutorials",
-        default=",".join(TUTORIALS),
-        metavar="LIST",
-        help=f"comma-separated, from: {', '.join(TUTORIALS)} (default: all)",
-    )
+    p.add_argument("--tutorials", default=",".join(TUTORIALS), metavar="LIST",
+                   help=f"comma-separated, from: {', '.join(TUTORIALS)} "
+                   "(default: all)")  # fmt: skip
     harness.add_flags(p, gpus="2", repeat=2, timeout=900.0, wait_load=True, python=True,
                       out="results/tutorials-", devices=True)  # fmt: skip
     return p
@@ -113,13 +108,8 @@ class Plan:
 def plan_from(argv: list[str]) -> Plan:
     ns = build_parser().parse_args(argv)
     harness.check_options(ns)
-    names = [t.strip() for t in ns.tutorials.split(",") if t.strip()]
-    unknown = [t for t in names if t not in TUTORIALS]
-    if unknown or not names:
-        raise UsageError(
-            f"unknown tutorial {', '.join(unknown) or '(none given)'}; choose from "
-            f"{', '.join(TUTORIALS)} (e.g. --tutorials d2l-torch,flax-imagenet)"
-        )
+    hint = " (e.g. --tutorials d2l-torch,flax-imagenet)"
+    names = harness.pick(ns.tutorials, list(TUTORIALS), "tutorial", hint)
     harness.check_positive(repeat=ns.repeat, timeout=ns.timeout)
     epochs = getattr(ns, "epochs", None)
     if epochs is not None and epochs < 2:

@@ -58,11 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--a", default="", help="A's extra trainer flags, one string (the baseline)")
     p.add_argument("--b", default="", help="B's extra trainer flags, one string (the candidate)")
     harness.add_flags(p, repeat=3, out="results/ab-", timeout=900.0, wait_load=True)
-    p.add_argument(
-        "shared",
-        nargs=argparse.REMAINDER,
-        help="after --: the trainer flags both sides get (e.g. --preset digits --gpus 1)",
-    )
+    p.add_argument("shared", nargs=argparse.REMAINDER,
+                   help="after --: the trainer flags both sides get "
+                   "(e.g. --preset digits --gpus 1)")  # fmt: skip
     return p
 
 

@@ -73,7 +73,7 @@ def section(records: list[dict[str, Any]]) -> list[str]:
         "| framework | mode | devices | runs | profiled step | compute | exposed comm "
         "| input wait | host gap | comm | overlap | measured step | parts / measured |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    ]  # fmt: skip
     for r in rows:
         b = r["breakdown"]
         comm = b.get("comm_ms") or 0.0
@@ -96,9 +96,8 @@ def plot(plt: Any, records: list[dict[str, Any]], title: str) -> Any:
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.8))
-    ax.set_title(
-        f"{TITLE}: per step, the mean over the devices, median over runs\n{title}", fontsize=8
-    )
+    ax.set_title(f"{TITLE}: per step, the mean over the devices, median over runs\n{title}",
+                 fontsize=8)  # fmt: skip
     xs = range(len(rows))
     bottom = [0.0] * len(rows)
     for key, label, colour in PARTS:

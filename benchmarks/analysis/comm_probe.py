@@ -45,13 +45,8 @@ COLLECTIVES = {  # what each trainer averages its gradients with
 def summary(times: list[float], nbytes: int, n: int) -> dict[str, Any]:
     med = statistics.median(times)
     algbw = nbytes / med if med > 0 else 0.0
-    return {
-        "times_sec": times,
-        "median_sec": med,
-        "min_sec": min(times),
-        "algbw_gbps": algbw / 1e9,
-        "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9,
-    }
+    return {"times_sec": times, "median_sec": med, "min_sec": min(times),
+            "algbw_gbps": algbw / 1e9, "busbw_gbps": algbw * 2 * (n - 1) / n / 1e9}  # fmt: skip
 
 
 def repeat(op: Callable[[], None], sync: Callable[[], None], reps: int, warmup: int) -> list[float]:
@@ -245,12 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     harness.add_flags(p, frameworks=",".join(REGISTRY), gpus="2")
     p.add_argument(
-        "--models",
-        default="resnet18,wideresnet",
-        metavar="LIST",
+        "--models", default="resnet18,wideresnet", metavar="LIST",
         help="comma-separated, from: resnet18, wideresnet; one buffer the size of each model's "
         "gradients (default: both)",
-    )
+    )  # fmt: skip
     harness.add_numbers(
         p,
         ("--width", float, 1.0, "channel-width multiplier (default 1.0)"),
@@ -273,11 +266,8 @@ def make_plan(argv: list[str]) -> Plan:
     harness.check_options(ns)
     frameworks = harness.parse_frameworks(ns.frameworks)
     counts = harness.parse_gpus(ns.gpus)
-    models = list(dict.fromkeys(m.strip() for m in ns.models.split(",") if m.strip()))
-    bad = [m for m in models if m not in ("resnet18", "wideresnet")]
-    if bad or not models:
-        raise UsageError(f"unknown model {', '.join(bad) or '(none given)'}; choose resnet18 "
-                         "and/or wideresnet (e.g. --models resnet18)")  # fmt: skip
+    hint = " (e.g. --models resnet18)"
+    models = harness.pick(ns.models, ("resnet18", "wideresnet"), "model", hint)
     if ns.reps < 1 or ns.warmup < 0:
         raise UsageError("--reps must be >= 1 and --warmup >= 0")
     harness.check_positive(width=ns.width, timeout=ns.timeout)
@@ -353,10 +343,8 @@ def notes(plan: Plan, rows: list[dict[str, Any]], kind: str) -> list[str]:
         "buckets, XLA's combiner, Gluon per parameter).",
     ]
     if kind == "cpu-simulated":
-        out.append(
-            "cpu-simulated: the devices are slices of one host, so these are memory-"
-            "copy and thread-hand-off costs, not interconnect figures."
-        )
+        out.append("cpu-simulated: the devices are slices of one host, so these are memory-"
+                   "copy and thread-hand-off costs, not interconnect figures.")  # fmt: skip
     out += [
         f"{r['framework']} x{r['devices']} {r['model']} {r['status']}: {r['note']}"
         for r in rows

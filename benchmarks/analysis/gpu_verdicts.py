@@ -14,7 +14,7 @@ per check, PASS or FAIL, the check and its figure:
   than half of the kernel time whose kernel names a dtype is bf16 (XLA's fusions and Inductor's
   Triton kernels name none: 41% of the time of torch's CUDA-graph rows on an H200); under
   float32 none is bf16 or fp16;
-- real loop / compute-only, per compiled row (JAX; torch with torch.compile): at least 0.85.
+- real loop / compute-only, per compiled row (JAX; torch with torch.compile): at least 0.9.
   Eager rows are reported, not judged: an eager step launches every kernel from Python;
 - the GPU, per row: the record's and the compute-only run's device_kind start with "cuda:";
 - rows reached, per table: every framework its command asked for has a row (a call that ran out

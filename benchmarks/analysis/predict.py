@@ -226,16 +226,17 @@ def fsdp_units(model: str, sizes: Sequence[int]) -> list[int]:
     return [units.pop(""), *units.values()]
 
 
-def messages(framework: str, sizes: Sequence[int]) -> list[int]:
+def messages(framework: str, sizes: Sequence[int], model: str = "resnet18") -> list[int]:
     """The all-reduces (bytes each, in the order they run) a framework's step makes; for the
-    sharded ones (FSDP_GATHERS) the units each all-gathered and reduce-scattered."""
+    sharded ones (FSDP_GATHERS) the units each all-gathered and reduce-scattered; torch-dp:
+    none (dp_comm: copies through GPU 0)."""
     if framework == "torch-ddp":
         return ddp_buckets(sizes)
-    if framework.startswith("jax-"):
+    if framework.startswith("jax-"):  # jax-fsdp: XLA's combiner joins the units
         return xla_combined(sizes)
     if framework == "mxnet-gluon":  # kvstore "device": one pushpull per parameter key
         return list(reversed(sizes))
-    raise ValueError(f"{framework} does not all-reduce (see dp_comm, fsdp_units)")
+    return fsdp_units(model, sizes) if framework.startswith("torch-fsdp") else []
 
 
 @dataclass(frozen=True)
@@ -378,21 +379,10 @@ def step_comm(s: Setup, n: int, per_device_batch: float, model: Model | None = N
         inputs = n * per_device_batch * c * h * w * 4  # float32 images of the global batch
         outputs = n * per_device_batch * model.num_classes * 4  # float32 logits
         return dp_comm(sum(grad), int(inputs), int(outputs), n, link)
+    msgs = messages(s.framework, grad, s.model)
     if s.framework in FSDP_GATHERS:
-        return sharded_comm(
-            collective_units(s.framework, s.model, grad), FSDP_GATHERS[s.framework], n, link
-        )
-    return allreduce_comm(collective_units(s.framework, s.model, grad), n, link)
-
-
-def collective_units(framework: str, model: str, grad: Sequence[int]) -> list[int]:
-    """The bytes of each collective a step makes: the sharded strategies' units (jax-fsdp: XLA's
-    combiner joins them), the others' all-reduces (`messages`); torch-dp: none of its own."""
-    if framework == "torch-dp":
-        return []
-    if framework in FSDP_GATHERS:
-        return xla_combined(grad) if framework == "jax-fsdp" else fsdp_units(model, grad)
-    return messages(framework, grad)
+        return sharded_comm(msgs, FSDP_GATHERS[s.framework], n, link)
+    return allreduce_comm(msgs, n, link)
 
 
 def predict(
@@ -410,15 +400,10 @@ def predict(
     exposed = exposed_ms(comm, hidden_room) if n > 1 else 0.0
     step = bd.host_ms + (bd.compute + bd.input_wait_ms) * scale + exposed
     return {
-        "devices": n,
-        "per_device_batch": per_device_batch,
-        "step_ms": step,
-        "images_per_sec": n * per_device_batch / step * 1e3,
-        "comm_ms": comm.total_ms,
-        "exposed_comm_ms": exposed,
-        "collectives": comm.count,
-        "comm_bytes": comm.nbytes,
-    }
+        "devices": n, "per_device_batch": per_device_batch, "step_ms": step,
+        "images_per_sec": n * per_device_batch / step * 1e3, "comm_ms": comm.total_ms,
+        "exposed_comm_ms": exposed, "collectives": comm.count, "comm_bytes": comm.nbytes,
+    }  # fmt: skip
 
 
 def curve(bd: Breakdown, s: Setup, ns: Sequence[int], scaling: str, global_batch: float):
@@ -529,13 +514,11 @@ def validate(rows: Sequence[Published] = PUBLISHED) -> list[dict[str, Any]]:
 
 def validation_markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "# Predicted against published multi-GPU throughput (the prediction is a model)",
-        "",
+        "# Predicted against published multi-GPU throughput (the prediction is a model)", "",
         "Each prediction reads only the row's published 1-GPU images/s, the model's gradient "
         "tensors and the preset of that machine's interconnect; the overlap is the framework's "
-        "default, the same for every row of a framework. No constant is fitted to these rows.",
-        "",
-    ]
+        "default, the same for every row of a framework. No constant is fitted to these rows.", "",
+    ]  # fmt: skip
     head = ["published row", "N", "published img/s (eff.)", "predicted img/s (eff.)", "residual",
             "comm. explains", "no-overlap bound: eff. (explains)"]  # fmt: skip
     body = []
@@ -558,11 +541,9 @@ def validation_markdown(rows: list[dict[str, Any]]) -> str:
         if name not in rows_of.setdefault(key, []):
             rows_of[key].append(name)
     for (fw, model, dtype, scaling, why, left_out), names in rows_of.items():
-        lines.append(
-            f"- **{'; '.join(names)}**: {fw}'s collectives (overlap {OVERLAP[fw][0]:g}), "
-            f"{model} with {dtype} gradients, {scaling} scaling. {why}. **Leaves out**: "
-            f"{left_out}."
-        )
+        lines.append(f"- **{'; '.join(names)}**: {fw}'s collectives (overlap {OVERLAP[fw][0]:g}), "
+                     f"{model} with {dtype} gradients, {scaling} scaling. {why}. **Leaves out**: "
+                     f"{left_out}.")  # fmt: skip
     sources = dict.fromkeys(r["source"] for r in rows)
     lines += ["", "Sources: " + "; ".join(sources) + "."]
     return "\n".join(lines) + "\n"
@@ -627,13 +608,10 @@ ALL_COMPUTE = "no breakdown: the whole step is compute"
 
 
 def one_device_breakdown(records: Sequence[dict[str, Any]]) -> tuple[Breakdown, str]:
-    """The 1-device step of a cell's ok records: step = batch / median images/s (the timed
-    epochs, as the measured efficiency uses them). Where the records carry a measured
-    "breakdown", its compute and input wait (medians over the records) as fractions of its own
-    step; the rest is host time. Without one the whole step is compute (it scales with the
-    batch). Its communication is not used: at 1 device there is nothing to overlap (what a trace
-    counts there, such as JAX's psum over one device, says nothing about the overlap at N), so
-    the framework's default overlap stays; the N-device runs' breakdowns are not read."""
+    """The 1-device step of a cell's ok records: step = batch / median images/s (timed epochs).
+    A measured "breakdown" gives compute and input wait (medians) as fractions of its own step,
+    the rest host time; without one the whole step is compute. Its communication is not used
+    (at 1 device nothing overlaps), so the framework's default overlap stays."""
     batch = int(records[0]["global_batch_size"])
     step = batch / statistics.median([float(r["images_per_sec"]) for r in records]) * 1e3
     measured = [r["breakdown"] for r in records if isinstance(r.get("breakdown"), dict)]
@@ -701,14 +679,11 @@ def measured_vs_predicted(
     overlap: float | None = None,
     grad_dtype: str = "fp32",
 ) -> list[dict[str, Any]]:
-    """Measured and PREDICTED scaling efficiency, one row per (framework, N > 1) of a compare
-    sweep that has an ok 1-device run and ok N-device runs. Pure: `records` are the run records
-    compare writes. The prediction reads ONLY the 1-device records (step time, per-device batch,
-    a measured breakdown if any, the model) and the stated inputs: the link (name, Link, its
-    source; default `default_link` of the device kind, ASSUMED), the overlap (default the
-    framework's), the gradient dtype (our trainers keep fp32 parameters and gradients). From an
-    N-device record it takes only how the sweep ran (devices, global batch: the scaling), never
-    its time. Each device's compute: SHARED_CORES (cpu-simulated) or OWN_DEVICE (GPUs)."""
+    """Measured and PREDICTED scaling efficiency, one row per (framework, N > 1) of compare's
+    `records` with ok 1- and N-device runs. The prediction reads ONLY the 1-device records and
+    the stated inputs (`link`: name, Link, source, default `default_link`, ASSUMED; `overlap`:
+    default the framework's; our trainers' gradients are fp32); of an N-device record only its
+    devices and global batch, never its time. Compute: SHARED_CORES or OWN_DEVICE."""
     out = []
     for key, by_n in _cells(records).items():
         if 1 not in by_n:
@@ -729,21 +704,15 @@ def measured_vs_predicted(
             ips = statistics.median([float(r["images_per_sec"]) for r in cell])
             scaling = {bd.batch: "strong", bd.batch * n: "weak"}.get(global_batch, "")
             row: dict[str, Any] = {
-                "framework": key,
-                "mode": harness.mode_label(first.get("execution")),
-                "devices": n,
-                "scaling": scaling or f"neither (global batch {global_batch} at {n})",
-                "device_kind": kind,
-                "global_batch": global_batch,
-                "per_device_batch": global_batch / n,
-                "runs_one_device": len(ones),
-                "runs": len(cell),
-                "measured_one_device_images_per_sec": ips1,
-                "measured_images_per_sec": ips,
-                "measured_step_ms": global_batch / ips * 1e3,
+                "framework": key, "mode": harness.mode_label(first.get("execution")),
+                "devices": n, "scaling": scaling or f"neither (global batch {global_batch} at {n})",
+                "device_kind": kind, "global_batch": global_batch,
+                "per_device_batch": global_batch / n, "runs_one_device": len(ones),
+                "runs": len(cell), "measured_one_device_images_per_sec": ips1,
+                "measured_images_per_sec": ips, "measured_step_ms": global_batch / ips * 1e3,
                 "measured_efficiency": ips / (n * ips1),
                 **dict.fromkeys(("predicted_step_ms", "predicted_efficiency", "difference_pp")),
-            }
+            }  # fmt: skip
             kinds = sorted({str(r.get("device_kind")) for r in cell})
             why = [*blocked]
             if kinds != [kind]:
@@ -763,15 +732,12 @@ def measured_vs_predicted(
             got = predict(shared_cores(bd, k), setup, n, global_batch / n, model)
             over, over_source = overlap_for(framework, bd, overlap)
             grads = [t * GRAD_BYTES[grad_dtype] for t in model.tensors]
-            msgs = collective_units(framework, setup.model, grads)
+            msgs = messages(framework, grads, setup.model)
             eff = got["images_per_sec"] / (n * one["images_per_sec"])
             row.update(
-                predicted_step_ms=got["step_ms"],
-                predicted_images_per_sec=got["images_per_sec"],
-                predicted_efficiency=eff,
-                difference_pp=100 * (row["measured_efficiency"] - eff),
-                predicted_comm_ms=got["comm_ms"],
-                predicted_exposed_comm_ms=got["exposed_comm_ms"],
+                predicted_step_ms=got["step_ms"], predicted_images_per_sec=got["images_per_sec"],
+                predicted_efficiency=eff, difference_pp=100 * (row["measured_efficiency"] - eff),
+                predicted_comm_ms=got["comm_ms"], predicted_exposed_comm_ms=got["exposed_comm_ms"],
                 inputs={
                     "one_device": {**asdict(bd), "compute_ms": bd.compute,
                                    "backward_ms": bd.backward, "host_ms": bd.host_ms},
@@ -779,13 +745,9 @@ def measured_vs_predicted(
                     "compute_factor_source": SHARED_CORES if simulated else OWN_DEVICE,
                     "link": {"name": name, "busbw_gbps": lk.busbw_gbps,
                              "latency_us": lk.latency_us, "what": lk.what, "source": lk_source},
-                    "overlap": over,
-                    "overlap_source": over_source,
-                    "model": model_what,
-                    "grad_dtype": grad_dtype,
-                    "grad_bytes": sum(grads),
-                    "collectives": got["collectives"],
-                    "collective_bytes": msgs,
+                    "overlap": over, "overlap_source": over_source, "model": model_what,
+                    "grad_dtype": grad_dtype, "grad_bytes": sum(grads),
+                    "collectives": got["collectives"], "collective_bytes": msgs,
                     "comm_bytes": got["comm_bytes"],
                 },
             )  # fmt: skip
@@ -817,28 +779,22 @@ def section(records: list[dict[str, Any]], is_busy: Callable[[dict[str, Any]], b
     if not table:
         return []
     lines = [
-        "",
-        f"## {SECTION_TITLE}",
-        "",
+        "", f"## {SECTION_TITLE}", "",
         "Measured: the N-device runs above (efficiency = images/s / (N x the 1-device "
         "images/s), medians over the seeds). PREDICTED: benchmarks/analysis/predict.py's model "
         "(docs/scaling.md: step = host + input wait + compute + exposed ring all-reduce) from "
         "each framework's 1-device run and the inputs listed below, nothing taken from the "
         "N-device runs but their device count and global batch. measured - predicted is in "
-        "percentage points (pp).",
-        "",
-    ]
+        "percentage points (pp).", "",
+    ]  # fmt: skip
     head = ["framework", "mode", "devices", "scaling", "batch/device", "measured step",
             "PREDICTED step", "measured eff.", "PREDICTED eff.", "measured - predicted",
             "PREDICTED comm (exposed)", "compute/device"]  # fmt: skip
     body = []
     for r in table:
         inputs = r.get("inputs") or {}
-        comm = (
-            f"{r['predicted_comm_ms']:.2f} ms ({r['predicted_exposed_comm_ms']:.2f} ms)"
-            if "predicted_comm_ms" in r
-            else "-"
-        )
+        comm = (f"{r['predicted_comm_ms']:.2f} ms ({r['predicted_exposed_comm_ms']:.2f} ms)"
+                if "predicted_comm_ms" in r else "-")  # fmt: skip
         diff = "-" if r["difference_pp"] is None else f"{r['difference_pp']:+.1f} pp"
         factor = inputs.get("compute_factor")
         body.append([
@@ -893,9 +849,8 @@ def section(records: list[dict[str, Any]], is_busy: Callable[[dict[str, Any]], b
     return lines
 
 
-def sweep_plot(
-    plt: Any, counts: list[int], order: list[str], records: list[dict[str, Any]], title: str
-) -> Any:
+def sweep_plot(plt: Any, counts: list[int], order: list[str], records: list[dict[str, Any]],
+               title: str) -> Any:  # fmt: skip
     """The figure of `section`: measured efficiency as points, the PREDICTED as dashed lines, one
     colour per framework (`order`: the sweep's); None when there is nothing to compare."""
     from matplotlib.ticker import PercentFormatter
@@ -904,12 +859,9 @@ def sweep_plot(
              if r["predicted_efficiency"] is not None]  # fmt: skip
     if not table:
         return None
-    fig, ax = harness.device_axes(
-        plt,
-        counts,
-        "Scaling efficiency: measured (points) and PREDICTED from the 1-device "
-        f"run (dashed, benchmarks/analysis/predict.py)\n{title}",
-    )
+    fig, ax = harness.device_axes(plt, counts, "Scaling efficiency: measured (points) and "
+                                  "PREDICTED from the 1-device run (dashed, "
+                                  f"benchmarks/analysis/predict.py)\n{title}")  # fmt: skip
     frameworks = list(dict.fromkeys(r["framework"] for r in table))
     colours = {fw: f"C{order.index(fw) if fw in order else i}"
                for i, fw in enumerate(frameworks)}  # fmt: skip
@@ -1001,12 +953,9 @@ def inputs_table(scenarios, setups, args) -> list[str]:
         if fw == "torch-dp":
             how = "broadcast + reduce of all gradients, scatter/gather of the batch, via GPU 0"
         else:
-            kind = "all-reduces"
+            msgs, kind = messages(fw, grad, args.model), "all-reduces"
             if fw in FSDP_GATHERS:
-                msgs = xla_combined(grad) if fw == "jax-fsdp" else fsdp_units(args.model, grad)
                 kind = f"units (all-gathered x{FSDP_GATHERS[fw]}, reduce-scattered once)"
-            else:
-                msgs = messages(fw, grad)
             how = f"{len(msgs)} {kind} of {', '.join(f'{m / MIB:.2f}' for m in msgs[:8])}"
             how += f"{' ...' if len(msgs) > 8 else ''} MiB"
         lines.append(f"| collectives, {fw} | {how} |")
@@ -1042,14 +991,9 @@ def results_markdown(title: str, input_lines: list[str], results: list[dict]) ->
         body.append([*row, f"{r['step_ms']:.3f}", f"{r['images_per_sec']:,.0f}",
                      f"{r['efficiency']:.1%}", f"{r['comm_ms']:.3f}",
                      f"{r['exposed_comm_ms']:.3f}"])  # fmt: skip
-    lines = [
-        f"# {title}",
-        "",
-        "PREDICTED by benchmarks/analysis/predict.py (a model, not a measurement).",
-        "",
-        *("## Inputs", "", *input_lines, "", "## Predicted", ""),
-        harness.markdown_table(head, body, "llrrrrrrr"),
-    ]
+    lines = [f"# {title}", "", "PREDICTED by benchmarks/analysis/predict.py (a model, not a "
+             "measurement).", "", "## Inputs", "", *input_lines, "", "## Predicted", "",
+             harness.markdown_table(head, body, "llrrrrrrr")]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -1107,72 +1051,50 @@ def positive(flag: str, value: float | None, *, allow_zero: bool = False) -> Non
 def build_parser() -> harness.Parser:
     p = harness.Parser("predict", prog=PROG, description=__doc__.split("\n\n")[0])
     src = p.add_argument_group("the 1-device measurement (one of)")
-    src.add_argument(
-        "--throughput-table",
-        action="append",
-        default=[],
-        metavar="JSON",
-        help="a benchmarks.throughput throughput.json (repeatable): every ok 1-device row",
-    )
+    src.add_argument("--throughput-table", action="append", default=[], metavar="JSON",
+                     help="a benchmarks.throughput throughput.json (repeatable): every ok "
+                     "1-device row")  # fmt: skip
     src.add_argument("--breakdown", metavar="JSON", help="a breakdown (docs/scaling.md schema)")
-    src.add_argument("--step-ms", type=float, help="1-device step time, ms")
-    src.add_argument(
-        "--images-per-sec", type=float, help="1-device images/s (with --batch-per-device)"
+    harness.add_numbers(
+        src,
+        ("--step-ms", float, None, "1-device step time, ms"),
+        ("--images-per-sec", float, None, "1-device images/s (with --batch-per-device)"),
+        ("--batch-per-device", int, None, "the 1-device step's batch"),
+        ("--compute-ms", float, None, "device compute per step (default: the step - input wait)"),
+        ("--backward-ms", float, None, "backward per step (default 2/3 of compute)"),
+        ("--input-wait-ms", float, 0.0, "waiting for data per step"),
     )
-    src.add_argument("--batch-per-device", type=int, help="the 1-device step's batch")
-    src.add_argument(
-        "--compute-ms", type=float, help="device compute per step (default: the step - input wait)"
-    )
-    src.add_argument("--backward-ms", type=float, help="backward per step (default 2/3 of compute)")
-    src.add_argument("--input-wait-ms", type=float, default=0.0, help="waiting for data per step")
-    src.add_argument(
-        "--framework",
-        default="torch-ddp",
-        metavar="LIST",
-        help=f"how the gradients are sent, comma-separated, each beside the others: "
-        f"{', '.join(FRAMEWORKS)} (not with --throughput-table)",
-    )
+    src.add_argument("--framework", default="torch-ddp", metavar="LIST",
+                     help=f"how the gradients are sent, comma-separated, each beside the others: "
+                     f"{', '.join(FRAMEWORKS)} (not with --throughput-table)")  # fmt: skip
     src.add_argument("--frameworks", metavar="LIST", help="--throughput-table rows to keep")
     m = p.add_argument_group("model and communication")
     m.add_argument("--model", default="resnet18", choices=sorted(MODELS))
-    m.add_argument(
-        "--grad-dtype",
-        default="fp32",
-        choices=sorted(GRAD_BYTES),
-        help="dtype the gradients are all-reduced in (ours: fp32 under bf16 autocast)",
+    m.add_argument("--grad-dtype", default="fp32", choices=sorted(GRAD_BYTES),
+                   help="dtype the gradients are all-reduced in (ours: fp32 under bf16 "
+                   "autocast)")  # fmt: skip
+    m.add_argument("--overlap", type=float, help="fraction of the backward that can hide "
+                   "communication (default: the framework's, docs/scaling.md)")  # fmt: skip
+    m.add_argument("--interconnect", default="h100-nvlink", metavar="LIST",
+                   help=f"presets, comma-separated: {', '.join(PRESETS)}")  # fmt: skip
+    harness.add_numbers(
+        m,
+        ("--bus-bandwidth", float, None, "a custom link's busbw", "GBPS"),
+        ("--latency-us", float, None, "a custom link's α (with --bus-bandwidth)"),
+        ("--gpus-per-node", int, 8, None),
+        ("--nics-per-node", int, 1, None),
     )
-    m.add_argument(
-        "--overlap",
-        type=float,
-        help="fraction of the backward that can hide "
-        "communication (default: the framework's, docs/scaling.md)",
-    )
-    m.add_argument(
-        "--interconnect",
-        default="h100-nvlink",
-        metavar="LIST",
-        help=f"presets, comma-separated: {', '.join(PRESETS)}",
-    )
-    m.add_argument("--bus-bandwidth", type=float, metavar="GBPS", help="a custom link's busbw")
-    m.add_argument("--latency-us", type=float, help="a custom link's α (with --bus-bandwidth)")
-    m.add_argument("--gpus-per-node", type=int, default=8)
     m.add_argument("--inter-node", default="ib-ndr", choices=sorted(INTER_NODE))
-    m.add_argument("--nics-per-node", type=int, default=1)
     s = p.add_argument_group("scaling and output")
     s.add_argument("--scaling", default="weak", choices=("weak", "strong"))
-    s.add_argument(
-        "--global-batch",
-        type=float,
-        help="strong scaling: the fixed global batch (default: the 1-device batch)",
-    )
+    batch_help = "strong scaling: the fixed global batch (default: the 1-device batch)"
+    s.add_argument("--global-batch", type=float, help=batch_help)
     s.add_argument("-N", "--gpus", default="1,2,4,8,16,32,64", metavar="LIST")
     s.add_argument("--out", metavar="DIR", help="write predicted-<scaling>.md/.json/.png here")
     s.add_argument("--no-plot", action="store_true")
-    s.add_argument(
-        "--validate",
-        action="store_true",
-        help="predicted vs published multi-GPU throughput (docs/scaling.md)",
-    )
+    s.add_argument("--validate", action="store_true",
+                   help="predicted vs published multi-GPU throughput "
+                   "(docs/scaling.md)")  # fmt: skip
     return p
 
 
@@ -1222,12 +1144,7 @@ def scenarios_from(args) -> list[tuple[str, str, Breakdown]]:
         bd = Breakdown(step_ms=step, batch=args.batch_per_device, compute_ms=args.compute_ms,
                        backward_ms=args.backward_ms, input_wait_ms=args.input_wait_ms)  # fmt: skip
     check_breakdown(bd)
-    fws = [x.strip() for x in args.framework.split(",") if x.strip()]
-    unknown = [x for x in fws if x not in FRAMEWORKS]
-    if unknown or not fws:
-        raise UsageError(
-            f"unknown --framework {', '.join(unknown) or '(empty)'}; one of {', '.join(FRAMEWORKS)}"
-        )
+    fws = harness.pick(args.framework, FRAMEWORKS, "--framework", "")
     return [(fw, fw, bd) for fw in fws]
 
 
@@ -1253,13 +1170,8 @@ def links_from(args) -> list[tuple[str, Link]]:
         positive("--bus-bandwidth", args.bus_bandwidth)
         positive("--latency-us", args.latency_us, allow_zero=True)
         return [("custom", Link(args.bus_bandwidth, args.latency_us, "given", "command line"))]
-    names = [x.strip() for x in args.interconnect.split(",") if x.strip()]
-    unknown = [x for x in names if x not in PRESETS]
-    if unknown or not names:
-        raise UsageError(
-            f"unknown --interconnect {', '.join(unknown) or '(empty)'}; presets: "
-            f"{', '.join(PRESETS)} (or --bus-bandwidth GBPS --latency-us US)"
-        )
+    hint = " (presets; or --bus-bandwidth GBPS --latency-us US)"
+    names = harness.pick(args.interconnect, list(PRESETS), "--interconnect", hint)
     return [(x, PRESETS[x]) for x in names]
 
 
@@ -1270,9 +1182,7 @@ def make_plan(argv: list[str]) -> dict[str, Any]:
     ns = parse_ns(args.gpus)
     if args.overlap is not None and not 0 <= args.overlap <= 1:
         raise UsageError(f"--overlap must be in [0, 1] (got {args.overlap:g})")
-    for flag in ("gpus_per_node", "nics_per_node"):
-        if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
+    harness.check_positive(gpus_per_node=args.gpus_per_node, nics_per_node=args.nics_per_node)
     links = links_from(args)
     scenarios = scenarios_from(args)
     if any(fw.startswith("torch-fsdp") for _, fw, _ in scenarios):
@@ -1306,11 +1216,9 @@ def run(plan: dict[str, Any]) -> int:
             setups.append((s, bd))
             for row in curve(bd, s, plan["ns"], args.scaling, args.global_batch or bd.batch):
                 results.append({"label": label, "interconnect": name, **row})
-    batch = (
-        f"global batch {args.global_batch:g}"
-        if args.scaling == "strong"
-        else f"{', '.join(sorted({str(bd.batch) for _, _, bd in plan['scenarios']}))} a GPU"
-    )
+    batches = sorted({str(bd.batch) for _, _, bd in plan["scenarios"]})
+    strong = args.scaling == "strong"
+    batch = f"global batch {args.global_batch:g}" if strong else f"{', '.join(batches)} a GPU"
     links = ", ".join(n for n, _ in plan["links"])
     title = f"Predicted {args.scaling} scaling: {args.model}, {batch}, {links}"
     lines = inputs_table(plan["scenarios"], [s for s, _ in setups], args)
@@ -1340,12 +1248,7 @@ def run(plan: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m benchmarks.analysis.predict --help`. Exit 0 ok, 2 bad input."""
-    try:
-        plan = make_plan(list(sys.argv[1:] if argv is None else argv))
-    except UsageError as exc:
-        print(f"predict: error: {exc}", file=sys.stderr)
-        return 2
-    return run(plan)
+    return harness.run_tool("predict", argv, make_plan, run)
 
 
 if __name__ == "__main__":
