@@ -78,9 +78,7 @@ def test_bool_flags_have_no_forms(name: str) -> None:
     assert getattr(cli.parse_args([no], "torch-ddp"), name) is False
 
 
-def test_given_flags_override_the_preset_and_others_do_not(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_given_flags_override_the_preset_and_others_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DPBENCH_DEVICES")  # the test session's default for --devices
     base = preset("fashion-mnist-d2l")
     assert base.momentum == 0.0 and not base.augment and base.lr == 0.1
