@@ -247,13 +247,9 @@ def _sweep(frameworks: list[str], repeat: int, **kw: Any) -> report.Sweep:
 
 def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
     sweep = _sweep(["a", "b"], 2, not_applicable={("b", 2): "needs CUDA"}, target_accuracy=0.9)
-    records = [
-        _record("a", 1, 0, 100.0, 0.90),
-        _record("a", 1, 1, 120.0, 0.94),
-        _record("a", 2, 0, 180.0, 0.92),
-        _record("a", 2, 1, 0.0, 0.0, status="failed"),
-        _record("b", 1, 0, 50.0, 0.5) | {"test_examples": 8},
-    ]
+    records = [_record("a", 1, 0, 100.0, 0.90), _record("a", 1, 1, 120.0, 0.94),
+               _record("a", 2, 0, 180.0, 0.92), _record("a", 2, 1, 0.0, 0.0, status="failed"),
+               _record("b", 1, 0, 50.0, 0.5) | {"test_examples": 8}]  # fmt: skip
     rows = report.rows(sweep, records)
     a1, a2, b1, b2 = rows
     # the mean and sample std of 100 and 120
