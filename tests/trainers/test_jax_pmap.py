@@ -120,11 +120,9 @@ def stepped(
 
 def update_difference(start: Any, a: Any, b: Any, group: str = "params") -> float:
     """conftest.relative_update_difference of two host states' `group` from `start`."""
-    return relative_update_difference(
-        flatten_dict(getattr(start, group)),
-        flatten_dict(getattr(a, group)),
-        flatten_dict(getattr(b, group)),
-    )
+    return relative_update_difference(flatten_dict(getattr(start, group)),
+                                      flatten_dict(getattr(a, group)),
+                                      flatten_dict(getattr(b, group)))  # fmt: skip
 
 
 def step_differences(
