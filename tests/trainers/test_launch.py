@@ -175,9 +175,7 @@ def test_two_jax_processes_of_two_devices_equal_one_device(tmp_path: Path) -> No
     ok(run_trainer("jax-pmap", *ONE_STEP, "--gpus", "1", "--checkpoint-dir", str(ref)))
     one = serialization.msgpack_restore(payload(ref / "jax-pmap.msgpack"))["state"]
     arrays, _ = initial_state(preset("smoke", seed=CONDITIONED_SEED), 3, 10)
-    diff = relative_update_difference(
-        flatten_dict(from_torch_state(arrays)["params"]),
-        flatten_dict(ckpt["state"]["params"]),
-        flatten_dict(one["params"]),
-    )
+    diff = relative_update_difference(flatten_dict(from_torch_state(arrays)["params"]),
+                                      flatten_dict(ckpt["state"]["params"]),
+                                      flatten_dict(one["params"]))  # fmt: skip
     assert diff <= UPDATE_RTOL
