@@ -21,16 +21,8 @@ PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}  # 2 shared cores: spinning OpenMP thre
 
 
 def run(module: str, out, *args: str):
-    proc = run_module(
-        f"tutorials.{module}",
-        *DIGITS,
-        *args,
-        "--output",
-        str(out),
-        python=MAIN_PYTHON,
-        env=PASSIVE,
-        timeout=300,
-    )
+    proc = run_module(f"tutorials.{module}", *DIGITS, *args, "--output", str(out),
+                      python=MAIN_PYTHON, env=PASSIVE, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return read_json(out), proc
 
