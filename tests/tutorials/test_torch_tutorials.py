@@ -64,18 +64,14 @@ def test_nvidia_course_learns_and_reports_the_test_images_it_saw(tmp_path):
     assert len(proc.stdout.strip().splitlines()) == 3  # rank 0 alone prints
 
 
-@pytest.mark.parametrize(
-    ("module", "args", "names"),
-    [
-        ("d2l_torch", ["--precision", "bf16"], "--precision bf16"),
-        ("d2l_torch", ["--lr-schedule", "cosine"], "--lr-schedule cosine"),
-        ("d2l_torch", ["--target-accuracy", "0.9"], "--target-accuracy"),
-        ("nvidia_course", ["--bn", "sync"], "--bn sync"),
-        ("nvidia_course", ["--augment"], "--augment"),
-        ("nvidia_course", ["--optimizer", "novograd"], "--optimizer novograd"),
-        ("nvidia_course", ["--batch-size", "2048"], "--batch-size"),
-    ],
-)
+@pytest.mark.parametrize(("module", "args", "names"), [
+    ("d2l_torch", ["--precision", "bf16"], "--precision bf16"),
+    ("d2l_torch", ["--lr-schedule", "cosine"], "--lr-schedule cosine"),
+    ("d2l_torch", ["--target-accuracy", "0.9"], "--target-accuracy"),
+    ("nvidia_course", ["--bn", "sync"], "--bn sync"), ("nvidia_course", ["--augment"], "--augment"),
+    ("nvidia_course", ["--optimizer", "novograd"], "--optimizer novograd"),
+    ("nvidia_course", ["--batch-size", "2048"], "--batch-size"),
+])  # fmt: skip
 def test_bad_flags_exit_2_with_one_line(capsys, module, args, names):
     import importlib
 
