@@ -15,19 +15,15 @@ WORK_KEYS = ("model", "width", "dataset", "image_size", "train_limit", "epochs",
 TINY = ["--preset", "smoke", "--epochs", "2", "--gpus", "1", "--repeat", "1"]
 
 
-@pytest.mark.parametrize(
-    "args, words",
-    [
-        (["--tutorials", "keras"], "unknown tutorial keras"),
-        (["--gpus", "0"], "every device count must be >= 1"),
-        (["--repeat", "0"], "--repeat must be >= 1"),
-        (["--epochs", "1"], "needs --epochs 2 or more"),
-        (["--batch-size", "7", "--gpus", "2"], "does not divide"),
-        (["--preset", "nope"], "unknown preset"),
-        (["--python", "/nonexistent/python"], "--python /nonexistent/python"),
-        (["--compile"], "the tutorials' loops have no torch.compile"),
-    ],
-)
+@pytest.mark.parametrize("args, words", [
+    (["--tutorials", "keras"], "unknown tutorial keras"),
+    (["--gpus", "0"], "every device count must be >= 1"),
+    (["--repeat", "0"], "--repeat must be >= 1"), (["--epochs", "1"], "needs --epochs 2 or more"),
+    (["--batch-size", "7", "--gpus", "2"], "does not divide"),
+    (["--preset", "nope"], "unknown preset"),
+    (["--python", "/nonexistent/python"], "--python /nonexistent/python"),
+    (["--compile"], "the tutorials' loops have no torch.compile"),
+])  # fmt: skip
 def test_bad_input_is_one_line_and_runs_nothing(
     args: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
