@@ -53,18 +53,15 @@ def test_flag_is_set_once_and_a_users_own_setting_wins(monkeypatch: pytest.Monke
     assert xla_flag(YNN_FLAG) == "dot" and xla_cpu_execution().endswith("(dot)")
 
 
-@pytest.mark.parametrize(
-    "setting, side, devices, wanted",
-    [
-        (None, 32, 1, True),  # ResNet-18 x 0.25 at 32x32: 1.68x (measured, docs/performance.md)
-        (None, 32, 2, True),  # the same on 2 simulated devices: 1.31x
-        (None, 16, 1, True),  # digits: WideResNet 1.44x, ResNet-18 0.99x
-        (None, 16, 2, False),  # digits on 2 devices: 0.90x (WideResNet), 0.96x (ResNet-18)
-        (None, 28, 4, False),  # Fashion-MNIST's side: under 32
-        (True, 16, 2, True),  # --xla-cpu-ynn as given
-        (False, 32, 1, False),  # --no-xla-cpu-ynn as given
-    ],
-)
+@pytest.mark.parametrize("setting, side, devices, wanted", [
+    (None, 32, 1, True),  # ResNet-18 x 0.25 at 32x32: 1.68x (measured, docs/performance.md)
+    (None, 32, 2, True),  # the same on 2 simulated devices: 1.31x
+    (None, 16, 1, True),  # digits: WideResNet 1.44x, ResNet-18 0.99x
+    (None, 16, 2, False),  # digits on 2 devices: 0.90x (WideResNet), 0.96x (ResNet-18)
+    (None, 28, 4, False),  # Fashion-MNIST's side: under 32
+    (True, 16, 2, True),  # --xla-cpu-ynn as given
+    (False, 32, 1, False),  # --no-xla-cpu-ynn as given
+])  # fmt: skip
 def test_the_default_path_is_the_measured_faster_one(
     setting: bool | None, side: int, devices: int, wanted: bool
 ) -> None:
