@@ -34,16 +34,12 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # Hermetic: the suite never reads or writes the user's folders. One folder per session
 # (DPBENCH_TEST_HOME) stands in for HOME and the caches: made by the first process that loads
 # this file, inherited by xdist's workers and every process a test starts, removed at the end.
-HOME_VARS = {
-    "HOME": "",
-    "XDG_CACHE_HOME": ".cache",
-    "XDG_CONFIG_HOME": ".config",
-    "XDG_DATA_HOME": ".local/share",
-    "MPLCONFIGDIR": ".config/matplotlib",
-    "TORCHINDUCTOR_CACHE_DIR": ".cache/torchinductor",  # default /tmp/torchinductor_<user>
-    "TRITON_CACHE_DIR": ".cache/triton",
+HOME_VARS = {  # TORCHINDUCTOR_CACHE_DIR: by default /tmp/torchinductor_<user>
+    "HOME": "", "XDG_CACHE_HOME": ".cache", "XDG_CONFIG_HOME": ".config",
+    "XDG_DATA_HOME": ".local/share", "MPLCONFIGDIR": ".config/matplotlib",
+    "TORCHINDUCTOR_CACHE_DIR": ".cache/torchinductor", "TRITON_CACHE_DIR": ".cache/triton",
     "CUDA_CACHE_PATH": ".cache/nv",
-}
+}  # fmt: skip
 OWN_TEST_HOME = "DPBENCH_TEST_HOME" not in os.environ
 if OWN_TEST_HOME:
     import tempfile
