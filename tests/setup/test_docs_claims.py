@@ -15,15 +15,11 @@ from tests.conftest import ROOT
 DIFF_CLAIM = re.compile(r"^diff -w (\S+) (\S+)\s+# (\d+) changed lines", re.M)
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # The call that makes each trainer data-parallel, and how far down a reader finds it.
-TRANSFORMS = {
-    "torch_dp.py": "DataParallel",  # nn.DataParallel(
-    "torch_ddp.py": "DDP",
-    "torch_fsdp.py": "fully_shard",
-    "jax_pmap.py": "pmean",  # lax.pmean(
-    "jax_shard.py": "NamedSharding",
-    "jax_fsdp.py": "with_sharding_constraint",
-    "mxnet_gluon.py": "split_and_load",
-}
+TRANSFORMS = {  # the name called (nn.DataParallel(, lax.pmean(: an attribute's name)
+    "torch_dp.py": "DataParallel", "torch_ddp.py": "DDP", "torch_fsdp.py": "fully_shard",
+    "jax_pmap.py": "pmean", "jax_shard.py": "NamedSharding",
+    "jax_fsdp.py": "with_sharding_constraint", "mxnet_gluon.py": "split_and_load",
+}  # fmt: skip
 FIRST_LINES = 160
 
 
