@@ -139,10 +139,9 @@ ONE_STEP += ("--max-steps-per-epoch", "1")
 
 
 def test_two_jax_processes_of_two_devices_equal_one_device(tmp_path: Path) -> None:
-    """2 processes x 2 simulated CPU devices, joined through jax.distributed (coordinator on a
-    free loopback port, Gloo collectives), as two hosts would run it: one step over the 4
-    devices equals the 1-device step, every test image is counted once, and only process 0
-    prints and writes the record and the checkpoint."""
+    """2 processes x 2 simulated CPU devices joined through jax.distributed, as two hosts run
+    it: one step over the 4 devices equals the 1-device step, every test image counts once,
+    only process 0 prints and writes."""
     port, procs = free_port(), []
     for rank in (0, 1):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
