@@ -1,8 +1,6 @@
-"""`--tensorboard DIR` (common/tensorboard.py) and compare's DIR/tensorboard/<run id>/.
-
-Event files are read back with TensorBoard's own reader and checked against the run's record by
-`assert_events_match_record`, which test_contract.py's digits runs (every trainer) and
-tests/benchmarks/test_compare.py also apply to their real runs. Here: the writer in-process,
+"""`--tensorboard DIR` (common/tensorboard.py) and compare's DIR/tensorboard/<run id>/: event
+files read back by TensorBoard's reader and held against the record (assert_events_match_record,
+also applied by test_contract.py and test_compare.py to real runs); here the writer in-process,
 its failure modes, the lazy import, and compare's plan."""
 
 from __future__ import annotations
