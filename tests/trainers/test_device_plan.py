@@ -1,8 +1,6 @@
-"""One device plan per run: what a step runs on a platform is decided once
-(jax_support.device_plan, torch_support.device_plan) from the platform string, `--precision
-bf16` runs bf16 on the CPU as on a GPU, the record says what ran (read from the run, not copied
-from the flag), and the CUDA program of every JAX trainer, built here on the CPU from the
-trainer's own code, computes in the dtype asked."""
+"""One device plan per run (jax_support / torch_support.device_plan): `--precision bf16` runs
+bf16 on the CPU as on a GPU, the record says what ran (read from the run, not the flag), and
+every JAX trainer's CUDA program, built here on the CPU, computes in the dtype asked."""
 
 from __future__ import annotations
 
