@@ -1,8 +1,6 @@
-"""mxnet-gluon: an N-context step equals the 1-context step (BN on its running statistics:
---bn sync is refused on CPU, so test_contract.py cannot check this through the command line),
-evaluation covers every test image once at any context count, --bn sync and bf16 refused on
-CPU. CPU contexts stand in for devices. Learning real digits, kill-and-resume (one seed, one
-trajectory), failures: tests/trainers/test_contract.py (main environment)."""
+"""mxnet-gluon on CPU contexts: an N-context step equals the 1-context step (BN on its running
+statistics: --bn sync is refused on CPU, so test_contract.py cannot check this), evaluation
+counts every test image once at any context count, --bn sync and bf16 refused on CPU."""
 
 from __future__ import annotations
 
