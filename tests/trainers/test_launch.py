@@ -1,8 +1,6 @@
-"""Launching processes: torch-ddp's ranks (spawned by torch.multiprocessing, or torchrun's, or
-srun's) and the JAX trainers' processes (jax.distributed). A dead rank ends the run in one line
-naming it, with no rank left behind; a launch variable that is no integer is one line, exit 2;
-a JAX job that never forms ends within --collective-timeout with a record; torchrun on two
-"nodes" and two JAX processes of two devices train as one process does."""
+"""Launching processes (torch-ddp's ranks: spawned, torchrun's, srun's; JAX's: jax.distributed):
+a dead rank is one line naming it, no rank left behind; a bad launch variable is one line, exit
+2; a JAX job that never forms ends within --collective-timeout with a record."""
 
 from __future__ import annotations
 
