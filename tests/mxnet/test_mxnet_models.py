@@ -1,8 +1,6 @@
 """The Gluon models and optimisers: parameter counts and names equal torch's, torch weights give
-torch's logits, the spelled-out defaults, the loss, and the optimisers' update rules.
-
-Torch is not installed in this environment: reference values come from the main environment's
-interpreter (tests.conftest.MAIN_PYTHON) through a subprocess, as JSON or an .npz file."""
+torch's logits, the spelled-out defaults, the loss, the update rules. Torch's reference values
+come from the main environment's interpreter (MAIN_PYTHON) in a subprocess."""
 
 from __future__ import annotations
 
