@@ -31,21 +31,15 @@ else:  # the GPU tests ask for their devices themselves; a shell's default must 
 # take 75% of its memory up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-# Hermetic: the suite never reads or writes the user's folders (a damaged or warm user cache
-# would change what tests see and cost). One folder per session stands in for HOME and the
-# caches: made by the first process that loads this file (pytest, or xdist's controller) and
-# inherited by its workers and every process a test starts; removed by that process at the end.
-# Names a folder: DPBENCH_TEST_HOME.
-HOME_VARS = {
-    "HOME": "",
-    "XDG_CACHE_HOME": ".cache",
-    "XDG_CONFIG_HOME": ".config",
-    "XDG_DATA_HOME": ".local/share",
-    "MPLCONFIGDIR": ".config/matplotlib",
-    "TORCHINDUCTOR_CACHE_DIR": ".cache/torchinductor",  # default /tmp/torchinductor_<user>
-    "TRITON_CACHE_DIR": ".cache/triton",
+# Hermetic: the suite never reads or writes the user's folders. One folder per session
+# (DPBENCH_TEST_HOME) stands in for HOME and the caches: made by the first process that loads
+# this file, inherited by xdist's workers and every process a test starts, removed at the end.
+HOME_VARS = {  # TORCHINDUCTOR_CACHE_DIR: by default /tmp/torchinductor_<user>
+    "HOME": "", "XDG_CACHE_HOME": ".cache", "XDG_CONFIG_HOME": ".config",
+    "XDG_DATA_HOME": ".local/share", "MPLCONFIGDIR": ".config/matplotlib",
+    "TORCHINDUCTOR_CACHE_DIR": ".cache/torchinductor", "TRITON_CACHE_DIR": ".cache/triton",
     "CUDA_CACHE_PATH": ".cache/nv",
-}
+}  # fmt: skip
 OWN_TEST_HOME = "DPBENCH_TEST_HOME" not in os.environ
 if OWN_TEST_HOME:
     import tempfile
@@ -58,10 +52,8 @@ for _name, _sub in HOME_VARS.items():
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 
-# `bash scripts/test.sh --fast` (DPBENCH_TEST_FAST=1): the edit loop's tier, the tests that start
-# no process. A test (or a fixture it uses) that starts one -- a trainer, a rank, a probe,
-# through subprocess or multiprocessing -- is skipped at that moment, named as such; the full
-# suite (CI) runs it. Nothing is judged by a list that could drift from the tests.
+# `bash scripts/test.sh --fast` (DPBENCH_TEST_FAST=1): only the tests that start no process. A
+# test that starts one (subprocess, multiprocessing) is skipped at that moment: no list to drift.
 FAST = os.environ.get("DPBENCH_TEST_FAST") == "1"
 FAST_SKIP = "starts a process: the full suite runs it (bash scripts/test.sh)"
 
@@ -91,9 +83,8 @@ def only_in_process() -> None:
 
 
 def pin_xdist_worker() -> None:
-    """Each of N xdist workers, and the processes its tests start, runs on every N-th core: a
-    trainer sizes its threads to its cores (common.runtime.available_cores), so 2 workers on 2
-    cores run a thread each instead of 2 each that wait for each other."""
+    """Each of N xdist workers (and its tests' processes) runs on every N-th core: a trainer
+    sizes its threads to its cores, so 2 workers on 2 cores do not wait for each other."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
@@ -108,7 +99,7 @@ pin_xdist_worker()
 
 def pytest_configure(config: pytest.Config) -> None:
     """JAX programs built here go to the session's compilation cache, the trainers' default
-    (<HOME>/.cache/dp-bench/jax): one compiled by another test, worker or trainer is loaded."""
+    (<HOME>/.cache/dp-bench/jax), shared with every worker and trainer."""
     if FAST and (hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", 0)):
         only_in_process()  # not in xdist's controller: it starts the workers
     import importlib.util
@@ -162,7 +153,7 @@ def session_device_env():
 @pytest.fixture(autouse=True)
 def stop_signal_dispositions(request: pytest.FixtureRequest):
     """A test that leaves a SIGINT / SIGTERM / SIGHUP handler changed is named in a warning and
-    the handler put back: a later test's "handlers restored" must not depend on file order."""
+    the handler put back (a later test's check must not depend on file order)."""
     import warnings
 
     found = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -177,7 +168,7 @@ def stop_signal_dispositions(request: pytest.FixtureRequest):
 
 def _tensorboard_missing() -> str:
     """Why --tensorboard cannot be written and read back here ("" where it can): a GPU
-    machine's own python, used as .venv/bin/python, may lack tensorboardX and tensorboard."""
+    machine's own python may lack tensorboardX and tensorboard."""
     import importlib.util
 
     missing = [p for p in ("tensorboardX", "tensorboard") if importlib.util.find_spec(p) is None]
@@ -228,8 +219,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def heaviest_files_first(items: list[pytest.Item]) -> None:
-    """Files by their CPU seconds (tests/weights.json), heaviest first, each file's own order
-    kept: xdist's workers take whole files in this order, so the longest does not start last."""
+    """Files by their CPU seconds (tests/weights.json), heaviest first, each file's order kept:
+    xdist's workers take whole files in this order, so the longest does not start last."""
     path = ROOT / "tests" / "weights.json"
     weights: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
 
@@ -292,12 +283,8 @@ def skip_without_interpreter(framework: str) -> None:
         pytest.skip(f"{framework} needs {python_for(framework).relative_to(ROOT)} (not built)")
 
 
-def run_python(
-    python: str | os.PathLike[str],
-    *args: str,
-    env: dict[str, str | None] | None = None,
-    timeout: float = 600,
-) -> subprocess.CompletedProcess[str]:
+def run_python(python: str | os.PathLike[str], *args: str, env: dict[str, str | None] | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """`python args...` from the project root, output captured. XLA_FLAGS is not inherited (a
     JAX trainer sets its own device count) unless `env` gives it; None in `env` unsets."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
@@ -307,23 +294,13 @@ def run_python(
             full_env.pop(name, None)
         else:
             full_env[name] = value
-    return subprocess.run(
-        [str(python), *args],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return subprocess.run([str(python), *args], cwd=ROOT, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
 
 
-def run_module(
-    module: str,
-    *args: str,
-    python: str | os.PathLike[str] | None = None,
-    env: dict[str, str | None] | None = None,
-    timeout: float = 600,
-) -> subprocess.CompletedProcess[str]:
+def run_module(module: str, *args: str, python: str | os.PathLike[str] | None = None,
+               env: dict[str, str | None] | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """Run `python -m module args...` (this interpreter unless `python` is given)."""
     return run_python(python or sys.executable, "-m", module, *args, env=env, timeout=timeout)
 
@@ -393,14 +370,9 @@ def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(harness, "detect_gpus", lambda: [])
 
 
-def fake_nvidia_smi(
-    bin_dir: Path,
-    gpus: int = 1,
-    name: str = "NVIDIA H100 80GB HBM3",
-    compute_cap: str = "9.0",
-    cuda: str = "13.0",
-    driver: str = "580.95.05",
-) -> dict[str, str | None]:
+def fake_nvidia_smi(bin_dir: Path, gpus: int = 1, name: str = "NVIDIA H100 80GB HBM3",
+                    compute_cap: str = "9.0", cuda: str = "13.0",
+                    driver: str = "580.95.05") -> dict[str, str | None]:  # fmt: skip
     """A stand-in `nvidia-smi` in `bin_dir` listing `gpus` GPUs, and the `run_python(env=...)`
     that puts it first on PATH with neither the GPUs hidden nor the CPU pinned."""
     bin_dir.mkdir(parents=True, exist_ok=True)

@@ -6,13 +6,9 @@ tests/benchmarks/test_gpu_verdicts.py, cut from the H200 run of 2026-11-27
 
 - suite/gpu-tests.xml: the run's own (16 passed, 1 failed, 6 skipped);
 - tests.xml: a 3-test JUnit file, all passed (that archive ran no main suite);
-- suite/throughput-bf16/: throughput.json with three of its rows (torch-ddp+reduce-overhead,
-  torch-ddp, jax-pmap: compiled and fine, eager, compiled float32 at 0.11) and their records as
-  they were, except that torch-ddp+reduce-overhead's record gains the `ran` the present trainers
-  write (bfloat16), so both kinds of record are read; each trace trimmed to its profiled window
-  and, per dtype its kernel names say (benchmarks.analysis.breakdowns.kernel_dtype), its three
-  longest kernels, one event each, carrying the time of all that dtype's kernels: the dtype shares
-  of the real trace, in a few kB.
+- suite/throughput-bf16/: three rows (torch-ddp+reduce-overhead: compiled, gains the present
+  trainers' `ran`; torch-ddp: eager; jax-pmap: float32 at 0.11) and their records; each trace
+  cut to its window and, per kernel dtype, its three longest kernels carrying that dtype's time.
 """
 
 from __future__ import annotations

@@ -19,15 +19,8 @@ import sys
 import numpy as np
 
 
-def export(
-    model_name: str,
-    width: float,
-    in_channels: int,
-    classes: int,
-    image_size: int,
-    batch: int,
-    seed: int,
-) -> dict[str, np.ndarray]:
+def export(model_name: str, width: float, in_channels: int, classes: int, image_size: int,
+           batch: int, seed: int) -> dict[str, np.ndarray]:  # fmt: skip
     """State dict (torch keys) of the seeded model, plus `__input__` and `__logits__`."""
     import torch
 
@@ -48,29 +41,18 @@ def export(
     x = rng.standard_normal((batch, image_size, image_size, in_channels)).astype(np.float32)
     with torch.no_grad():
         logits = model(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous())  # NHWC -> NCHW
-    out = {
-        k: v.detach().numpy().astype(np.float32)
-        for k, v in model.state_dict().items()
-        if not k.endswith("num_batches_tracked")
-    }
-    out["__input__"] = x
-    out["__logits__"] = logits.numpy().astype(np.float32)
-    return out
+    state = model.state_dict().items()
+    out = {k: v.numpy().astype(np.float32) for k, v in state if "num_batches" not in k}
+    return out | {"__input__": x, "__logits__": logits.numpy().astype(np.float32)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m tests.port_weights",
-        description="Export torch reference weights and logits.",
-    )
+    p = argparse.ArgumentParser(prog="python -m tests.port_weights")
     p.add_argument("--model", choices=("resnet18", "wideresnet"), required=True)
-    p.add_argument("--width", type=float, default=1.0)
-    p.add_argument("--in-channels", type=int, default=3)
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
+    for name, default in (("width", 1.0), ("in-channels", 3), ("classes", 10), ("image-size", 32),
+                          ("batch", 4), ("seed", 0)):  # fmt: skip
+        p.add_argument(f"--{name}", type=type(default), default=default)
     a = p.parse_args(argv)
     arrays = export(a.model, a.width, a.in_channels, a.classes, a.image_size, a.batch, a.seed)
     with open(a.out, "wb") as f:  # a file object: numpy would append ".npz" to a bare path

@@ -9,16 +9,13 @@ import pytest
 from tests.conftest import read_json, run_module
 
 
-@pytest.mark.parametrize(
-    "args, words",
-    [
-        (["--framework", "torch-dp", "--a=--lr 0.1", "--b=--lr 0.1"], "same settings"),
-        (["--framework", "torch-dp", "--b=--output x.json"], "--output is set by ab"),
-        (["--framework", "nope"], "invalid choice"),
-        (["--framework", "torch-dp", "--b=--no-channels-last", "--repeat", "0"], "--repeat"),
-        (["--framework", "torch-dp", "--a=--lr '0.1", "--b="], "no closing quotation"),
-    ],
-)
+@pytest.mark.parametrize("args, words", [
+    (["--framework", "torch-dp", "--a=--lr 0.1", "--b=--lr 0.1"], "same settings"),
+    (["--framework", "torch-dp", "--b=--output x.json"], "--output is set by ab"),
+    (["--framework", "nope"], "invalid choice"),
+    (["--framework", "torch-dp", "--b=--no-channels-last", "--repeat", "0"], "--repeat"),
+    (["--framework", "torch-dp", "--a=--lr '0.1", "--b="], "no closing quotation"),
+])  # fmt: skip
 def test_bad_input_is_one_line(args: list[str], words: str, capsys) -> None:
     from benchmarks.analysis import ab
 

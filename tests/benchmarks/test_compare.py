@@ -126,19 +126,15 @@ def _gpu_machine(monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
 BAD_INPUT = {
     "unknown framework": (["--frameworks", "torch-ddp,caffe"], "unknown framework 'caffe'"),
     "batch does not divide": (["--preset", "smoke", "--gpus", "1,2,5"], "does not divide"),
-    "dataset not on disk": (
-        ["--dataset", "cifar10", "--no-download", "--data-dir", "{tmp}/nodata"],
-        "dataset 'cifar10' is not on disk",
-    ),
+    "dataset not on disk": (["--dataset", "cifar10", "--no-download", "--data-dir",
+                             "{tmp}/nodata"], "dataset 'cifar10' is not on disk"),
     "output is the runner's": (["--output", "x.json"], "use --out DIR"),
     "unknown variant": (["--frameworks", "torch-ddp+turbo"], "unknown variant 'turbo'"),
     "nothing available": (["--frameworks", "mxnet-gluon"], "bash scripts/setup.sh mxnet"),
     "more GPUs than the machine": (["--gpus", "4"], "this machine has 1 GPU(s)"),
-    "compiled DataParallel on GPUs": (
-        ["--frameworks", "torch-dp+compile", "--gpus", "2,"],
-        "cannot trace nn.DataParallel",
-    ),
-}
+    "compiled DataParallel on GPUs": (["--frameworks", "torch-dp+compile", "--gpus", "2,"],
+                                      "cannot trace nn.DataParallel"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", BAD_INPUT)
@@ -159,9 +155,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(
     assert not out.exists()  # no logs/, no runs/: nothing started
 
 
-def test_default_plan_is_every_framework_at_1_and_2_on_digits(
-    no_probe: None, tmp_path: Path
-) -> None:
+def test_default_plan_is_every_framework_at_1_and_2_on_digits(no_probe: None, tmp_path) -> None:
     assert harness.parse_gpus("6") == [1, 2, 4, 6] and harness.parse_gpus("3,1,2") == [1, 2, 3]
     plan = compare.make_plan(["--out", str(tmp_path / "out")])
     assert plan.frameworks == list(FRAMEWORKS) and plan.counts == [1, 2]
@@ -180,9 +174,7 @@ def test_default_plan_is_every_framework_at_1_and_2_on_digits(
     assert all("--init native" in " ".join(s.command) for s in native.runs)
 
 
-def test_weak_and_strong_scaling_batches_lr_and_pass_through(
-    no_probe: None, tmp_path: Path
-) -> None:
+def test_weak_and_strong_scaling_batches_lr_and_pass_through(no_probe: None, tmp_path) -> None:
     common_args = ["--frameworks", "jax-pmap", "--gpus", "4", "--preset", "smoke"]
     extra = ["--lr-scaling", "linear", "--bn", "sync", "--epochs", "3", "--out", str(tmp_path)]
     weak = compare.make_plan([*common_args, "--scaling", "weak", *extra])
@@ -247,13 +239,9 @@ def _sweep(frameworks: list[str], repeat: int, **kw: Any) -> report.Sweep:
 
 def test_report_means_stds_speedup_and_files(tmp_path: Path) -> None:
     sweep = _sweep(["a", "b"], 2, not_applicable={("b", 2): "needs CUDA"}, target_accuracy=0.9)
-    records = [
-        _record("a", 1, 0, 100.0, 0.90),
-        _record("a", 1, 1, 120.0, 0.94),
-        _record("a", 2, 0, 180.0, 0.92),
-        _record("a", 2, 1, 0.0, 0.0, status="failed"),
-        _record("b", 1, 0, 50.0, 0.5) | {"test_examples": 8},
-    ]
+    records = [_record("a", 1, 0, 100.0, 0.90), _record("a", 1, 1, 120.0, 0.94),
+               _record("a", 2, 0, 180.0, 0.92), _record("a", 2, 1, 0.0, 0.0, status="failed"),
+               _record("b", 1, 0, 50.0, 0.5) | {"test_examples": 8}]  # fmt: skip
     rows = report.rows(sweep, records)
     a1, a2, b1, b2 = rows
     # the mean and sample std of 100 and 120

@@ -16,14 +16,11 @@ from tests.conftest import MAIN_PYTHON, ROOT
 
 # A CUDA machine's packages, as far as the pre-flight asks them.
 FAKE_CUDA = {
-    "torch/__init__.py": (
-        '__version__ = "2.11.0+cu130"\n\n\nclass cuda:\n'
-        "    @staticmethod\n    def is_available():\n        return True\n"
-    ),
+    "torch/__init__.py": '__version__ = "2.11.0+cu130"\n\n\nclass cuda:\n'
+                         "    @staticmethod\n    def is_available():\n        return True\n",
     "jax/__init__.py": '__version__ = "0.10.2"\n\n\ndef default_backend():\n    return "gpu"\n',
-    "flax/__init__.py": "",
-    "optax/__init__.py": "",
-}
+    "flax/__init__.py": "", "optax/__init__.py": "",
+}  # fmt: skip
 
 
 def stand_in(path: Path) -> Path:

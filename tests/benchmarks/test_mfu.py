@@ -30,13 +30,10 @@ def test_the_table_of_the_h200_run(tmp_path: Path, capsys: pytest.CaptureFixture
     assert rows["torch-ddp+reduce-overhead"]["real_mfu"] == pytest.approx(graphs["real_mfu"] / 2)
 
 
-@pytest.mark.parametrize(
-    ("edit", "says"),
-    [
-        (lambda t: t["settings"].update(image_size=64), "where the FLOP count is for resnet18"),
-        (lambda t: t["rows"][0].pop("devices"), "is not a throughput table (a key missing)"),
-    ],
-)
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda t: t["settings"].update(image_size=64), "where the FLOP count is for resnet18"),
+    (lambda t: t["rows"][0].pop("devices"), "is not a throughput table (a key missing)"),
+])  # fmt: skip
 def test_a_table_it_cannot_use_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], edit, says: str
 ) -> None:

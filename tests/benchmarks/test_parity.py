@@ -4,8 +4,6 @@ refuses bad input in one line."""
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 
@@ -42,12 +40,9 @@ def test_reduced_grid_agrees(tmp_path):
 def test_lr_off_by_one_fails(tmp_path):
     """The LR table shifted by one step in jax-pmap only: its rows differ, the others do not.
     Three steps: at K=1 the table has one entry and a shift changes nothing."""
-    proc, out = run_parity(
-        tmp_path,
-        *("--models", "resnet18", "--frameworks", "torch-ddp,jax-pmap", "--bn", "local"),
-        *("--gpus", "1", "--steps", "3"),
-        env={"DPBENCH_INJECT": "lr-shift@jax-pmap"},
-    )
+    proc, out = run_parity(tmp_path, "--models", "resnet18", "--frameworks", "torch-ddp,jax-pmap",
+                           "--bn", "local", "--gpus", "1", "--steps", "3",
+                           env={"DPBENCH_INJECT": "lr-shift@jax-pmap"})  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = {r["framework"]: r for r in read_json(out / "parity.json")}
     bad = rows["jax-pmap"]
@@ -111,18 +106,12 @@ def test_rounding_noise_stays_far_below_tolerance():
     assert worst < parity.TOLERANCE / 10
 
 
-@pytest.mark.parametrize(
-    "args, fragment",
-    [
-        (["--frameworks", "tensorflow"], "unknown framework"),
-        (["--steps", "0"], "--steps must be >= 1"),
-        (["--models", "vgg"], "--models"),
-        (["--bn", "global"], "--bn"),
-        (["--batch-size", "7", "--gpus", "2"], "divide"),
-        (["--steps", "1000"], "synthetic training images"),
-        (["--tolerance", "-1"], "--tolerance"),
-    ],
-)
+@pytest.mark.parametrize("args, fragment", [
+    (["--frameworks", "tensorflow"], "unknown framework"), (["--models", "vgg"], "--models"),
+    (["--steps", "0"], "--steps must be >= 1"), (["--bn", "global"], "--bn"),
+    (["--batch-size", "7", "--gpus", "2"], "divide"), (["--tolerance", "-1"], "--tolerance"),
+    (["--steps", "1000"], "synthetic training images"),
+])  # fmt: skip
 def test_bad_input_is_one_line(tmp_path, capsys, args, fragment):
     try:
         code = parity.main(["--out", str(tmp_path / "p"), *args])
@@ -137,4 +126,3 @@ def test_reference_per_row():
     assert parity.reference_of("local", 1) == ("local", 1)
     assert parity.reference_of("sync", 2) == ("local", 1)
     assert parity.reference_of("local", 2) == ("local", 2)
-    assert isinstance(parity.build_parser().parse_args([]), argparse.Namespace)

@@ -161,20 +161,15 @@ def test_the_command_writes_labelled_predictions_and_the_validation(tmp_path, ca
     assert json.loads((tmp_path / "validation.json").read_text())["predicted"] is True
 
 
-@pytest.mark.parametrize(
-    "args, fragment",
-    [
-        (["--bus-bandwidth", "-5", "--latency-us", "1"], "--bus-bandwidth must be a positive"),
-        (["--interconnect", "nvlink9"], "unknown --interconnect nvlink9"),
-        (["-N", "0,8"], "GPU counts >= 1"),
-        (["--overlap", "1.5"], "--overlap must be in [0, 1]"),
-        (["--compute-ms", "20"], "exceed the step"),
-        (["--framework", "torch-ddp,tf-mirrored"], "unknown --framework tf-mirrored"),
-        (["--framework", "torch-fsdp", "--model", "resnet50"], "modelled for resnet18 or wide"),
-        (None, "give one 1-device measurement"),
-        (["--breakdown", "b.json"], "unknown keys"),
-    ],
-)
+@pytest.mark.parametrize("args, fragment", [
+    (["--bus-bandwidth", "-5", "--latency-us", "1"], "--bus-bandwidth must be a positive"),
+    (["--interconnect", "nvlink9"], "unknown --interconnect nvlink9"),
+    (["-N", "0,8"], "GPU counts >= 1"), (["--overlap", "1.5"], "--overlap must be in [0, 1]"),
+    (["--compute-ms", "20"], "exceed the step"),
+    (["--framework", "torch-ddp,tf-mirrored"], "unknown --framework tf-mirrored"),
+    (["--framework", "torch-fsdp", "--model", "resnet50"], "modelled for resnet18 or wide"),
+    (None, "give one 1-device measurement"), (["--breakdown", "b.json"], "unknown keys"),
+])  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(capsys, args, fragment, tmp_path):
     """(None: no measurement; b.json: a breakdown with a key it does not know.)"""
     (tmp_path / "b.json").write_text(json.dumps({"step_ms": 10, "batch": 512, "gpu_util": 0.9}))

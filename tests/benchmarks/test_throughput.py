@@ -115,21 +115,18 @@ def test_comm_probe_two_simulated_devices(tmp_path: Path) -> None:
 NO_PYTHON = ["--python", "/nonexistent/bin/python"]
 
 
-@pytest.mark.parametrize(
-    "module, args",
-    [
-        ("throughput", NO_PYTHON),
-        ("analysis.comm_probe", NO_PYTHON),
-        ("throughput", ["--frameworks", "tensorflow"]),
-        ("throughput", ["--epochs", "1"]),
-        ("throughput", ["--gpus", "2", "--batch-size", "5"]),
-        ("throughput", ["--frameworks", "jax-pmap+compile"]),  # JAX has one mode
-        ("analysis.comm_probe", ["--frameworks", "torch-ddp+compile"]),  # no variant
-        ("analysis.comm_probe", ["--reps", "0"]),
-        ("compute_only", ["--framework", "mxnet"]),  # MXNet is not in .venv
-        ("compute_only", ["--framework", "torch", "--interleave", "2"]),  # which trainer's loop?
-    ],
-)
+@pytest.mark.parametrize("module, args", [
+    ("throughput", NO_PYTHON),
+    ("analysis.comm_probe", NO_PYTHON),
+    ("throughput", ["--frameworks", "tensorflow"]),
+    ("throughput", ["--epochs", "1"]),
+    ("throughput", ["--gpus", "2", "--batch-size", "5"]),
+    ("throughput", ["--frameworks", "jax-pmap+compile"]),  # JAX has one mode
+    ("analysis.comm_probe", ["--frameworks", "torch-ddp+compile"]),  # no variant
+    ("analysis.comm_probe", ["--reps", "0"]),
+    ("compute_only", ["--framework", "mxnet"]),  # MXNet is not in .venv
+    ("compute_only", ["--framework", "torch", "--interleave", "2"]),  # which trainer's loop?
+])  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(
     module: str, args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,15 +11,7 @@ import pytest
 from common.config import preset
 from common.datasets import load_for
 from common.pipeline import epoch_permutation
-from tests.make_data_fixture import (
-    FIXTURE,
-    INFO,
-    compute,
-    differences,
-    dumps,
-    load,
-    record,
-)
+from tests.make_data_fixture import FIXTURE, INFO, compute, differences, dumps, load, record
 
 
 @pytest.fixture(scope="module")

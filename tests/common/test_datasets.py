@@ -95,9 +95,8 @@ def test_a_download_is_used_only_with_its_checksum(tmp_path: Path, monkeypatch) 
     with pytest.raises(DatasetError, match="checksum mismatch"):
         datasets.load("cifar10", str(data), download=True)
     assert list((data / "cifar10").iterdir()) == []
-    monkeypatch.setitem(
-        datasets.SOURCES, "cifar10", {src.name: (src.as_uri(), datasets.md5sum(src))}
-    )
+    right = {src.name: (src.as_uri(), datasets.md5sum(src))}
+    monkeypatch.setitem(datasets.SOURCES, "cifar10", right)
     assert len(datasets.load("cifar10", str(data), download=True).train_x) == 20
 
 

@@ -49,14 +49,11 @@ def test_the_probe_asks_the_framework_itself() -> None:
             assert f"interpreter {python}" in seen.detail
 
 
-@pytest.mark.parametrize(
-    "module,args",
-    [
-        ("benchmarks.compare", ["--frameworks", "torch-ddp,jax-pmap", "--gpus", "1"]),
-        ("benchmarks.throughput", ["--frameworks", "jax-shard", "--steps", "1", "--epochs", "2"]),
-        ("benchmarks.tutorial_loops", ["--tutorials", "d2l-jax", "--gpus", "1"]),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("module,args", [
+    ("benchmarks.compare", ["--frameworks", "torch-ddp,jax-pmap", "--gpus", "1"]),
+    ("benchmarks.throughput", ["--frameworks", "jax-shard", "--steps", "1", "--epochs", "2"]),
+    ("benchmarks.tutorial_loops", ["--tutorials", "d2l-jax", "--gpus", "1"]),
+])  # fmt: skip
 def test_every_runner_refuses_a_framework_that_sees_no_gpu(
     tmp_path: Path, module: str, args: list[str]
 ) -> None:

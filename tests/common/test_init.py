@@ -33,11 +33,9 @@ def cfg_for(model: str, tmp_path, **kw):
 def test_spec_is_torch_state_dict(model: str) -> None:
     """Names, order and shapes are torch's state dict; the trainable count is the model's."""
     for width, c, k in ((1.0, 3, 10), (0.25, 1, 10), (0.3, 3, 7)):
-        net = create_model(model, c, k, width)
-        spec = parameter_spec(model, width, c, k)
-        assert [(n, s) for n, s, _ in spec] == [
-            (n, tuple(v.shape)) for n, v in net.state_dict().items()
-        ]
+        net, spec = create_model(model, c, k, width), parameter_spec(model, width, c, k)
+        want = [(n, tuple(v.shape)) for n, v in net.state_dict().items()]
+        assert [(n, s) for n, s, _ in spec] == want
         assert sum(trainable_sizes(spec)) == torch_count(net)
 
 
@@ -63,7 +61,6 @@ def test_cache_is_used_and_a_wrong_file_is_replaced(tmp_path) -> None:
     assert init_record(cfg, 3, 10) == info
     assert init_record(cfg.replace(init="native"), 3, 10)["sha256"] is None
     path = tmp_path / "init" / info["file"].rsplit("/", 1)[-1]
-    assert path.exists()
     good = path.read_bytes()
     other = init_module.cache_path(cfg.replace(seed=4), 3, 10)
     initial_state(cfg.replace(seed=4), 3, 10)
@@ -93,20 +90,14 @@ def _to_torch_layout(variables: dict) -> dict[str, np.ndarray]:
     """Flax variables -> torch names and layouts (the inverse of jax_models.from_torch_state)."""
     from flax import traverse_util
 
+    leaves = {"kernel": "weight", "scale": "weight", "mean": "running_mean", "var": "running_var"}
     out: dict[str, np.ndarray] = {}
-    for leafs in (variables["params"], variables["batch_stats"]):
-        for path, v in traverse_util.flatten_dict(leafs).items():
-            *mods, leaf = path
-            name = ".".join(m.replace("_", ".") for m in mods)
+    for group in (variables["params"], variables["batch_stats"]):
+        for (*mods, leaf), v in traverse_util.flatten_dict(group).items():
             v = np.asarray(v)
             if leaf == "kernel":
-                key, v = f"{name}.weight", (v.transpose(3, 2, 0, 1) if v.ndim == 4 else v.T)
-            else:
-                leaf = {"scale": "weight", "mean": "running_mean", "var": "running_var"}.get(
-                    leaf, leaf
-                )
-                key = f"{name}.{leaf}"
-            out[key] = v
+                v = v.transpose(3, 2, 0, 1) if v.ndim == 4 else v.T
+            out[".".join(m.replace("_", ".") for m in mods) + "." + leaves.get(leaf, leaf)] = v
     return out
 
 

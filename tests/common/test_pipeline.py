@@ -9,7 +9,6 @@ from common.config import ConfigError, per_device
 from common.datasets import make_synthetic
 from common.pipeline import (
     EvalLoader,
-    Prefetcher,
     TrainLoader,
     augmentation_params,
     crop_and_flip,
@@ -34,10 +33,7 @@ def test_permutation_depends_on_seed_and_epoch_only() -> None:
 def test_k_device_shards_are_disjoint_cover_and_equal_the_1_device_batches(ds, world) -> None:
     gb = 16
     one = TrainLoader(ds, gb, seed=3, augment=False, prefetch=0)
-    shards = [
-        TrainLoader(ds, gb, seed=3, rank=r, world=world, augment=False, prefetch=0)
-        for r in range(world)
-    ]
+    shards = [TrainLoader(ds, gb, 3, r, world, augment=False, prefetch=0) for r in range(world)]
     assert len(one) == 100 // gb
     seen = []
     for step in range(len(one)):
@@ -79,9 +75,9 @@ def test_augmentation_is_deterministic_and_crops_within_padding(ds) -> None:
 
 
 def test_layouts_and_normalisation(ds) -> None:
-    x_nhwc, _ = next(iter(TrainLoader(ds, 10, 0, augment=False, prefetch=0).epoch(0)))
-    x_nchw, _ = next(
-        iter(TrainLoader(ds, 10, 0, augment=False, layout="NCHW", prefetch=0).epoch(0))
+    x_nhwc, x_nchw = (
+        next(iter(TrainLoader(ds, 10, 0, augment=False, layout=layout, prefetch=0).epoch(0)))[0]
+        for layout in ("NHWC", "NCHW")
     )
     assert x_nhwc.shape == (10, 8, 8, 3) and x_nchw.shape == (10, 3, 8, 8)
     np.testing.assert_allclose(x_nhwc.transpose(0, 3, 1, 2), x_nchw)
@@ -102,9 +98,3 @@ def test_eval_visits_every_test_image_exactly_once(n, world, batch, pad) -> None
             weights += float(w.sum())
     assert weights == n
     assert sorted(labels) == sorted(small.test_y.tolist())
-
-
-def test_prefetcher_yields_in_order() -> None:
-    """(A loader's error surfaced, and nothing after it: tests/benchmarks/test_throughput.py.)"""
-    assert list(Prefetcher(iter(range(20)), 3)) == list(range(20))
-    assert list(Prefetcher(iter(range(5)), 1)) == list(range(5))  # a queue of one

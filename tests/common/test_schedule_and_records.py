@@ -14,24 +14,11 @@ from common.config import config_from_dict, preset
 from common.schedule import lr_table, scaled_lr
 
 
-def test_lr_scaling_rules() -> None:
-    assert scaled_lr(0.1, 512, 128, "none") == 0.1
-    assert scaled_lr(0.1, 512, 128, "linear") == pytest.approx(0.4)
-    assert scaled_lr(0.1, 512, 128, "sqrt") == pytest.approx(0.2)
-
-
-def test_warmup_from_one_over_n_then_constant() -> None:
-    t = lr_table(
-        0.1,
-        1024,
-        256,
-        "linear",
-        "constant",
-        epochs=10,
-        steps_per_epoch=10,
-        warmup_epochs=5,
-        warmup_start_factor=None,
-    )
+def test_lr_scaling_then_warmup_from_one_over_n_then_constant() -> None:
+    rules = {"none": 0.1, "linear": 0.4, "sqrt": 0.2}
+    assert {r: scaled_lr(0.1, 512, 128, r) for r in rules} == pytest.approx(rules)
+    t = lr_table(0.1, 1024, 256, "linear", "constant", epochs=10, steps_per_epoch=10,
+                 warmup_epochs=5, warmup_start_factor=None)  # fmt: skip
     assert len(t) == 100
     assert t[0] == pytest.approx(0.1 + 0.3 / 50, rel=1e-5)  # starts at the 1-device LR
     assert np.all(np.diff(t[:50]) > 0)
@@ -49,15 +36,8 @@ def test_cosine_and_step_schedules() -> None:
 
 
 def _record(cfg, accs, secs=(5.0, 1.0, 2.0, 3.0)):
-    rec = results.RunRecorder(
-        cfg,
-        devices=2,
-        device_kind="cpu-simulated",
-        params=123,
-        is_main=True,
-        packages=("numpy",),
-        n_test=10,
-    )
+    rec = results.RunRecorder(cfg, devices=2, device_kind="cpu-simulated", params=123,
+                              is_main=True, packages=("numpy",), n_test=10)  # fmt: skip
     stop = False
     for e, (acc, sec) in enumerate(zip(accs, secs)):
         stop = rec.end_epoch(e, sec, 100, 0.5, acc * 10, 10, 3.0)
@@ -79,19 +59,8 @@ def test_record_round_trips_with_timing_and_config(tmp_path: Path, capsys) -> No
     assert saved["status"] == "ok" and saved["versions"]["numpy"] == np.__version__
     assert config_from_dict(saved["config"]) == cfg
     assert capsys.readouterr().out.count("epoch ") == 4
-    for key in (
-        "framework",
-        "model",
-        "dataset",
-        "devices",
-        "device_kind",
-        "global_batch_size",
-        "epochs",
-        "params",
-        "host",
-        "status",
-    ):
-        assert key in saved
+    keys = "framework model dataset devices device_kind global_batch_size epochs params host"
+    assert set(keys.split()) <= set(saved)
 
 
 def test_target_with_patience_and_divergence() -> None:

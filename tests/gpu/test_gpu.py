@@ -211,12 +211,10 @@ def test_parity_holds_at_one_gpu(tmp_path: Path) -> None:
 def test_compare_chooses_the_gpu_for_every_run(tmp_path: Path, jax_cache: Path) -> None:
     # --devices left to its default (auto): the runner itself must notice the GPU.
     out = tmp_path / "compare"
-    proc = run_module(
-        "benchmarks.compare",
-        *("--frameworks", "torch-ddp,jax-pmap", "--gpus", "1", *SMOKE),
-        *("--cache-dir", str(jax_cache), "--out", str(out), "--no-tensorboard"),
-        python=MAIN_PYTHON,
-    )
+    proc = run_module("benchmarks.compare",
+                      *("--frameworks", "torch-ddp,jax-pmap", "--gpus", "1", *SMOKE),
+                      *("--cache-dir", str(jax_cache), "--out", str(out), "--no-tensorboard"),
+                      python=MAIN_PYTHON)  # fmt: skip
     ok(proc)
     assert "devices: torch-ddp on cuda" in proc.stdout, proc.stdout[-2000:]
     config = read_json(out / "config.json")

@@ -1,8 +1,6 @@
 """The Gluon models and optimisers: parameter counts and names equal torch's, torch weights give
-torch's logits, the spelled-out defaults, the loss, and the optimisers' update rules.
-
-Torch is not installed in this environment: reference values come from the main environment's
-interpreter (tests.conftest.MAIN_PYTHON) through a subprocess, as JSON or an .npz file."""
+torch's logits, the spelled-out defaults, the loss, the update rules. Torch's reference values
+come from the main environment's interpreter (MAIN_PYTHON) in a subprocess."""
 
 from __future__ import annotations
 
@@ -43,20 +41,15 @@ def main_env(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
 TORCH_COUNTS = """
 import json
 from frameworks.torch_models import count_params, create_model
-shapes = [("resnet18", 3, 10, 1.0), ("wideresnet", 3, 10, 1.0), ("wideresnet", 1, 7, 0.25)]
-print(json.dumps([count_params(create_model(m, c, k, w)) for m, c, k, w in shapes]))
+print(json.dumps([count_params(create_model(*shape)) for shape in %r]))
 """
+SHAPES = [("resnet18", 3, 10, 1.0), ("wideresnet", 3, 10, 1.0), ("wideresnet", 1, 7, 0.25)]
 
 
 def test_parameter_counts_equal_torch():
-    torch_counts = json.loads(main_env("-c", TORCH_COUNTS).stdout.strip().splitlines()[-1])
-    ours = [
-        count_params(create_model("resnet18", 3, 10, 1.0)),
-        count_params(create_model("wideresnet", 3, 10, 1.0)),
-        count_params(create_model("wideresnet", 1, 7, 0.25)),
-    ]
-    assert ours[0] == 11_173_962
-    assert ours == torch_counts
+    torch_counts = json.loads(main_env("-c", TORCH_COUNTS % SHAPES).stdout.splitlines()[-1])
+    ours = [count_params(create_model(*shape)) for shape in SHAPES]
+    assert ours[0] == 11_173_962 and ours == torch_counts
 
 
 @pytest.mark.parametrize(
@@ -65,26 +58,9 @@ def test_parameter_counts_equal_torch():
 )
 def test_torch_weights_give_torch_logits(model, in_channels, classes, image_size, tmp_path):
     out = tmp_path / f"{model}.npz"
-    main_env(
-        "-m",
-        "tests.port_weights",
-        "--model",
-        model,
-        "--width",
-        "0.125",
-        "--in-channels",
-        str(in_channels),
-        "--classes",
-        str(classes),
-        "--image-size",
-        str(image_size),
-        "--batch",
-        "4",
-        "--seed",
-        "3",
-        "--out",
-        str(out),
-    )
+    args = f"--width 0.125 --in-channels {in_channels} --classes {classes} --batch 4 --seed 3"
+    main_env("-m", "tests.port_weights", "--model", model, *args.split(),
+             "--image-size", str(image_size), "--out", str(out))  # fmt: skip
     with np.load(out) as f:
         flat = {k: f[k] for k in f.files}
     net = create_model(model, in_channels, classes, width=0.125)
@@ -124,11 +100,11 @@ def test_spelled_out_defaults():
     for name in ("fc.weight", "fc.bias"):  # torch's nn.Linear: both uniform in +-1/sqrt(fan_in)
         a = np.abs(params[name].data().asnumpy())
         assert a.max() <= bound and a.max() > 0.5 * bound, name  # not Gluon's zero bias
-    bns = []
-    net.apply(lambda b: bns.append(b) if isinstance(b, mx.gluon.nn.BatchNorm) else None)
-    assert len(bns) == 20 and {(b._kwargs["momentum"], b._kwargs["eps"]) for b in bns} == {
-        (0.9, 1e-5)
-    }  # Gluon's 0.9 = torch's momentum 0.1
+    blocks: list = []
+    net.apply(blocks.append)
+    bns = [b for b in blocks if isinstance(b, mx.gluon.nn.BatchNorm)]
+    assert len(bns) == 20  # Gluon's momentum 0.9 = torch's 0.1:
+    assert {(b._kwargs["momentum"], b._kwargs["eps"]) for b in bns} == {(0.9, 1e-5)}
     for name, p in params.items():
         leaf = name.rsplit(".", 1)[-1]
         value = p.data().asnumpy()
@@ -138,12 +114,9 @@ def test_spelled_out_defaults():
             assert np.all(value == 0), name
         # weight decay on conv and linear weights only
         assert p.wd_mult == (1.0 if leaf == "weight" else 0.0), name
-    convs = []
-    net.apply(lambda b: convs.append(b) if isinstance(b, mx.gluon.nn.Conv2D) else None)
-    assert {(b._kwargs["kernel"], b._kwargs["pad"]) for b in convs} == {
-        ((3, 3), (1, 1)),
-        ((1, 1), (0, 0)),
-    }
+    convs = [b for b in blocks if isinstance(b, mx.gluon.nn.Conv2D)]
+    shapes = {(b._kwargs["kernel"], b._kwargs["pad"]) for b in convs}
+    assert shapes == {((3, 3), (1, 1)), ((1, 1), (0, 0))}
 
 
 @pytest.mark.parametrize("name", ["resnet18", "wideresnet"])
@@ -186,11 +159,16 @@ def run_optimizer(
     return w.asnumpy()
 
 
+def problem(seed: int, shape: tuple[int, int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A start and a gradient for each of LRS' steps."""
+    rng = np.random.default_rng(seed)
+    w0, *grads = [rng.standard_normal(shape).astype(np.float32) for _ in range(len(LRS) + 1)]
+    return w0, grads
+
+
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_torch_sgd_follows_torch_rule_under_a_changing_lr(nesterov):
-    rng = np.random.default_rng(1)
-    w0 = rng.standard_normal((3, 4)).astype(np.float32)
-    grads = [rng.standard_normal((3, 4)).astype(np.float32) for _ in LRS]
+    w0, grads = problem(1, (3, 4))
     m, wd, scale = 0.9, 1e-2, 0.5
     ref, buf = w0.astype(np.float64), np.zeros((3, 4))
     for g, lr in zip(grads, LRS):  # torch.optim.SGD, dampening 0
@@ -205,9 +183,7 @@ def test_torch_sgd_follows_torch_rule_under_a_changing_lr(nesterov):
 
 
 def test_novograd_matches_the_formula():
-    rng = np.random.default_rng(2)
-    w0 = rng.standard_normal((5, 3)).astype(np.float32)
-    grads = [rng.standard_normal((5, 3)).astype(np.float32) for _ in LRS]
+    w0, grads = problem(2, (5, 3))
     b1, b2, wd, eps = 0.9, 0.5, 0.01, 1e-8
     ref, m, v = w0.astype(np.float64), 0.0, 0.0
     for step, (g, lr) in enumerate(zip(grads, LRS)):  # = frameworks.torch_models.NovoGrad

@@ -43,17 +43,14 @@ def test_learns_digits_and_counts_every_image(tmp_path):
     assert len(lines) == 3
 
 
-@pytest.mark.parametrize(
-    "flags, named",
-    [
-        (("--preset", "digits"), "--lr-schedule"),  # the preset's cosine schedule
-        ((*DIGITS, "--augment"), "--no-augment"),
-        ((*DIGITS, "--optimizer", "novograd"), "--optimizer"),
-        ((*DIGITS, "--precision", "bf16"), "--precision"),
-        ((*DIGITS, "--checkpoint-dir", "ckpt", "--resume"), "--resume"),
-        ((*DIGITS, "--max-steps-per-epoch", "3"), "--train-limit"),
-    ],
-)
+@pytest.mark.parametrize("flags, named", [
+    (("--preset", "digits"), "--lr-schedule"),  # the preset's cosine schedule
+    ((*DIGITS, "--augment"), "--no-augment"),
+    ((*DIGITS, "--optimizer", "novograd"), "--optimizer"),
+    ((*DIGITS, "--precision", "bf16"), "--precision"),
+    ((*DIGITS, "--checkpoint-dir", "ckpt", "--resume"), "--resume"),
+    ((*DIGITS, "--max-steps-per-epoch", "3"), "--train-limit"),
+])  # fmt: skip
 def test_what_the_tutorial_cannot_do_is_one_line_exit_2(flags, named, monkeypatch, capsys):
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY"):  # in case main sets them
         monkeypatch.setenv(var, os.environ.get(var, "1"))

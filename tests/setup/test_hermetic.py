@@ -1,8 +1,6 @@
-"""The suite is hermetic: it never reads or writes the user's folders. A test that compiles with
-JAX, in pytest's process and in a process it starts with a trainer's default cache folder
-(~/.cache/dp-bench), passes under a HOME that holds a cache of its own, read-only, and leaves
-every byte of it as it was (conftest.py gives the session a folder of its own).
-"""
+"""The suite is hermetic: a test that compiles with JAX, in pytest's process and in a child
+with a trainer's default cache folder, passes under a read-only HOME holding a cache of its own
+and leaves every byte of it as it was (conftest.py gives the session a folder of its own)."""
 
 from __future__ import annotations
 

@@ -134,27 +134,25 @@ CU13 = CU12 | {"cuda": "13.0"}
 T4 = {"cuda": "11.4", "gpus": [("Tesla T4", "7.5")], "driver": "470.82.01", "libs": CUDA11_LIBS}
 
 
-@pytest.mark.parametrize(
-    "machine_kw, args, files, why",
-    [  # setup_plan's flags and VAR=value settings -> main and mxnet files, and why
-        (CU12, "", "cuda12 mxnet-cu117", "runs CUDA 12.2"),
-        (CU12 | {"libs": CUDA11_LIBS[:5] + CUDA11_LIBS[6:]}, "", "cuda12 mxnet", "libcudnn.so.8"),
-        (CU12 | {"libs": []}, "LD_LIBRARY_PATH=/x:{libs}", "cuda12 mxnet-cu117", ""),
-        (CU13 | {"gpus": H100}, "", "cuda13 mxnet", "compute capability 9.0"),
-        (CU13 | {"gpus": A100 + H100}, "", "cuda13 mxnet", "compute capability 9.0"),
-        (CU13 | {"gpus": [("Tesla V100", "7.0")]}, "", "cuda12 mxnet-cu117", "7.0 < 7.5"),
-        (T4, "", "main mxnet-cu112", "NVIDIA driver is updated"),
-        (T4 | {"compute_cap": False}, "", "main mxnet-cu112", "runs CUDA 11.4"),
-        ({}, "", "main mxnet", "nvidia-smi not found"),
-        ({"fail": True}, "", "main mxnet", "exit 9"),
-        ({"cuda": "13.0", "gpus": []}, "", "main mxnet", ""),
-        (CU12, "--device cpu", "main mxnet", "--device cpu"),
-        (CU12, "DPBENCH_SETUP_DEVICE=cpu", "main mxnet", "DPBENCH_SETUP_DEVICE=cpu"),
-        (CU12, "DPBENCH_SETUP_DEVICE=cpu --device=auto", "cuda12 mxnet-cu117", ""),  # flag wins
-        ({}, "--device cuda13", "cuda13 mxnet", "not checked"),
-        (CU12, "--device cuda13", "cuda13 mxnet-cu117", "need a driver >= 580"),
-    ],
-)
+@pytest.mark.parametrize("machine_kw, args, files, why", [
+    # setup_plan's flags and VAR=value settings -> main and mxnet files, and why
+    (CU12, "", "cuda12 mxnet-cu117", "runs CUDA 12.2"),
+    (CU12 | {"libs": CUDA11_LIBS[:5] + CUDA11_LIBS[6:]}, "", "cuda12 mxnet", "libcudnn.so.8"),
+    (CU12 | {"libs": []}, "LD_LIBRARY_PATH=/x:{libs}", "cuda12 mxnet-cu117", ""),
+    (CU13 | {"gpus": H100}, "", "cuda13 mxnet", "compute capability 9.0"),
+    (CU13 | {"gpus": A100 + H100}, "", "cuda13 mxnet", "compute capability 9.0"),
+    (CU13 | {"gpus": [("Tesla V100", "7.0")]}, "", "cuda12 mxnet-cu117", "7.0 < 7.5"),
+    (T4, "", "main mxnet-cu112", "NVIDIA driver is updated"),
+    (T4 | {"compute_cap": False}, "", "main mxnet-cu112", "runs CUDA 11.4"),
+    ({}, "", "main mxnet", "nvidia-smi not found"),
+    ({"fail": True}, "", "main mxnet", "exit 9"),
+    ({"cuda": "13.0", "gpus": []}, "", "main mxnet", ""),
+    (CU12, "--device cpu", "main mxnet", "--device cpu"),
+    (CU12, "DPBENCH_SETUP_DEVICE=cpu", "main mxnet", "DPBENCH_SETUP_DEVICE=cpu"),
+    (CU12, "DPBENCH_SETUP_DEVICE=cpu --device=auto", "cuda12 mxnet-cu117", ""),  # flag wins
+    ({}, "--device cuda13", "cuda13 mxnet", "not checked"),
+    (CU12, "--device cuda13", "cuda13 mxnet-cu117", "need a driver >= 580"),
+])  # fmt: skip
 def test_each_machine_gets_its_requirements_files(
     tmp_path: Path, machine_kw: dict[str, Any], args: str, files: str, why: str
 ) -> None:
@@ -186,17 +184,14 @@ def setup_sh(root: Path, env: dict[str, str], *args: str, code: int = 0) -> str:
     return proc.stdout if code == 0 else proc.stderr
 
 
-@pytest.mark.parametrize(
-    "args, setting, code, said",
-    [
-        (["--dry-run", "--device", "gpu"], {}, 2, "gpu"),
-        (["--dry-run"], {"DPBENCH_SETUP_DEVICE": "cuda11"}, 2, "cuda11"),
-        # a python named for MXNet that does not fit or is not there: exit 2 before anything
-        (["--dry-run"], {"DPBENCH_SETUP_MXNET_PYTHON": "py313"}, 2, "is Python 3.13.5"),
-        (["--dry-run"], {"DPBENCH_SETUP_MXNET_PYTHON": "nowhere"}, 2, "no python"),
-        (["all"], {}, 1, "no Python 3.10 to 3.13 here"),
-    ],
-)
+@pytest.mark.parametrize("args, setting, code, said", [
+    (["--dry-run", "--device", "gpu"], {}, 2, "gpu"),
+    (["--dry-run"], {"DPBENCH_SETUP_DEVICE": "cuda11"}, 2, "cuda11"),
+    # a python named for MXNet that does not fit or is not there: exit 2 before anything
+    (["--dry-run"], {"DPBENCH_SETUP_MXNET_PYTHON": "py313"}, 2, "is Python 3.13.5"),
+    (["--dry-run"], {"DPBENCH_SETUP_MXNET_PYTHON": "nowhere"}, 2, "no python"),
+    (["all"], {}, 1, "no Python 3.10 to 3.13 here"),
+])  # fmt: skip
 def test_bad_input_and_no_fitting_python_are_one_line(
     tmp_path: Path, args: list[str], setting: dict[str, str], code: int, said: str
 ) -> None:

@@ -1,8 +1,6 @@
 """scripts/setup.sh on environments that exist: left alone when up to date; console scripts that
-name another environment's interpreter (the checkout was moved, or packages were installed
-through another path to it) pointed back at this one's, in place and without the network
-(scripts/fix_scripts.py). Otherwise `.venv/bin/tensorboard`, the viewer compare names, fails
-with "required file not found" while `.venv/bin/python` still works."""
+name another environment's interpreter (a moved checkout) pointed back at this one's, in place
+and offline (scripts/fix_scripts.py); scripts/test.sh's refusals and notes."""
 
 from __future__ import annotations
 
@@ -74,9 +72,8 @@ def test_scripts_naming_another_environment_are_pointed_back_once(tmp_path: Path
 
 
 def test_a_symlinked_environment_is_this_one(tmp_path: Path) -> None:
-    """A checkout whose .venv is a link to an environment elsewhere (as CI's clone here):
-    scripts naming the real path are its own, not another environment's; a stale one is
-    pointed at the real path."""
+    """A .venv linked to an environment elsewhere (CI's clone): scripts naming the real path
+    are its own; a stale one is pointed at the real path."""
     real = make_project(tmp_path / "real")
     tool = script(real, "tensorboard", f"#!{real / '.venv' / 'bin' / 'python'}\n")
     clone = tmp_path / "clone"
@@ -91,8 +88,8 @@ def test_a_symlinked_environment_is_this_one(tmp_path: Path) -> None:
 
 
 def test_test_sh_refuses_a_bad_worker_count_before_any_set_up(tmp_path: Path) -> None:
-    """scripts/test.sh with DPBENCH_TEST_WORKERS that is no whole number from 1: one line,
-    exit 2, before setup.sh (absent from this copy: reaching it would fail otherwise)."""
+    """DPBENCH_TEST_WORKERS not a whole number from 1: one line, exit 2, before setup.sh
+    (absent from this copy: reaching it would fail)."""
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
     for bad in ("2x", "0", "-1"):
@@ -108,8 +105,7 @@ NOT_BUILT = "no Python 3.10 or 3.11 here (python3 is 3.13.5); install python3.11
 
 def test_test_sh_says_in_one_line_why_the_mxnet_suite_did_not_run(tmp_path: Path) -> None:
     """Where setup.sh could not build .venv-mxnet (its note), test.sh runs the main suite and
-    the type check, says why tests/mxnet did not run, and exits 0. Shown with a stand-in
-    setup.sh and a .venv/bin/python that logs what it is asked to run."""
+    the type check, says why tests/mxnet did not run, exits 0 (a python that logs its args)."""
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
     (tmp_path / "scripts" / "setup.sh").write_text("exit 0\n")
@@ -130,9 +126,8 @@ def test_test_sh_says_in_one_line_why_the_mxnet_suite_did_not_run(tmp_path: Path
 
 
 def test_compare_gives_setups_reason_for_skipping_mxnet(tmp_path: Path, monkeypatch) -> None:
-    """benchmarks.harness.unavailable, which compare (run.sh) and the other runners ask before
-    any run: mxnet-gluon's reason is setup.sh's note where it left one, else the missing
-    interpreter and its install command."""
+    """harness.unavailable (asked by every runner): mxnet-gluon's reason is setup.sh's note
+    where it left one, else the missing interpreter and its install command."""
     from benchmarks import harness
 
     monkeypatch.setattr(harness, "ROOT", tmp_path)

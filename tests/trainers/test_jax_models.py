@@ -4,6 +4,8 @@ label-smoothed loss."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,16 +29,19 @@ MODELS = ("resnet18", "wideresnet")
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_parameter_count_equals_torch_at_full_width(name: str) -> None:
+def test_parameter_count_and_weight_decay_mask_are_torchs(name: str) -> None:
     model = create_model(name, 10)
     # eval_shape traces init without computing it: full width costs nothing.
-    shapes = jax.eval_shape(
+    params = jax.eval_shape(
         lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)), train=False)
-    )
-    n = count_params(shapes["params"])
-    assert n == torch_models.count_params(torch_models.create_model(name, 3, 10))
+    )["params"]
+    net = torch_models.create_model(name, 3, 10)
+    assert count_params(params) == torch_models.count_params(net)
     if name == "resnet18":
-        assert n == 11_173_962  # the published CIFAR ResNet-18
+        assert count_params(params) == 11_173_962  # the published CIFAR ResNet-18
+    leaves = zip(jax.tree.leaves(params), jax.tree.leaves(decay_mask(params)))
+    decayed = sum(int(np.prod(p.shape)) for p, m in leaves if m)
+    assert decayed == sum(p.numel() for p in torch_models.decay_parameters(net)[0])
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -73,36 +78,6 @@ def test_initialisers_are_torchs() -> None:
     assert np.all(np.asarray(v["batch_stats"]["bn1"]["var"]) == 1)
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_weight_decay_mask_is_torchs(name: str) -> None:
-    model = create_model(name, 10, width=0.25)
-    params = jax.eval_shape(
-        lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)), train=False)
-    )["params"]
-    mask = decay_mask(params)
-    decayed = sum(
-        int(np.prod(p.shape)) for p, m in zip(jax.tree.leaves(params), jax.tree.leaves(mask)) if m
-    )
-    decay, _ = torch_models.decay_parameters(torch_models.create_model(name, 3, 10, 0.25))
-    assert decayed == sum(p.numel() for p in decay)
-
-
-def _tiny_problem() -> tuple[dict, list[dict]]:
-    rng = np.random.default_rng(0)
-    params = {
-        "conv": {"kernel": rng.standard_normal((3, 3, 2, 4)).astype(np.float32)},
-        "bn": {
-            "scale": rng.standard_normal(4).astype(np.float32),
-            "bias": rng.standard_normal(4).astype(np.float32),
-        },
-    }
-    grads = [
-        jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(np.float32), params)
-        for _ in range(4)
-    ]
-    return params, grads
-
-
 def _run_optax(tx: optax.GradientTransformation, params: dict, grads: list[dict]) -> dict:
     params = jax.tree.map(jnp.asarray, params)
     state = tx.init(params)
@@ -112,15 +87,11 @@ def _run_optax(tx: optax.GradientTransformation, params: dict, grads: list[dict]
     return params
 
 
-def _run_torch(make: object, params: dict, grads: list[dict]) -> dict:
+def _run_torch(make: Any, params: dict, grads: list[dict]) -> dict:
     """The same steps with a torch optimiser over the (decay, no decay) groups."""
     tp = jax.tree.map(lambda a: torch.nn.Parameter(torch.tensor(np.array(a))), params)
-    opt = make(
-        [
-            {"params": [tp["conv"]["kernel"]]},  # type: ignore[operator]
-            {"params": [tp["bn"]["scale"], tp["bn"]["bias"]], "weight_decay": 0.0},
-        ]
-    )
+    no_decay = {"params": [tp["bn"]["scale"], tp["bn"]["bias"]], "weight_decay": 0.0}
+    opt = make([{"params": [tp["conv"]["kernel"]]}, no_decay])
     for g in grads:
         for p, gv in zip(jax.tree.leaves(tp), jax.tree.leaves(g)):
             p.grad = torch.tensor(np.array(gv))
@@ -128,42 +99,32 @@ def _run_torch(make: object, params: dict, grads: list[dict]) -> dict:
     return jax.tree.map(lambda p: p.detach().numpy(), tp)
 
 
-def _same_steps_as_torch(cfg: object, make: object) -> None:
-    """make_optimizer(cfg) and the torch optimiser `make` builds take the same 4 steps."""
-    params, grads = _tiny_problem()
+BETAS = preset("smoke").novograd_betas
+OPTIMIZERS = {  # Config fields (constant LR: torch needs no scheduler) -> the torch optimiser
+    "sgd": (dict(lr=0.1, momentum=0.9, weight_decay=0.05),
+            lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, weight_decay=0.05)),
+    "nesterov": (dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05),
+                 lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, nesterov=True,
+                                           weight_decay=0.05)),
+    "novograd": (dict(lr=0.05, optimizer="novograd", weight_decay=0.01),
+                 lambda g: torch_support.NovoGrad(g, lr=0.05, betas=BETAS, weight_decay=0.01)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_optimizer_takes_torchs_steps_with_masked_weight_decay(name: str) -> None:
+    fields, make = OPTIMIZERS[name]
+    cfg = preset("smoke", lr_schedule="constant", epochs=1, **fields)
+    rng = np.random.default_rng(0)
+    shapes = {"conv": {"kernel": (3, 3, 2, 4)}, "bn": {"scale": (4,), "bias": (4,)}}
+    draw = lambda shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
+    params = jax.tree.map(draw, shapes, is_leaf=is_shape)
+    grads = [jax.tree.map(draw, shapes, is_leaf=is_shape) for _ in range(4)]
     got = _run_optax(make_optimizer(cfg, params, steps_per_epoch=4), params, grads)
     want = _run_torch(make, params, grads)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("nesterov", [False, True])
-def test_sgd_is_torchs_with_masked_weight_decay_and_schedule(nesterov: bool) -> None:
-    # Constant LR so torch needs no scheduler; the table lookup is exercised by the warm-up
-    # test below.
-    cfg = preset(
-        "smoke",
-        lr=0.1,
-        lr_schedule="constant",
-        momentum=0.9,
-        nesterov=nesterov,
-        weight_decay=0.05,
-        epochs=1,
-    )
-    _same_steps_as_torch(
-        cfg,
-        lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, nesterov=nesterov, weight_decay=0.05),
-    )
-
-
-def test_novograd_is_torch_models_novograd() -> None:
-    cfg = preset(
-        "smoke", lr=0.05, lr_schedule="constant", optimizer="novograd", weight_decay=0.01, epochs=1
-    )
-    _same_steps_as_torch(
-        cfg,
-        lambda g: torch_support.NovoGrad(g, lr=0.05, betas=cfg.novograd_betas, weight_decay=0.01),
-    )
 
 
 def test_schedule_follows_the_shared_lr_table() -> None:

@@ -1,12 +1,8 @@
 """jax-pmap on simulated CPU devices: evaluation counts every test image once on an uneven
 device count, per-device BN statistics are reconciled, too many devices is one clear error, a
-second run loads its programs from the compile cache. Steps, learning and kill/resume:
-tests/trainers/test_contract.py.
-
-One pytest process holds 4 simulated host devices (XLA_FLAGS is read at the first device query,
-after collection). `stepped()` and `evaluated()` are shared with test_jax_shard.py and
-test_jax_shardmap.py and cache their compiled steps: XLA's CPU compiles are the cost here.
-"""
+second run loads its programs from the compile cache. Steps, learning, kill/resume:
+test_contract.py. `stepped()` and `evaluated()` (shared with test_jax_shard.py and
+test_jax_shardmap.py) cache their compiled steps: XLA's CPU compiles are the cost here."""
 
 from __future__ import annotations
 
@@ -34,20 +30,15 @@ simulate_host_devices(4)  # before the first device query (see the module docstr
 MODULES = {"jax-pmap": jax_pmap, "jax-shard": jax_shard, "jax-shardmap": jax_shardmap,
            "jax-fsdp": jax_fsdp}  # fmt: skip
 CFG = preset("smoke", eval_batch_size=4)  # ResNet-18 x 0.125 on 16x16 synthetic images
-# One step of two different programs (N devices vs 1, jax-shard vs jax-pmap) on the same
-# weights: in float64 the updates agree to rounding that cannot hide a difference of meaning
-# (measured 5e-15 of the update; a real difference, per-device BN statistics or a doubled
-# gradient reduction, moves it by 1e-1 to 1). Within a float32 test of one program's
-# N-device step against its 1-device step (test_trainer_contract.py, test_jax_multihost.py):
-# about 1e-5 of the update measured on the machines it was written on.
+# One step of two different programs on the same weights: in float64 the updates agree to
+# 5e-15 of the update (a real difference, per-device BN statistics or a doubled reduction,
+# moves it by 1e-1 to 1); in float32, N devices against 1: about 1e-5 measured.
 UPDATE_RTOL = 1e-3
 F64_RTOL = 1e-9
-# float32: the two programs' updates within F32_ROUNDING_FACTOR times the reference program's
-# own float32 rounding on this batch, measured on this CPU (its float32 step against its float64
-# step): the batch's conditioning as this machine rounds it. BN's E[x^2]-E[x]^2 over a channel
-# of near-constant activations cancels and 1/sqrt(var+eps) amplifies what is left: --bn sync at
-# 2 devices, 2e-6 here (Intel Xeon, AVX-512) and 1.1e-2 on an AVX2-only AMD EPYC, while
-# --bn local's per-device batches of 12 move the float32 step by 4e-3 from the exact one.
+# float32: within this factor times the reference program's own float32 rounding on this batch
+# (its float32 step against its float64 step), as this CPU rounds it: BN's variance over a
+# near-constant channel cancels, so --bn sync at 2 devices rounds 2e-6 on an AVX-512 Xeon and
+# 1.1e-2 on an AVX2-only EPYC.
 F32_ROUNDING_FACTOR = 10.0
 
 
@@ -70,10 +61,9 @@ def as_float64(tree: Any) -> Any:
 
 
 def compiled(framework: str, n: int, bn: str, x64: bool = False) -> tuple[Any, Any, Any, Mesh, Any]:
-    """(train step, eval step, initial host state, mesh, module) for `n` devices, with the
-    trainer's own `parallelize` (the pmap / jit transform train() applies) and kept for reuse:
-    one XLA compile per combination. `x64`: the same model computing in float64 from the same
-    weights, cast (call it, and its steps, under jax.enable_x64: see `stepped`)."""
+    """(train step, eval step, initial host state, mesh, module) for `n` devices, through the
+    trainer's own `parallelize`, one XLA compile per combination. `x64`: the same model in
+    float64 from the same weights (call its steps under jax.enable_x64)."""
     return _compiled(framework, n, bn, x64)  # one cache entry however the caller spells it
 
 
@@ -120,22 +110,17 @@ def stepped(
 
 def update_difference(start: Any, a: Any, b: Any, group: str = "params") -> float:
     """conftest.relative_update_difference of two host states' `group` from `start`."""
-    return relative_update_difference(
-        flatten_dict(getattr(start, group)),
-        flatten_dict(getattr(a, group)),
-        flatten_dict(getattr(b, group)),
-    )
+    return relative_update_difference(flatten_dict(getattr(start, group)),
+                                      flatten_dict(getattr(a, group)),
+                                      flatten_dict(getattr(b, group)))  # fmt: skip
 
 
 def step_differences(
     framework: str, reference: str, n: int, bn: str, reference_bn: str | None = None
 ) -> dict[str, float]:
-    """How far `framework`'s first step is from `reference`'s (with `reference_bn`, default
-    `bn`), from the same weights on the same batch, relative to the update
-    (conftest.relative_update_difference), per state group: "f64:<group>" with both programs
-    in float64, "f32:<group>" in float32, and "f32_tolerance:<group>", F32_ROUNDING_FACTOR
-    times the reference's float32 step's distance from its own float64 step (its rounding on
-    this batch and this CPU)."""
+    """How far `framework`'s first step is from `reference`'s, relative to the update, per
+    state group: "f64:<group>" both in float64, "f32:<group>" in float32, "f32_tolerance:<group>"
+    F32_ROUNDING_FACTOR times the reference's own float32 rounding on this batch."""
     ref_bn = reference_bn or bn
     a32, _ = stepped(framework, n, bn)
     b32, _ = stepped(reference, n, ref_bn)

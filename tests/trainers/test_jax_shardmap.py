@@ -21,11 +21,9 @@ PMAP_RTOL = 1e-6
 
 
 def update_diff(a, b, initial, group: str = "params") -> float:
-    return relative_update_difference(
-        flatten_dict(getattr(initial, group)),
-        flatten_dict(getattr(a, group)),
-        flatten_dict(getattr(b, group)),
-    )
+    return relative_update_difference(flatten_dict(getattr(initial, group)),
+                                      flatten_dict(getattr(a, group)),
+                                      flatten_dict(getattr(b, group)))  # fmt: skip
 
 
 @pytest.mark.parametrize("bn", ["local", "sync"])

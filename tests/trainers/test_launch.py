@@ -1,8 +1,6 @@
-"""Launching processes: torch-ddp's ranks (spawned by torch.multiprocessing, or torchrun's, or
-srun's) and the JAX trainers' processes (jax.distributed). A dead rank ends the run in one line
-naming it, with no rank left behind; a launch variable that is no integer is one line, exit 2;
-a JAX job that never forms ends within --collective-timeout with a record; torchrun on two
-"nodes" and two JAX processes of two devices train as one process does."""
+"""Launching processes (torch-ddp's ranks: spawned, torchrun's, srun's; JAX's: jax.distributed):
+a dead rank is one line naming it, no rank left behind; a bad launch variable is one line, exit
+2; a JAX job that never forms ends within --collective-timeout with a record."""
 
 from __future__ import annotations
 
@@ -139,10 +137,9 @@ ONE_STEP += ("--max-steps-per-epoch", "1")
 
 
 def test_two_jax_processes_of_two_devices_equal_one_device(tmp_path: Path) -> None:
-    """2 processes x 2 simulated CPU devices, joined through jax.distributed (coordinator on a
-    free loopback port, Gloo collectives), as two hosts would run it: one step over the 4
-    devices equals the 1-device step, every test image is counted once, and only process 0
-    prints and writes the record and the checkpoint."""
+    """2 processes x 2 simulated CPU devices joined through jax.distributed, as two hosts run
+    it: one step over the 4 devices equals the 1-device step, every test image counts once,
+    only process 0 prints and writes."""
     port, procs = free_port(), []
     for rank in (0, 1):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
@@ -175,9 +172,7 @@ def test_two_jax_processes_of_two_devices_equal_one_device(tmp_path: Path) -> No
     ok(run_trainer("jax-pmap", *ONE_STEP, "--gpus", "1", "--checkpoint-dir", str(ref)))
     one = serialization.msgpack_restore(payload(ref / "jax-pmap.msgpack"))["state"]
     arrays, _ = initial_state(preset("smoke", seed=CONDITIONED_SEED), 3, 10)
-    diff = relative_update_difference(
-        flatten_dict(from_torch_state(arrays)["params"]),
-        flatten_dict(ckpt["state"]["params"]),
-        flatten_dict(one["params"]),
-    )
+    diff = relative_update_difference(flatten_dict(from_torch_state(arrays)["params"]),
+                                      flatten_dict(ckpt["state"]["params"]),
+                                      flatten_dict(one["params"]))  # fmt: skip
     assert diff <= UPDATE_RTOL

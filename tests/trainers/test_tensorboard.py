@@ -1,8 +1,6 @@
-"""`--tensorboard DIR` (common/tensorboard.py) and compare's DIR/tensorboard/<run id>/.
-
-Event files are read back with TensorBoard's own reader and checked against the run's record by
-`assert_events_match_record`, which test_contract.py's digits runs (every trainer) and
-tests/benchmarks/test_compare.py also apply to their real runs. Here: the writer in-process,
+"""`--tensorboard DIR` (common/tensorboard.py) and compare's DIR/tensorboard/<run id>/: event
+files read back by TensorBoard's reader and held against the record (assert_events_match_record,
+also applied by test_contract.py and test_compare.py to real runs); here the writer in-process,
 its failure modes, the lazy import, and compare's plan."""
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import pytest
 
 from benchmarks import compare
 from common import tensorboard
-from common.config import ConfigError, config_from_dict, preset
+from common.config import RESUME_KEYS, ConfigError, config_from_dict, preset
 from common.results import RunRecorder
 from common.schedule import lr_table_for
 from common.trainer import run_main
@@ -25,13 +23,8 @@ from tests.conftest import MAIN_PYTHON, TENSORBOARD_MISSING, read_json, run_pyth
 pytestmark = pytest.mark.skipif(bool(TENSORBOARD_MISSING), reason=TENSORBOARD_MISSING)
 
 # The record's epoch-row field behind each scalar tag ("lr" comes from the LR table).
-ROW_FIELD = {
-    "train/loss": "train_loss",
-    "test/accuracy": "test_accuracy",
-    "test/loss": "test_loss",
-    "perf/images_per_sec": "images_per_sec",
-    "perf/epoch_sec": "sec",
-}
+ROW_FIELD = {"train/loss": "train_loss", "test/accuracy": "test_accuracy", "test/loss": "test_loss",
+             "perf/images_per_sec": "images_per_sec", "perf/epoch_sec": "sec"}  # fmt: skip
 
 
 def read_events(logdir: Path) -> tuple[dict[str, list[tuple[int, float]]], dict[str, str]]:
@@ -89,16 +82,9 @@ ROWS = [  # (sec, images, train_loss, correct, total, test_loss_sum) of 3 epochs
 def recorded_run(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     """A recorder run through ROWS (smoke preset, cosine schedule with warm-up: the LR moves
     every epoch), its record written to tmp_path/run.json."""
-    cfg = preset(
-        "smoke",
-        framework="jax-pmap",
-        epochs=3,
-        lr_schedule="cosine",
-        warmup_epochs=1,
-        tensorboard=str(tmp_path / "tb"),
-        output=str(tmp_path / "run.json"),
-        **overrides,
-    )
+    cfg = preset("smoke", framework="jax-pmap", epochs=3, lr_schedule="cosine", warmup_epochs=1,
+                 tensorboard=str(tmp_path / "tb"), output=str(tmp_path / "run.json"),
+                 **overrides)  # fmt: skip
     rec = RunRecorder(cfg, devices=2, device_kind="cpu-simulated", params=10, is_main=True)
     rec.threads = {"total": 2}
     for epoch, row in enumerate(ROWS):
@@ -139,11 +125,8 @@ def test_a_failing_writer_never_costs_the_record(
     assert record["status"] == "ok" and len(record["epochs"]) == 3
     assert read_json(tmp_path / "run.json")["epochs"] == record["epochs"]
     err = capsys.readouterr().err.splitlines()
-    assert [line for line in err if line.startswith("tensorboard:")] == [
-        f"tensorboard: writing {tmp_path / 'tb'} failed (OSError: injected TensorBoard write "
-        f"error in {tmp_path / 'tb'}); the run goes on without TensorBoard (its record is "
-        "unaffected)"
-    ]  # one line, once
+    (line,) = [line for line in err if line.startswith("tensorboard:")]  # one line, once
+    assert f"writing {tmp_path / 'tb'} failed" in line and "the run goes on" in line
 
 
 def test_bad_tensorboard_dir_is_one_line_exit_2(
@@ -165,20 +148,12 @@ def test_missing_writer_package_is_one_line_naming_the_setup(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     real = tensorboard.importlib.util.find_spec
-    monkeypatch.setattr(
-        tensorboard.importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "tensorboardX" else real(name, *a),
-    )
+    find = lambda name, *a: None if name == "tensorboardX" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(tensorboard.importlib.util, "find_spec", find)
     cfg = preset("smoke", tensorboard=str(tmp_path / "tb"))
     with pytest.raises(ConfigError, match=r"needs the tensorboardX package.*scripts/setup.sh"):
         tensorboard.check(cfg)
     tensorboard.check(preset("smoke"))  # off: nothing is checked
-
-
-def test_the_flag_is_not_a_resume_key() -> None:
-    from common.config import RESUME_KEYS
-
     assert "tensorboard" not in RESUME_KEYS  # a path: resuming may log elsewhere
 
 

@@ -117,12 +117,9 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("inject", [False, True])
 def test_local_bn_keeps_each_ranks_running_statistics(tmp_path, inject):
     """--bn local: DDP must not overwrite a rank's BN running statistics with rank 0's at every
-    forward (torch's default; recent torch renamed the switch), or the epoch-end average
-    (sync_batch_stats) would average rank 0's history. Two steps of the same batch at LR 0 on
-    each of 2 ranks: each rank's statistics follow its own batch, m = bn momentum:
-    second = (1 - m) * first + (first - (1 - m) * before). Shown to fail with the per-forward
-    sync put back (inject: DDP built with forward_sync_buffers=True, or broadcast_buffers=True
-    on a torch before 2.13, whose DDP lacks the first: the GPU machine's torch 2.11)."""
+    forward (torch's default), or the epoch-end average would average rank 0's history. Two
+    steps of one batch at LR 0 on each of 2 ranks: second = (1 - m) * first + (first - (1 - m) *
+    before). Shown to fail with the per-forward sync put back (inject)."""
     script = tmp_path / "local_bn.py"
     source = LOCAL_BN_SCRIPT
     if inject:

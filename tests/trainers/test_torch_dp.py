@@ -61,9 +61,8 @@ def reference_step(cfg) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     x, y = next(iter(loader.epoch(0)))
     model.train()
     logits = model(torch.from_numpy(x))
-    loss = F.cross_entropy(
-        logits, torch.from_numpy(y).long(), label_smoothing=cfg.label_smoothing
-    ).mean()
+    loss = F.cross_entropy(logits, torch.from_numpy(y).long(),
+                           label_smoothing=cfg.label_smoothing).mean()  # fmt: skip
     loss.backward()
     lr = float(lr_table_for(cfg, 1)[0])
     decayed = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
@@ -80,16 +79,8 @@ def test_step_equals_the_sgd_step_written_out(tmp_path):
     sees an off-by-one LR index injected into torch-dp (it then takes the second step's LR)."""
     flags = ("--epochs", "2", "--max-steps-per-epoch", "1", "--lr-schedule", "cosine")
     flags += ("--warmup-epochs", "0", "--weight-decay", "0.05", "--label-smoothing", "0.1")
-    cfg = preset(
-        "smoke",
-        epochs=2,
-        max_steps_per_epoch=1,
-        lr_schedule="cosine",
-        warmup_epochs=0,
-        weight_decay=0.05,
-        label_smoothing=0.1,
-        framework="torch-dp",
-    )
+    cfg = preset("smoke", epochs=2, max_steps_per_epoch=1, lr_schedule="cosine", warmup_epochs=0,
+                 weight_decay=0.05, label_smoothing=0.1, framework="torch-dp")  # fmt: skip
     initial, want = reference_step(cfg)
 
     def first_step(name: str, inject: str = "") -> dict[str, np.ndarray]:

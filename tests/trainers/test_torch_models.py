@@ -87,32 +87,25 @@ def test_spelled_out_defaults():
 
 
 def test_novograd_matches_the_formula():
+    """Per-layer second moment (the first step's squared norm, then beta2-averaged), weight
+    decay added to the normalised gradient, in float64 by hand."""
     torch.manual_seed(0)
-    w = nn.Parameter(torch.randn(5, 3))
-    b = nn.Parameter(torch.randn(3))
-    opt = NovoGrad(
-        [{"params": [w], "weight_decay": 0.01}, {"params": [b], "weight_decay": 0.0}],
-        lr=0.1,
-        betas=(0.9, 0.5),
-        eps=1e-8,
-    )
-    ref = {
-        "w": (w.detach().numpy().astype(np.float64).copy(), 0.01),
-        "b": (b.detach().numpy().astype(np.float64).copy(), 0.0),
-    }
-    m = {k: 0.0 for k in ref}
-    v = {}
+    params = [nn.Parameter(torch.randn(5, 3)), nn.Parameter(torch.randn(3))]
+    decays = [0.01, 0.0]
+    groups = [{"params": [p], "weight_decay": wd} for p, wd in zip(params, decays)]
+    opt = NovoGrad(groups, lr=0.1, betas=(0.9, 0.5), eps=1e-8)
+    ref = [p.detach().numpy().astype(np.float64) for p in params]
+    m, v = [0.0, 0.0], [0.0, 0.0]
     for step in range(3):
-        grads = {"w": torch.randn(5, 3), "b": torch.randn(3)}
-        w.grad, b.grad = grads["w"].clone(), grads["b"].clone()
+        for i, p in enumerate(params):
+            p.grad = torch.randn(p.shape)
+            g = p.grad.numpy().astype(np.float64)
+            v[i] = (g**2).sum() if step == 0 else 0.5 * v[i] + 0.5 * (g**2).sum()
+            m[i] = 0.9 * m[i] + g / (np.sqrt(v[i]) + 1e-8) + decays[i] * ref[i]
+            ref[i] = ref[i] - 0.1 * m[i]
         opt.step()
-        for k, (p, wd) in ref.items():
-            g = grads[k].numpy().astype(np.float64)
-            v[k] = (g**2).sum() if step == 0 else 0.5 * v[k] + 0.5 * (g**2).sum()
-            m[k] = 0.9 * m[k] + g / (np.sqrt(v[k]) + 1e-8) + wd * p
-            ref[k] = (p - 0.1 * m[k], wd)
-    np.testing.assert_allclose(w.detach().numpy(), ref["w"][0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(b.detach().numpy(), ref["b"][0], rtol=1e-5, atol=1e-6)
+    for p, want in zip(params, ref):
+        np.testing.assert_allclose(p.detach().numpy(), want, rtol=1e-5, atol=1e-6)
 
 
 def test_port_weights_reference_reloads_and_exercises_bn(tmp_path):
@@ -134,26 +127,9 @@ def test_port_weights_reference_reloads_and_exercises_bn(tmp_path):
     np.testing.assert_allclose(logits.numpy(), arrays["__logits__"], rtol=1e-5, atol=1e-5)
 
     out = tmp_path / "ref"  # no .npz suffix: the file must land exactly here
-    proc = run_module(
-        "tests.port_weights",
-        "--model",
-        "wideresnet",
-        "--width",
-        "0.125",
-        "--in-channels",
-        "1",
-        "--classes",
-        "7",
-        "--image-size",
-        "16",
-        "--batch",
-        "3",
-        "--seed",
-        "5",
-        "--out",
-        str(out),
-        python=MAIN_PYTHON,
-    )
+    args = "--model wideresnet --width 0.125 --in-channels 1 --classes 7 --image-size 16"
+    proc = run_module("tests.port_weights", *args.split(), "--batch", "3", "--seed", "5",
+                      "--out", str(out), python=MAIN_PYTHON)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     with np.load(out) as saved:
         assert set(saved.files) == set(arrays)

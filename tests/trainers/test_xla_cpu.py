@@ -1,8 +1,6 @@
-"""--xla-cpu-ynn (JAX on CPU: XLA's YNNPACK kernels for its dot, elementwise and reduction
-fusions): the default is the path measured faster for the images and devices, the flag reaches
-XLA_FLAGS before JAX starts, a user's own setting wins, the record's
-`execution` names the path taken, and the step it computes equals XLA's own code to rounding.
-"""
+"""--xla-cpu-ynn (XLA:CPU's YNNPACK kernels for dot, elementwise and reduction fusions): the
+default is the path measured faster, the flag reaches XLA_FLAGS before JAX starts, a user's own
+setting wins, the record names the path, and the step equals XLA's own code to rounding."""
 
 from __future__ import annotations
 
@@ -12,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import preset
+from benchmarks.harness import flag
+from common.cli import check_args
+from common.config import image_side, preset
 from common.init import initial_state
 from common.runtime import (
     YNN_FLAG,
@@ -45,29 +45,23 @@ def test_flag_is_set_once_and_a_users_own_setting_wins(monkeypatch: pytest.Monke
     assert xla_flag(YNN_FLAG) is None and xla_cpu_execution() == "XLA:CPU (its own code)"
     use_xla_cpu_ynn(True)
     use_xla_cpu_ynn(True)  # idempotent: one flag, the device count kept
-    flags = os.environ["XLA_FLAGS"].split()
-    assert flags == [
-        "--xla_force_host_platform_device_count=2",
-        f"--{YNN_FLAG}=dot,eltwise,reduce",
-    ]
+    flags = ["--xla_force_host_platform_device_count=2", f"--{YNN_FLAG}=dot,eltwise,reduce"]
+    assert os.environ["XLA_FLAGS"].split() == flags
     assert xla_cpu_execution() == "XLA:CPU, YNNPACK fusions (dot,eltwise,reduce)"
     set_xla_flag(YNN_FLAG, "dot")  # the user's choice, e.g. in their shell
     use_xla_cpu_ynn(True)
     assert xla_flag(YNN_FLAG) == "dot" and xla_cpu_execution().endswith("(dot)")
 
 
-@pytest.mark.parametrize(
-    "setting, side, devices, wanted",
-    [
-        (None, 32, 1, True),  # ResNet-18 x 0.25 at 32x32: 1.68x (measured, docs/performance.md)
-        (None, 32, 2, True),  # the same on 2 simulated devices: 1.31x
-        (None, 16, 1, True),  # digits: WideResNet 1.44x, ResNet-18 0.99x
-        (None, 16, 2, False),  # digits on 2 devices: 0.90x (WideResNet), 0.96x (ResNet-18)
-        (None, 28, 4, False),  # Fashion-MNIST's side: under 32
-        (True, 16, 2, True),  # --xla-cpu-ynn as given
-        (False, 32, 1, False),  # --no-xla-cpu-ynn as given
-    ],
-)
+@pytest.mark.parametrize("setting, side, devices, wanted", [
+    (None, 32, 1, True),  # ResNet-18 x 0.25 at 32x32: 1.68x (measured, docs/performance.md)
+    (None, 32, 2, True),  # the same on 2 simulated devices: 1.31x
+    (None, 16, 1, True),  # digits: WideResNet 1.44x, ResNet-18 0.99x
+    (None, 16, 2, False),  # digits on 2 devices: 0.90x (WideResNet), 0.96x (ResNet-18)
+    (None, 28, 4, False),  # Fashion-MNIST's side: under 32
+    (True, 16, 2, True),  # --xla-cpu-ynn as given
+    (False, 32, 1, False),  # --no-xla-cpu-ynn as given
+])  # fmt: skip
 def test_the_default_path_is_the_measured_faster_one(
     setting: bool | None, side: int, devices: int, wanted: bool
 ) -> None:
@@ -75,16 +69,11 @@ def test_the_default_path_is_the_measured_faster_one(
 
 
 def test_the_flag_is_a_switch_with_an_automatic_default() -> None:
-    from common.cli import check_args
-    from common.config import image_side
-
-    assert check_args(["--preset", "digits"], "jax-pmap").xla_cpu_ynn is None
-    assert check_args(["--xla-cpu-ynn"], "jax-pmap").xla_cpu_ynn is True
-    assert check_args(["--no-xla-cpu-ynn"], "jax-shard").xla_cpu_ynn is False
-    from benchmarks.harness import flag
-
-    for value in (None, True, False):  # a tool passing the setting on: unset stays unset
-        assert check_args(flag("xla_cpu_ynn", value), "jax-pmap").xla_cpu_ynn is value
+    for argv, value in ((["--preset", "digits"], None), (["--xla-cpu-ynn"], True),
+                        (["--no-xla-cpu-ynn"], False)):  # fmt: skip
+        assert check_args(argv, "jax-pmap").xla_cpu_ynn is value
+        # a tool passing the setting on: unset stays unset
+        assert check_args(flag("xla_cpu_ynn", value), "jax-shard").xla_cpu_ynn is value
     assert image_side(preset("digits")) == 16  # the preset's --image-size
     assert image_side(preset("digits", image_size=0)) == 8  # the dataset's own side
     assert image_side(preset("smoke", dataset="cifar10", image_size=0)) == 32

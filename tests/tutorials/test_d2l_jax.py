@@ -84,11 +84,9 @@ def diffs(before: Any, ours: Any, theirs: Any, part: str) -> list[float]:
 
 
 def test_step_matches_jax_pmap_on_every_device() -> None:
-    """One d2l step over 2 devices moves every device's weights as jax-pmap's step does (the
-    gradients are averaged: replicas stay equal) and every device's BN statistics from its own
-    shard (d2l never averages them; jax-pmap --bn local averages them at the epoch's end only);
-    an injected slip moves them far apart: the d2l step without its pmean (each replica steps
-    on its own shard's gradient)."""
+    """One d2l step over 2 devices moves every device's weights as jax-pmap's step does and
+    every device's BN statistics from its own shard (d2l never averages them); the d2l step
+    without its pmean (an injected slip) moves them far apart."""
     devices = jax.devices()[:2]
 
     def no_pmean_step(state: Any, images: Any, labels: Any) -> Any:

@@ -155,14 +155,10 @@ def test_two_devices_digits_learns_and_counts_every_batch(tmp_path: Path) -> Non
     assert stdout.count("epoch ") == epochs
 
 
-@pytest.mark.parametrize(
-    "flags, named",
-    [
-        (("--precision", "bf16"), "--precision bf16"),
-        (("--augment",), "--augment"),
-        (("--test-limit", "50"), "50 test images < --batch-size 64"),
-    ],
-)
+@pytest.mark.parametrize("flags, named", [
+    (("--precision", "bf16"), "--precision bf16"), (("--augment",), "--augment"),
+    (("--test-limit", "50"), "50 test images < --batch-size 64"),
+])  # fmt: skip
 def test_bad_input_exits_2_with_one_line(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

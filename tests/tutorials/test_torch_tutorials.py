@@ -21,16 +21,8 @@ PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}  # 2 shared cores: spinning OpenMP thre
 
 
 def run(module: str, out, *args: str):
-    proc = run_module(
-        f"tutorials.{module}",
-        *DIGITS,
-        *args,
-        "--output",
-        str(out),
-        python=MAIN_PYTHON,
-        env=PASSIVE,
-        timeout=300,
-    )
+    proc = run_module(f"tutorials.{module}", *DIGITS, *args, "--output", str(out),
+                      python=MAIN_PYTHON, env=PASSIVE, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return read_json(out), proc
 
@@ -72,18 +64,14 @@ def test_nvidia_course_learns_and_reports_the_test_images_it_saw(tmp_path):
     assert len(proc.stdout.strip().splitlines()) == 3  # rank 0 alone prints
 
 
-@pytest.mark.parametrize(
-    ("module", "args", "names"),
-    [
-        ("d2l_torch", ["--precision", "bf16"], "--precision bf16"),
-        ("d2l_torch", ["--lr-schedule", "cosine"], "--lr-schedule cosine"),
-        ("d2l_torch", ["--target-accuracy", "0.9"], "--target-accuracy"),
-        ("nvidia_course", ["--bn", "sync"], "--bn sync"),
-        ("nvidia_course", ["--augment"], "--augment"),
-        ("nvidia_course", ["--optimizer", "novograd"], "--optimizer novograd"),
-        ("nvidia_course", ["--batch-size", "2048"], "--batch-size"),
-    ],
-)
+@pytest.mark.parametrize(("module", "args", "names"), [
+    ("d2l_torch", ["--precision", "bf16"], "--precision bf16"),
+    ("d2l_torch", ["--lr-schedule", "cosine"], "--lr-schedule cosine"),
+    ("d2l_torch", ["--target-accuracy", "0.9"], "--target-accuracy"),
+    ("nvidia_course", ["--bn", "sync"], "--bn sync"), ("nvidia_course", ["--augment"], "--augment"),
+    ("nvidia_course", ["--optimizer", "novograd"], "--optimizer novograd"),
+    ("nvidia_course", ["--batch-size", "2048"], "--batch-size"),
+])  # fmt: skip
 def test_bad_flags_exit_2_with_one_line(capsys, module, args, names):
     import importlib
 
