@@ -41,6 +41,22 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
+_BEFORE: dict[int, Any] = {}  # the handlers `interruptible` replaced: a forked child's
+
+
+def _restore_signals_in_child() -> None:
+    """After a fork inside `train` (tutorials/d2l_mxnet.py's DataLoader pools): the handlers from
+    before `interruptible`, so that a worker dies of its pool's terminate() instead of raising
+    `Interrupted` through its copy of the parent's stack (without: the tutorial hung 1 run in 3)."""
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) is _raise_interrupted:
+            with suppress(ValueError, TypeError):  # not the main thread: cannot be set
+                signal.signal(s, _BEFORE.get(s, signal.SIG_DFL))
+
+
+os.register_at_fork(after_in_child=_restore_signals_in_child)
+
+
 @contextmanager
 def interruptible() -> Iterator[None]:
     """SIGTERM and SIGINT raise `Interrupted` in the main thread while inside (a no-op off the
@@ -49,6 +65,9 @@ def interruptible() -> Iterator[None]:
         yield
         return
     previous = {s: signal.signal(s, _raise_interrupted) for s in STOP_SIGNALS}
+    for s, handler in previous.items():
+        if handler is not None and handler is not _raise_interrupted:  # None: set outside Python
+            _BEFORE.setdefault(s, handler)
     try:
         yield
     finally:

@@ -138,3 +138,21 @@ def test_a_stopped_trainer_ends_without_the_interpreters_finalization(
     with pytest.raises(Ended if code > 100 else SystemExit) as ended:
         interrupts.exit_after(code)
     assert ended.value.args == (code,)
+
+
+def test_a_worker_forked_inside_a_run_dies_of_sigterm_as_its_pool_expects() -> None:
+    """A DataLoader's pool forked inside `interruptible` (tutorials/d2l_mxnet.py): its worker gets
+    the handlers from before it, so the pool's terminate() ends it (the tutorial hung without)."""
+    from common.interrupts import interruptible
+
+    with interruptible():
+        pid = os.fork()
+        if pid == 0:  # the worker: SIGTERM must kill it, not raise Interrupted (exit 0 here)
+            try:
+                time.sleep(30)
+            finally:
+                os._exit(0)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
